@@ -1,0 +1,152 @@
+"""The ``codechat`` command: one subcommand per stage.
+
+Training commands accept dotted config overrides after their own flags
+(``codechat pretrain --preset tiny --optim.lr 1e-3 --train.micro_batch_size 8``).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .config import ConfigError
+
+
+def _add_pretrain(sub: argparse._SubParsersAction) -> None:
+    from .config import PRESETS
+    p = sub.add_parser("pretrain", help="pretrain a GPT on token shards (default: the Python stdlib)",
+                       description="Pretrain on token shards. Without --data/--tokenizer the default tokenizer and "
+                                   "corpus (this Python's standard library) are built into --out. Any setting can be "
+                                   "overridden as --section.field VALUE (sections: model, data, optim, train, run).")
+    p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model shape and its recipe (default tiny)")
+    p.add_argument("--config", help="YAML file of settings, applied over the preset")
+    p.add_argument("--data", help="token-shard directory made by `codechat data corpus`")
+    p.add_argument("--tokenizer", help="tokenizer directory made by `codechat tokenizer train`")
+    p.add_argument("--max-steps", type=int, help="optimizer steps (train.max_steps)")
+    p.add_argument("--time-budget-min", type=float, help="stop after this many minutes of training")
+    p.add_argument("--out", default="runs/default/pretrain", help="stage directory (default runs/default/pretrain)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    _add_common(p)
+    p.set_defaults(func=_cmd_pretrain, accepts_overrides=True)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, help="random seed (run.seed)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], help="device (run.device, default auto)")
+
+
+def pretrain_config(args: argparse.Namespace, overrides: dict[str, str]):
+    """Preset recipe <- YAML file <- named flags <- dotted overrides."""
+    from .config import PretrainConfig, load, pretrain_recipe
+    flags = {"data.data_dir": args.data, "data.tokenizer_dir": args.tokenizer, "train.max_steps": args.max_steps,
+             "train.time_budget_s": args.time_budget_min * 60 if args.time_budget_min else None,
+             "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed, "run.device": args.device}
+    if args.time_budget_min and args.max_steps is None:
+        flags["train.max_steps"] = 0
+    merged = {k: v for k, v in flags.items() if v is not None}
+    merged.update(overrides)
+    return load(PretrainConfig, args.config, merged, base=pretrain_recipe(args.preset))
+
+
+def _cmd_pretrain(args: argparse.Namespace, overrides: dict[str, str]) -> int:
+    from .train.pretrain import run_pretrain
+    cfg = pretrain_config(args, overrides)
+    result = run_pretrain(cfg)
+    print(f"done: step {result['step']}, val_bpb {result.get('val_bpb', float('nan')):.4f}, "
+          f"checkpoints in {Path(cfg.run.out) / 'checkpoints'}")
+    return 0
+
+
+def _add_sample(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sample", help="continue a prompt with a trained model",
+                       description="Sample a continuation of --prompt from a checkpoint or a stage directory.")
+    p.add_argument("--model", required=True, help="stage directory (its newest checkpoint) or checkpoint path")
+    p.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--num-samples", type=int, default=1)
+    _add_common(p)
+    p.set_defaults(func=_cmd_sample)
+
+
+def _cmd_sample(args: argparse.Namespace) -> int:
+    from .checkpoint import load_model
+    from .engine import SamplingConfig, generate
+    from .train.trainer import resolve_device
+    device = resolve_device(args.device or "auto")
+    model, tok, _ = load_model(args.model, device)
+    cfg = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    prompt = [tok.bos_id] + tok.encode(args.prompt)
+    for i in range(args.num_samples):
+        if args.num_samples > 1:
+            print(f"--- sample {i + 1}")
+        stream = tok.stream()
+        sys.stdout.write(args.prompt)
+        seed = None if args.seed is None else args.seed + i
+        for t in generate(model, prompt, cfg, stop_ids=[tok.end_id], seed=seed):
+            t = int(t[0])
+            if t == tok.end_id:
+                break
+            sys.stdout.write(stream.push(t))
+            sys.stdout.flush()
+        sys.stdout.write(stream.flush() + "\n")
+    return 0
+
+
+def _add_speedrun(sub: argparse._SubParsersAction) -> None:
+    from .config import PRESETS
+    p = sub.add_parser("speedrun", help="tokenizer -> corpus -> pretraining -> samples -> report, in one go",
+                       description="The whole pipeline on the default corpus (this Python's standard library), "
+                                   "written to --out with report.md and metrics.json.")
+    p.add_argument("--preset", choices=list(PRESETS), help="model preset (default: tiny on CPU, sized to the "
+                                                          "time budget on a GPU)")
+    p.add_argument("--out", help="run directory (default runs/speedrun-<preset>)")
+    p.add_argument("--time-budget-min", type=float, help="minutes of pretraining (default 9 on CPU, 30 on GPU)")
+    _add_common(p)
+    p.set_defaults(func=_cmd_speedrun)
+
+
+def _cmd_speedrun(args: argparse.Namespace) -> int:
+    from .speedrun import run_speedrun
+    run_speedrun(preset=args.preset, out=args.out, time_budget_min=args.time_budget_min, seed=args.seed,
+                 device=args.device or "auto")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import tokenizer
+    from .data import corpus
+    parser = argparse.ArgumentParser(prog="codechat", description="Train your own code-chat model end to end.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_speedrun(sub)
+    tokenizer.add_cli(sub)
+    corpus.add_cli(sub)
+    _add_pretrain(sub)
+    _add_sample(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``codechat`` console script; returns the exit code."""
+    from .checkpoint import CheckpointError
+    from .config import parse_overrides
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    try:
+        if getattr(args, "accepts_overrides", False):
+            return args.func(args, parse_overrides(rest))
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return args.func(args)
+    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:
+        print(f"codechat {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

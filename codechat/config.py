@@ -1,0 +1,393 @@
+"""Frozen, validated configuration: one dataclass per concern, YAML files, CLI overrides.
+
+Every magic number of a stage lives here as a field. Each dataclass checks itself in
+``__post_init__`` and raises :class:`ConfigError` with a message that names the setting
+and says what to change, so a run that would be useless fails before step 0.
+
+Overrides use dotted names: ``--optim.lr 3e-4 --train.max_steps 100``; a YAML file has one
+mapping per section (``model:``, ``data:``, ``optim:``, ``train:``, ``run:``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sysconfig
+import typing
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names it and says what to do."""
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+# ----------------------------------------------------------------------------- model
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the decoder-only GPT (Llama/Qwen3-compatible weights).
+
+    ``n_kv_head`` < ``n_head`` gives grouped-query attention; ``head_dim`` defaults to
+    ``n_embd // n_head``; ``intermediate_size`` is the SwiGLU hidden width.
+    """
+
+    vocab_size: int = 32768
+    n_layer: int = 12
+    n_embd: int = 768
+    n_head: int = 6
+    n_kv_head: int = 6
+    head_dim: int = 0  # 0 -> n_embd // n_head
+    intermediate_size: int = 0  # 0 -> 8/3 * n_embd rounded up to a multiple of 64
+    max_seq_len: int = 2048
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    qk_norm: bool = True
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layer", "n_embd", "n_head", "n_kv_head", "max_seq_len"):
+            _check(getattr(self, name) > 0, f"model.{name} must be > 0, got {getattr(self, name)}")
+        _check(self.n_head % self.n_kv_head == 0,
+               f"model.n_head ({self.n_head}) must be a multiple of model.n_kv_head ({self.n_kv_head}); "
+               "pick n_kv_head among the divisors of n_head")
+        if self.head_dim == 0:
+            _check(self.n_embd % self.n_head == 0,
+                   f"model.n_embd ({self.n_embd}) is not divisible by model.n_head ({self.n_head}); "
+                   "change one of them or set model.head_dim explicitly")
+            object.__setattr__(self, "head_dim", self.n_embd // self.n_head)
+        _check(self.head_dim % 2 == 0, f"model.head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.intermediate_size == 0:
+            object.__setattr__(self, "intermediate_size", 64 * math.ceil(8 * self.n_embd / 3 / 64))
+        _check(self.init_std > 0 and self.norm_eps > 0 and self.rope_theta > 0,
+               "model.init_std, model.norm_eps and model.rope_theta must be > 0")
+
+
+#: Presets. ``tiny`` trains on a 2-core CPU in minutes; ``8b`` has the seed system's shape
+#: (40 layers, width 4096, 32 heads). ``vocab_size`` is set from the tokenizer at build time.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(n_layer=4, n_embd=256, n_head=4, n_kv_head=2, max_seq_len=512, tie_embeddings=True),
+    "d12": dict(n_layer=12, n_embd=768, n_head=6, n_kv_head=6, max_seq_len=2048),
+    "d20": dict(n_layer=20, n_embd=1280, n_head=10, n_kv_head=10, max_seq_len=2048),
+    "1b": dict(n_layer=16, n_embd=2048, n_head=16, n_kv_head=8, max_seq_len=4096),
+    "2b": dict(n_layer=24, n_embd=2304, n_head=18, n_kv_head=6, max_seq_len=4096),
+    "8b": dict(n_layer=40, n_embd=4096, n_head=32, n_kv_head=8, intermediate_size=14336, max_seq_len=4096),
+}
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """The :class:`ModelConfig` of a named preset, with field overrides applied.
+
+    Raises:
+        ConfigError: unknown preset name.
+    """
+    _check(name in PRESETS, f"unknown --preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return ModelConfig(**{**PRESETS[name], **overrides})
+
+
+# ----------------------------------------------------------------------------- data
+def default_corpus_dirs() -> tuple[str, ...]:
+    """The running Python's standard library: real source code present on every machine."""
+    return (sysconfig.get_paths()["stdlib"],)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where pretraining tokens come from and how they are cut into windows.
+
+    ``data_dir``/``tokenizer_dir`` empty means: build the default tokenizer and corpus
+    from ``src`` into the run directory.
+    """
+
+    data_dir: str = ""
+    tokenizer_dir: str = ""
+    src: tuple[str, ...] = ()  # () -> default_corpus_dirs()
+    extensions: tuple[str, ...] = (".py",)
+    vocab_size: int = 32768  # only used when a tokenizer is trained
+    tokenizer_max_bytes: int = 0  # cap on the text a tokenizer is trained on; 0 -> all of the train split
+    val_fraction: float = 0.05
+    max_files: int = 0  # 0 -> all files
+    seq_len: int = 1024
+    workers: int = 0  # tokenising processes; 0 -> os.cpu_count()
+
+    def __post_init__(self) -> None:
+        _check(self.seq_len >= 2, f"data.seq_len must be >= 2, got {self.seq_len}")
+        _check(0.0 < self.val_fraction < 0.5, f"data.val_fraction must be in (0, 0.5), got {self.val_fraction}")
+        _check(self.max_files >= 0 and self.workers >= 0 and self.tokenizer_max_bytes >= 0,
+               "data.max_files, data.workers and data.tokenizer_max_bytes must be >= 0")
+        _check(self.vocab_size >= 256 + 16,
+               f"data.vocab_size={self.vocab_size} is smaller than the 256 byte tokens plus the special tokens; "
+               "use at least 512")
+        for p in (self.data_dir, self.tokenizer_dir, *self.src):
+            _check(not p or Path(p).exists(), f"path {p!r} (data.*) does not exist; fix the path or leave it empty")
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return self.src or default_corpus_dirs()
+
+
+# ----------------------------------------------------------------------------- optim
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with decoupled weight decay on matrices only; warmup then decay to a floor.
+
+    The LR at progress ``p`` in [0, 1] after warmup is ``min_lr + (lr - min_lr) * f(p)``,
+    with ``f`` cosine (``0.5 * (1 + cos(pi p))``), linear (``1 - p``) or constant (1).
+    """
+
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    warmup_steps: int = 100
+    schedule: str = "cosine"
+    grad_clip: float = 1.0  # 0 -> no clipping
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0 and math.isfinite(self.lr), f"optim.lr must be a positive number, got {self.lr}")
+        _check(0.0 <= self.min_lr_ratio <= 1.0, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        _check(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1 and optim.beta2 must be in [0, 1)")
+        _check(self.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        _check(self.schedule in ("cosine", "linear", "constant"),
+               f"optim.schedule must be cosine, linear or constant, got {self.schedule!r}")
+        _check(self.grad_clip >= 0, f"optim.grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
+
+
+# ----------------------------------------------------------------------------- train
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training loop: batch shape, budget, evaluation, logging and checkpoints.
+
+    One optimizer step sees ``micro_batch_size * grad_accum * world_size`` rows. The run
+    stops at ``max_steps`` or after ``time_budget_s`` seconds of training, whichever
+    comes first; at least one of them must be set.
+    """
+
+    micro_batch_size: int = 8
+    grad_accum: int = 1
+    max_steps: int = 0  # 0 -> no step limit (time_budget_s must be set)
+    time_budget_s: float = 0.0  # 0 -> no time limit
+    eval_every: int = 100
+    eval_tokens: int = 65536  # validation tokens per evaluation (capped)
+    log_every: int = 10
+    save_every: int = 500
+    keep_last: int = 2
+    dtype: str = "auto"  # auto -> bf16 autocast on CUDA, fp32 elsewhere
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.micro_batch_size > 0, f"train.micro_batch_size must be > 0, got {self.micro_batch_size}")
+        _check(self.grad_accum > 0, f"train.grad_accum must be > 0, got {self.grad_accum}")
+        _check(self.max_steps >= 0 and self.time_budget_s >= 0, "train.max_steps and train.time_budget_s must be >= 0")
+        _check(self.max_steps > 0 or self.time_budget_s > 0,
+               "neither train.max_steps nor train.time_budget_s is set: give --max-steps N or --train.time_budget_s S")
+        for name in ("eval_every", "log_every", "save_every", "keep_last"):
+            _check(getattr(self, name) > 0, f"train.{name} must be > 0, got {getattr(self, name)}")
+        _check(self.eval_tokens > 0, f"train.eval_tokens must be > 0, got {self.eval_tokens}")
+        _check(self.dtype in ("auto", "bf16", "fp32"), f"train.dtype must be auto, bf16 or fp32, got {self.dtype!r}")
+
+
+# ----------------------------------------------------------------------------- run
+@dataclass(frozen=True)
+class RunConfig:
+    """Where a stage writes, how it is seeded, and on which device it runs."""
+
+    out: str = "runs/default/pretrain"
+    seed: int = 1337
+    device: str = "auto"
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.device in ("auto", "cpu", "cuda", "mps") or self.device.startswith("cuda:"),
+               f"run.device must be auto, cpu, cuda or mps, got {self.device!r}")
+        _check(bool(self.out), "run.out is empty: give --out DIR")
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """Everything a pretraining run needs; saved to ``DIR/config.yaml`` to reproduce it."""
+
+    model: ModelConfig = field(default_factory=lambda: preset("d12"))
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.data.seq_len <= self.model.max_seq_len,
+               f"data.seq_len={self.data.seq_len} is over the model's limit model.max_seq_len="
+               f"{self.model.max_seq_len}; lower --data.seq_len or raise --model.max_seq_len")
+
+
+#: Per-preset defaults of the other sections, applied under a YAML file and CLI overrides.
+RECIPES: dict[str, dict[str, dict[str, Any]]] = {
+    "tiny": {"data": dict(vocab_size=4096, seq_len=256, tokenizer_max_bytes=8_000_000),
+             "optim": dict(lr=2e-3, warmup_steps=30, min_lr_ratio=0.05),
+             "train": dict(micro_batch_size=16, eval_every=100, eval_tokens=32768, save_every=250)},
+    "d12": {"data": dict(seq_len=1024), "optim": dict(lr=1e-3, warmup_steps=200),
+            "train": dict(micro_batch_size=32, eval_every=250)},
+    "d20": {"data": dict(seq_len=2048), "optim": dict(lr=6e-4, warmup_steps=300),
+            "train": dict(micro_batch_size=16, eval_every=250)},
+    "1b": {"data": dict(seq_len=2048), "optim": dict(lr=3e-4, warmup_steps=500),
+           "train": dict(micro_batch_size=8, eval_every=500)},
+    "2b": {"data": dict(seq_len=2048), "optim": dict(lr=3e-4, warmup_steps=500),
+           "train": dict(micro_batch_size=4, eval_every=500)},
+    "8b": {"data": dict(seq_len=2048), "optim": dict(lr=1.5e-4, warmup_steps=1000),
+           "train": dict(micro_batch_size=2, eval_every=500)},
+}
+
+
+def pretrain_recipe(name: str) -> "PretrainConfig":
+    """The default :class:`PretrainConfig` of preset ``name`` (model shape plus its recipe)."""
+    model = preset(name)
+    r = RECIPES[name]
+    return PretrainConfig(model=model, data=DataConfig(**r["data"]), optim=OptimConfig(**r["optim"]),
+                          train=TrainConfig(max_steps=1000, **r["train"]))
+
+
+# ----------------------------------------------------------------------------- I/O
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A plain nested dict (tuples become lists) suitable for YAML/JSON."""
+    def conv(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: conv(getattr(v, f.name)) for f in fields(v)}
+        if isinstance(v, tuple):
+            return [conv(x) for x in v]
+        return v
+    return conv(cfg)
+
+
+def _coerce(value: Any, tp: Any, name: str) -> Any:
+    """Convert a YAML/CLI value to the annotated type of field ``name``."""
+    origin = typing.get_origin(tp)
+    try:
+        if tp is bool:
+            if isinstance(value, str):
+                low = value.lower()
+                _check(low in ("1", "0", "true", "false", "yes", "no"), f"{name}: expected true/false, got {value!r}")
+                return low in ("1", "true", "yes")
+            return bool(value)
+        if tp is int:
+            if isinstance(value, str):
+                return int(float(value)) if ("e" in value.lower() and "." not in value) else int(value)
+            _check(float(value).is_integer(), f"{name}: expected an integer, got {value!r}")
+            return int(value)
+        if tp is float:
+            return float(value)
+        if tp is str:
+            return str(value)
+        if origin is tuple:
+            if isinstance(value, str):
+                value = [v for v in value.split(",") if v]
+            return tuple(str(v) for v in value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{name}: cannot read {value!r} as {getattr(tp, '__name__', tp)} ({e})") from None
+    return value
+
+
+def build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    """Construct dataclass ``cls`` from a nested mapping, converting types and rejecting unknown keys.
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, or a failed validation.
+    """
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, val in values.items():
+        _check(key in known, f"unknown setting {prefix}{key}; known: {', '.join(prefix + k for k in known)}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            base = to_dict(known[key].default_factory()) if known[key].default_factory is not dataclasses.MISSING else {}
+            kwargs[key] = build(tp, {**base, **(val or {})}, prefix + key + ".")
+        else:
+            kwargs[key] = _coerce(val, tp, prefix + key)
+    return cls(**kwargs)
+
+
+def load(cls: type, path: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None,
+         base: Any = None) -> Any:
+    """Config ``cls`` from defaults (or ``base``), then a YAML file, then dotted overrides.
+
+    ``overrides`` maps dotted names (``"optim.lr"``) to values (strings from the CLI are
+    converted to the field's type).
+
+    Raises:
+        ConfigError: missing/invalid YAML file, unknown setting or failed validation.
+    """
+    tree: dict[str, Any] = to_dict(base if base is not None else cls())
+    if path:
+        p = Path(path)
+        _check(p.is_file(), f"--config {p}: file not found")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--config {p}: not valid YAML ({e})") from None
+        _check(isinstance(data, dict), f"--config {p}: expected a mapping of sections at the top level")
+        _merge(tree, data, str(p))
+    for dotted, val in (overrides or {}).items():
+        node = tree
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            _check(isinstance(node.get(part), dict), f"unknown setting --{dotted}")
+            node = node[part]
+        _check(leaf in node, f"unknown setting --{dotted}")
+        node[leaf] = val
+    return build(cls, tree)
+
+
+def _merge(dst: dict[str, Any], src: dict[str, Any], where: str) -> None:
+    for k, v in src.items():
+        _check(k in dst, f"{where}: unknown setting {k!r}; known: {', '.join(dst)}")
+        if isinstance(dst[k], dict):
+            _check(isinstance(v, dict), f"{where}: {k} must be a mapping")
+            _merge(dst[k], v, where)
+        else:
+            dst[k] = v
+
+
+def save_yaml(cfg: Any, path: str | os.PathLike) -> None:
+    """Write ``cfg`` as YAML atomically (temp name, then rename)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    os.replace(tmp, p)
+
+
+def parse_overrides(args: list[str]) -> dict[str, str]:
+    """``["--optim.lr", "3e-4", "--train.compile=true"]`` -> ``{"optim.lr": "3e-4", "train.compile": "true"}``.
+
+    Raises:
+        ConfigError: an argument that is not a dotted ``--section.field`` or lacks a value.
+    """
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        _check(a.startswith("--") and "." in a, f"unrecognised argument {a!r}; settings look like --optim.lr 3e-4")
+        if "=" in a:
+            k, v = a[2:].split("=", 1)
+            i += 1
+        else:
+            _check(i + 1 < len(args), f"{a} needs a value")
+            k, v = a[2:], args[i + 1]
+            i += 2
+        out[k] = v
+    return out
+
+
+__all__ = ["ConfigError", "ModelConfig", "DataConfig", "OptimConfig", "TrainConfig", "RunConfig",
+           "PretrainConfig", "PRESETS", "RECIPES", "preset", "pretrain_recipe", "load", "build", "to_dict", "save_yaml", "parse_overrides",
+           "replace", "default_corpus_dirs"]

@@ -1,0 +1,1 @@
+"""Data: source corpora, token shards and loaders."""

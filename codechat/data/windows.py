@@ -1,0 +1,100 @@
+"""Pretraining batches: windows of ``seq_len + 1`` tokens cut from token shards.
+
+Each shard is cut into non-overlapping windows at multiples of ``seq_len``; an epoch visits
+every window once in an order shuffled by ``(seed, epoch)``. The position in the stream is
+two integers (epoch, windows consumed), saved in checkpoints, so a resumed run sees exactly
+the windows an uninterrupted one would. With ``world_size`` ranks, each global micro-batch
+of ``world_size * micro_batch_size`` windows is split into contiguous per-rank slices.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+class WindowLoader:
+    """Shuffled, resumable windows over token shards.
+
+    ``next_batch()`` returns ``(inputs, labels)``, both (micro_batch_size, seq_len) int64 on
+    CPU, where ``labels`` are the inputs shifted by one token.
+
+    Raises:
+        ValueError: the shards hold fewer windows than one global micro-batch needs.
+    """
+
+    def __init__(self, shards: Sequence[np.ndarray], seq_len: int, micro_batch_size: int, *, seed: int,
+                 rank: int = 0, world_size: int = 1) -> None:
+        self.shards, self.seq_len, self.micro_batch_size = list(shards), seq_len, micro_batch_size
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        counts = [max(0, (len(s) - 1) // seq_len) for s in self.shards]
+        self.first = np.cumsum([0] + counts)  # global window index where each shard starts
+        self.n_windows = int(self.first[-1])
+        need = world_size * micro_batch_size
+        if self.n_windows < need:
+            raise ValueError(f"the training shards hold {self.n_windows} windows of {seq_len + 1} tokens, fewer than "
+                             f"one global micro-batch ({need}); lower --data.seq_len or --train.micro_batch_size, "
+                             "or add source files")
+        self.epoch, self.pos = 0, 0
+        self._order: np.ndarray | None = None
+
+    def _permutation(self) -> np.ndarray:
+        if self._order is None:
+            self._order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n_windows)
+        return self._order
+
+    def _window(self, w: int) -> np.ndarray:
+        shard = int(np.searchsorted(self.first, w, side="right")) - 1
+        start = (w - int(self.first[shard])) * self.seq_len
+        return self.shards[shard][start:start + self.seq_len + 1]
+
+    def next_window_ids(self) -> list[int]:
+        """Global window indices of this rank's next micro-batch (advances the stream)."""
+        step = self.world_size * self.micro_batch_size
+        if self.pos + step > self.n_windows:  # drop the ragged end; every rank agrees
+            self.epoch, self.pos, self._order = self.epoch + 1, 0, None
+        lo = self.pos + self.rank * self.micro_batch_size
+        ids = self._permutation()[lo:lo + self.micro_batch_size].tolist()
+        self.pos += step
+        return ids
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = np.stack([self._window(w) for w in self.next_window_ids()]).astype(np.int64)
+        t = torch.from_numpy(rows)
+        return t[:, :-1], t[:, 1:]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed, "n_windows": self.n_windows}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore a position; raises ValueError when the data or seed differ from the saved run."""
+        if state["n_windows"] != self.n_windows or state["seed"] != self.seed:
+            raise ValueError(f"the checkpoint's data stream (seed {state['seed']}, {state['n_windows']} windows) "
+                             f"does not match this run's (seed {self.seed}, {self.n_windows} windows): "
+                             "resume with the same --data and --seed")
+        self.epoch, self.pos, self._order = state["epoch"], state["pos"], None
+
+
+def eval_windows(shards: Sequence[np.ndarray], seq_len: int, max_tokens: int) -> torch.Tensor:
+    """The first windows of the validation shards, in order, up to ``max_tokens`` targets.
+
+    Returns (N, seq_len + 1) int64; the same rows at every evaluation.
+
+    Raises:
+        ValueError: the validation shards are shorter than one window.
+    """
+    rows: list[np.ndarray] = []
+    budget = max(1, max_tokens // seq_len)
+    for s in shards:
+        for start in range(0, len(s) - seq_len, seq_len):
+            if len(rows) == budget:
+                break
+            rows.append(np.asarray(s[start:start + seq_len + 1]))
+    if not rows:
+        raise ValueError(f"the validation split is shorter than one window of {seq_len + 1} tokens; "
+                         "lower --data.seq_len or raise --data.val_fraction")
+    return torch.from_numpy(np.stack(rows).astype(np.int64))
+
+
+__all__ = ["WindowLoader", "eval_windows"]

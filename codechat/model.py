@@ -1,0 +1,243 @@
+"""The codechat GPT: a decoder-only transformer whose weights map one-to-one onto Llama / Qwen3.
+
+Architecture (each choice matches the Llama / Qwen3 family, so ``hf.py`` is a renaming):
+- token embedding, no absolute positions; rotary position embeddings (RoPE, Su et al. 2021)
+  with the "rotate half" layout of Hugging Face Llama;
+- pre-norm blocks with RMSNorm (Zhang & Sennrich 2019), no biases anywhere;
+- grouped-query attention (Ainslie et al. 2023) through ``F.scaled_dot_product_attention``,
+  with optional QK-norm (an RMSNorm over each head's query and key, as in Qwen3);
+- SwiGLU MLP (Shazeer 2020): ``down(silu(gate(x)) * up(x))``;
+- final RMSNorm and an LM head, tied to the embedding or not.
+
+The model is built on the meta device and initialised explicitly by :meth:`GPT.init_weights`,
+so that a parallel wrapper can shard it before any memory is allocated. It knows nothing of
+parallelism. ``forward(idx)`` gives logits; ``forward(idx, labels)`` the cross-entropy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+
+IGNORE_INDEX = -100  # label value that is not trained on
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned scale: ``x / rms(x) * weight``."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+def rope_tables(head_dim: int, max_len: int, theta: float, device: torch.device | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of shape (max_len, head_dim), float32, in the rotate-half layout."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float32, device=device), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (B, H, T, D) by position tables ``cos``/``sin`` (T, D) or (B, 1, T, D)."""
+    half = x.size(-1) // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+@dataclass
+class KVCache:
+    """Pre-allocated keys and values for incremental decoding.
+
+    ``k[layer]``/``v[layer]`` have shape (B, n_kv_head, max_len, head_dim); ``pos`` is the
+    number of positions already filled (the same for every row of the batch).
+    """
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    pos: int = 0
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig, batch_size: int, max_len: int, device: torch.device,
+              dtype: torch.dtype) -> "KVCache":
+        shape = (batch_size, cfg.n_kv_head, max_len, cfg.head_dim)
+        return cls([torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)],
+                   [torch.empty(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)])
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].size(2)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: KVCache | None, layer: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            p = cache.pos
+            cache.k[layer][:, :, p:p + T] = k
+            cache.v[layer][:, :, p:p + T] = v
+            k, v = cache.k[layer][:, :, :p + T], cache.v[layer][:, :, :p + T]
+            if T == 1:  # one new query sees every cached position
+                y = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            else:  # new queries see the past and the causal part of themselves
+                mask = torch.ones(T, p + T, dtype=torch.bool, device=x.device).tril(diagonal=p)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.n_embd, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.n_embd, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: KVCache | None, layer: int) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer. Parameter names follow Hugging Face Llama without ``model.``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.tie_weights()
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def tie_weights(self) -> None:
+        """Share the LM head with the embedding when ``tie_embeddings`` (again after ``to_empty``)."""
+        if self.cfg.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialise every parameter and buffer in place (after ``to_empty`` from meta).
+
+        Linear and embedding weights ~ N(0, init_std); the residual output projections
+        (``o_proj``, ``down_proj``) are scaled by 1/sqrt(2 n_layer) (GPT-2, Radford et al. 2019);
+        norm scales are 1.
+        """
+        std = self.cfg.init_std
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.normal_(0.0, std / math.sqrt(2 * self.cfg.n_layer))
+            else:
+                p.normal_(0.0, std)
+        cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta, self.rope_cos.device)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+
+    def forward(self, idx: torch.Tensor, labels: torch.Tensor | None = None, *,
+                reduction: str = "sum", cache: KVCache | None = None) -> torch.Tensor:
+        """Logits, or the cross-entropy against ``labels``.
+
+        Args:
+            idx: (B, T) int64 token ids.
+            labels: (B, T) int64 next-token targets, ``IGNORE_INDEX`` (-100) where not trained.
+            reduction: ``"sum"`` (a scalar: summed loss in nats over supervised tokens) or
+                ``"none"`` ((B, T) float32, 0 at ignored positions).
+            cache: a :class:`KVCache`; the new positions are appended at ``cache.pos``, which
+                the caller advances.
+
+        Returns:
+            (B, T, vocab_size) float32 logits when ``labels`` is None, else the loss.
+
+        Raises:
+            ValueError: the sequence does not fit in ``max_seq_len`` or in the cache.
+        """
+        B, T = idx.shape
+        start = cache.pos if cache is not None else 0
+        if start + T > self.cfg.max_seq_len or (cache is not None and start + T > cache.max_len):
+            raise ValueError(f"sequence of {start + T} positions is over the limit "
+                             f"(model.max_seq_len={self.cfg.max_seq_len}"
+                             + (f", cache {cache.max_len}" if cache is not None else "") + ")")
+        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        x = self.embed_tokens(idx)
+        for i, block in enumerate(self.layers):
+            x = block(x, cos, sin, cache, i)
+        logits = self.lm_head(self.norm(x)).float()
+        if labels is None:
+            return logits
+        loss = F.cross_entropy(logits.view(B * T, -1), labels.reshape(B * T),
+                               ignore_index=IGNORE_INDEX, reduction=reduction)
+        return loss.view(B, T) if reduction == "none" else loss
+
+    def num_params(self, exclude_embedding: bool = False) -> int:
+        """Number of parameters (tied weights counted once); optionally without the embedding."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.embed_tokens.weight.numel() if exclude_embedding else n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (forward + backward): 6 N + 12 L H D T.
+
+        N counts the non-embedding parameters (the LM head included), and the second term is
+        the attention score and value matmuls at context length T (Kaplan et al. 2020, §2.1;
+        PaLM, Chowdhery et al. 2022, App. B).
+        """
+        c = self.cfg
+        t = seq_len or c.max_seq_len
+        n = self.num_params() - c.vocab_size * c.n_embd * (0 if c.tie_embeddings else 1)
+        return 6 * n + 12 * c.n_layer * c.n_head * c.head_dim * t
+
+
+def build_model(cfg: ModelConfig, device: torch.device | str = "cpu") -> GPT:
+    """Build the model on the meta device, materialise it on ``device`` and initialise it."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+    model.to_empty(device=device)
+    model.tie_weights()  # to_empty gives each use of a shared parameter its own tensor
+    model.init_weights()
+    return model

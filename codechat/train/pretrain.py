@@ -1,0 +1,90 @@
+"""Pretraining stage: token shards -> windows -> the shared trainer, with bits-per-byte validation."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..config import DataConfig, PretrainConfig, replace, save_yaml, to_dict
+from ..data.corpus import build_corpus, iter_split_texts, load_index, read_split
+from ..data.windows import WindowLoader, eval_windows
+from ..model import GPT, build_model
+from ..tokenizer import Tokenizer, train_tokenizer
+from .trainer import Trainer, resolve_device
+
+
+def bpb_evaluator(rows: torch.Tensor, token_bytes: torch.Tensor, batch_size: int) -> Callable[[GPT], dict[str, float]]:
+    """Validation loss and bits per byte over fixed ``rows`` (N, T+1) int64.
+
+    ``val_loss`` is the mean cross-entropy in nats over every target token. ``val_bpb`` is the
+    summed loss over targets that are not special tokens, divided by ln 2 times the UTF-8 bytes
+    those targets decode to (``token_bytes`` (V,) int64, 0 for special ids) — a measure that
+    does not depend on the tokenizer.
+    """
+    def evaluate(model: GPT) -> dict[str, float]:
+        device = next(model.parameters()).device
+        nb_table = token_bytes.to(device)
+        nats = torch.zeros((), dtype=torch.float64, device=device)
+        nats_text = torch.zeros_like(nats)
+        n_bytes = torch.zeros_like(nats)
+        for i in range(0, len(rows), batch_size):
+            r = rows[i:i + batch_size].to(device)
+            x, y = r[:, :-1], r[:, 1:]
+            loss = model(x, y, reduction="none").double()
+            nb = nb_table[y]
+            nats += loss.sum()
+            nats_text += (loss * (nb > 0)).sum()
+            n_bytes += nb.sum()
+        return {"val_loss": float(nats) / rows[:, 1:].numel(), "val_bpb": float(nats_text) / (math.log(2) * float(n_bytes))}
+    return evaluate
+
+
+def prepare_data(data: DataConfig, out: Path, show_progress: bool = True) -> tuple[Path, Path]:
+    """The tokenizer and token-shard directories of ``data``, building the defaults under ``out`` if unset."""
+    tok_dir = Path(data.tokenizer_dir) if data.tokenizer_dir else out / "tokenizer"
+    if not data.tokenizer_dir and not (tok_dir / "tokenizer.json").is_file():
+        texts = iter_split_texts(data.sources, "train", extensions=data.extensions, val_fraction=data.val_fraction,
+                                 max_files=data.max_files, max_bytes=data.tokenizer_max_bytes)
+        train_tokenizer(texts, data.vocab_size, show_progress=show_progress).save(tok_dir)
+    data_dir = Path(data.data_dir) if data.data_dir else out / "data"
+    if not data.data_dir and not (data_dir / "index.json").is_file():
+        build_corpus(data.sources, tok_dir, data_dir, extensions=data.extensions, val_fraction=data.val_fraction,
+                     max_files=data.max_files, workers=data.workers, show_progress=show_progress)
+    return tok_dir, data_dir
+
+
+def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True) -> dict[str, Any]:
+    """Train ``cfg`` end to end; returns the trainer's final metrics plus sizes.
+
+    Raises:
+        ValueError: the tokenizer and the shards disagree, or the data is too small.
+        TrainingDiverged: the loss became NaN/inf.
+    """
+    out = Path(cfg.run.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.run.seed)
+    tok_dir, data_dir = prepare_data(cfg.data, out, show_progress)
+    tok = Tokenizer.load(tok_dir)
+    index = load_index(data_dir)
+    if index["vocab_size"] != tok.vocab_size:
+        raise ValueError(f"{data_dir}/index.json was tokenised with a vocabulary of {index['vocab_size']} but "
+                         f"{tok_dir} has {tok.vocab_size}: rebuild the corpus with this tokenizer")
+    cfg = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size),
+                  data=replace(cfg.data, data_dir=str(data_dir), tokenizer_dir=str(tok_dir)))
+    save_yaml(cfg, out / "config.yaml")
+
+    device = resolve_device(cfg.run.device)
+    model = build_model(cfg.model, device)
+    loader = WindowLoader(read_split(data_dir, "train"), cfg.data.seq_len, cfg.train.micro_batch_size,
+                          seed=cfg.run.seed)
+    val_rows = eval_windows(read_split(data_dir, "val"), cfg.data.seq_len, cfg.train.eval_tokens)
+    token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.long)
+    trainer = Trainer(model, train=cfg.train, optim=cfg.optim, run=cfg.run, batches=loader, out_dir=out,
+                      evaluate=bpb_evaluator(val_rows, token_bytes, cfg.train.micro_batch_size),
+                      meta={"stage": "pretrain", "model": to_dict(cfg.model), "config": to_dict(cfg)},
+                      tokenizer_dir=tok_dir, show_progress=show_progress)
+    result = trainer.fit()
+    return {**result, "params": model.num_params(), "flops_per_token": model.flops_per_token(cfg.data.seq_len),
+            "train_tokens": index["splits"]["train"]["tokens"], "device": str(device)}

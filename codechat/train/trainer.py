@@ -1,0 +1,299 @@
+"""The one training loop of codechat, shared by pretraining, SFT and RL.
+
+One optimizer step takes ``grad_accum`` micro-batches. The loss of the step is the SUM of the
+per-token cross-entropy over every supervised token (label != -100) of all its micro-batches,
+divided by the number of those tokens in the whole step — so (batch 2, accum 1) and
+(batch 1, accum 2) give the same gradient whatever the token counts (torchtitan's rule; a mean
+per micro-batch divided by ``grad_accum`` is wrong when counts differ).
+
+Around that: AdamW (fused on CUDA) with weight decay on matrices only, warmup then cosine or
+linear decay to a floor, gradient clipping, bf16 autocast on CUDA, a step or time budget,
+validation every N steps, logging to stdout / TensorBoard / ``metrics.jsonl``, checkpoints
+every N steps, at the end and on Ctrl-C, exact resume, and a stop on a non-finite loss
+that leaves the last good checkpoint intact.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import checkpoint as ckpt
+from ..config import OptimConfig, RunConfig, TrainConfig
+from ..model import GPT, IGNORE_INDEX
+
+#: Dense bf16 peak FLOP/s by GPU name fragment (vendor datasheets), for MFU.
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12,
+                   "RTX 4090": 165e12, "RTX 3090": 71e12}
+
+
+class BatchSource(Protocol):
+    """What the trainer draws micro-batches from: ``(inputs, labels)`` (B, T) int64, and a position."""
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or gradient became NaN/inf; the newest checkpoint on disk is the last good one."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda if available, else mps, else cpu."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {name}: CUDA is not available on this machine; use --device cpu or auto")
+    return torch.device(name)
+
+
+def autocast_for(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA (``auto``/``bf16``) or when asked; fp32 (no autocast) otherwise."""
+    if dtype == "bf16" or (dtype == "auto" and device.type == "cuda"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Dense bf16 peak FLOP/s of ``device`` when known (None on CPU or unknown GPUs)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
+def lr_at(step: int, progress: float, cfg: OptimConfig) -> float:
+    """Learning rate of optimizer step ``step`` (0-based).
+
+    Linear warmup over ``warmup_steps`` steps, then decay from ``lr`` to ``lr * min_lr_ratio``
+    as ``progress`` (fraction of the budget after warmup, in [0, 1]) goes from 0 to 1.
+    """
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    p = min(max(progress, 0.0), 1.0)
+    shape = {"cosine": 0.5 * (1.0 + math.cos(math.pi * p)), "linear": 1.0 - p, "constant": 1.0}[cfg.schedule]
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * shape
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with decoupled weight decay on parameters of 2+ dims (matrices) only."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             fused=device.type == "cuda")
+
+
+class MetricsLog:
+    """One JSON object per logged step in ``metrics.jsonl``, mirrored to TensorBoard and stdout."""
+
+    def __init__(self, out_dir: Path, resume_step: int | None) -> None:
+        self.path = out_dir / "metrics.jsonl"
+        if resume_step is not None and self.path.exists():  # drop lines a resumed run will write again
+            keep = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= resume_step]
+            self.path.write_text("".join(ln + "\n" for ln in keep))
+        elif resume_step is None:
+            self.path.write_text("")
+        from torch.utils.tensorboard import SummaryWriter  # slow import, only when training
+        self.tb = SummaryWriter(str(out_dir / "tb"), purge_step=resume_step)
+        self.file = self.path.open("a")
+
+    def write(self, row: dict[str, Any], echo: Callable[[str], None]) -> None:
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        for k, v in row.items():
+            if k != "step" and isinstance(v, (int, float)) and v is not None:
+                self.tb.add_scalar(k, v, row["step"])
+        echo(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+
+    def close(self) -> None:
+        self.file.close()
+        self.tb.close()
+
+
+class Trainer:
+    """Runs the optimizer loop on ``model`` with micro-batches from ``batches``.
+
+    Args:
+        model: the (unwrapped) model; its ``forward(inputs, labels, reduction="sum")`` gives the
+            summed loss in nats over supervised tokens.
+        batches: a :class:`BatchSource`.
+        evaluate: ``evaluate(model) -> dict`` of validation metrics (e.g. val_loss, val_bpb),
+            run in eval mode under no_grad every ``eval_every`` steps, at step 0 and at the end.
+        out_dir: the stage directory (``metrics.jsonl``, ``tb/``, ``checkpoints/``).
+        meta: JSON-able facts saved in every checkpoint's ``state.json`` (configs, stage name).
+        tokenizer_dir: copied into each checkpoint so it is self-contained.
+    """
+
+    def __init__(self, model: GPT, *, train: TrainConfig, optim: OptimConfig, run: RunConfig,
+                 batches: BatchSource, out_dir: Path, evaluate: Callable[[GPT], dict[str, float]] | None = None,
+                 meta: dict[str, Any] | None = None, tokenizer_dir: Path | None = None,
+                 show_progress: bool = True) -> None:
+        self.model, self.tcfg, self.ocfg, self.rcfg = model, train, optim, run
+        self.batches, self.evaluate, self.meta = batches, evaluate, meta or {}
+        self.out_dir, self.tokenizer_dir, self.show_progress = Path(out_dir), tokenizer_dir, show_progress
+        self.device = next(model.parameters()).device
+        self.optimizer = build_optimizer(model, optim, self.device)
+        self.forward = torch.compile(model) if train.compile else model
+        self.step, self.elapsed_s = 0, 0.0
+        self.last: dict[str, Any] = {}
+        self.peak = peak_flops(self.device)
+
+    # ------------------------------------------------------------------ budget
+    def progress(self) -> float:
+        """Fraction of the budget used after warmup (step budget, time budget, whichever is further)."""
+        t, w = self.tcfg, self.ocfg.warmup_steps
+        p = 0.0
+        if t.max_steps:
+            p = max(p, (self.step - w) / max(1, t.max_steps - w))
+        if t.time_budget_s:
+            p = max(p, self.elapsed_s / t.time_budget_s)
+        return p
+
+    def done(self) -> bool:
+        t = self.tcfg
+        return bool((t.max_steps and self.step >= t.max_steps) or (t.time_budget_s and self.elapsed_s >= t.time_budget_s))
+
+    # ------------------------------------------------------------------ state
+    def resume(self) -> bool:
+        """Load the newest checkpoint of ``out_dir`` if there is one; returns whether it did."""
+        found = ckpt.list_checkpoints(self.out_dir / "checkpoints")
+        if not found:
+            return False
+        c = ckpt.load(found[-1], map_location=self.device, with_optim=True)
+        saved_model = c["state"].get("meta", {}).get("model")
+        if saved_model is not None and saved_model != self.meta.get("model"):
+            raise ckpt.CheckpointError(f"{c['dir'] / 'state.json'}: the checkpoint's model config {saved_model} "
+                                       f"does not match this run's {self.meta.get('model')}; resume with the same "
+                                       "--preset/--config or start a new --out directory")
+        try:
+            self.model.load_state_dict(c["model"])
+            self.optimizer.load_state_dict(c["optim"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise ckpt.CheckpointError(f"{c['dir']}: does not match this model/optimizer ({e})") from None
+        s = c["state"]
+        self.step, self.elapsed_s = s["step"], s["elapsed_s"]
+        self.batches.load_state_dict(s["loader"])
+        if c["rng"] is not None:
+            ckpt.set_rng_state(c["rng"])
+        return True
+
+    def save(self, loader_state: dict[str, Any]) -> Path:
+        state = {"step": self.step, "elapsed_s": self.elapsed_s, "loader": loader_state, "meta": self.meta,
+                 "metrics": self.last}
+        return ckpt.save(self.out_dir / "checkpoints", self.step, model=self.model.state_dict(), state=state,
+                         optim=self.optimizer.state_dict(), tokenizer_dir=self.tokenizer_dir,
+                         keep_last=self.tcfg.keep_last)
+
+    # ------------------------------------------------------------------ loop
+    def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+        """One optimizer step over ``micro_batches``; returns loss (nats/token), grad_norm, lr, tokens.
+
+        Raises:
+            TrainingDiverged: the loss or the gradient norm is not finite (no update is applied).
+        """
+        n_sup = sum(int((y != IGNORE_INDEX).sum()) for _, y in micro_batches)
+        lr = lr_at(self.step, self.progress(), self.ocfg)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        if n_sup == 0:  # nothing to learn from: never let a 0/0 loss reach backward
+            return {"loss": float("nan"), "grad_norm": 0.0, "lr": lr, "tokens": 0, "supervised": 0, "skipped": 1}
+        total = torch.zeros((), device=self.device)
+        for x, y in micro_batches:
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            with autocast_for(self.device, self.tcfg.dtype):
+                loss_sum = self.forward(x, y, reduction="sum")
+            (loss_sum / n_sup).backward()
+            total += loss_sum.detach()
+        loss = float(total) / n_sup
+        clip = self.ocfg.grad_clip or float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingDiverged(f"step {self.step}: loss={loss} grad_norm={grad_norm}; stopped before the update. "
+                                   f"The newest checkpoint in {self.out_dir / 'checkpoints'} is the last good one: "
+                                   "lower --optim.lr or raise --optim.warmup_steps, then --resume")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = sum(x.numel() for x, _ in micro_batches)
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "supervised": n_sup, "skipped": 0}
+
+    def run_eval(self) -> dict[str, float]:
+        if self.evaluate is None:
+            return {}
+        self.model.eval()
+        with torch.no_grad(), autocast_for(self.device, self.tcfg.dtype):
+            out = self.evaluate(self.model)
+        self.model.train()
+        return out
+
+    def fit(self) -> dict[str, Any]:
+        """Train until the budget is spent; returns the last logged metrics plus totals.
+
+        Raises:
+            TrainingDiverged: see :meth:`train_step`.
+        """
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        resumed = self.rcfg.resume and self.resume()
+        log = MetricsLog(self.out_dir, self.step if resumed else None)
+        bar = tqdm(total=self.tcfg.max_steps or None, initial=self.step, desc=self.meta.get("stage", "train"),
+                   disable=not self.show_progress, dynamic_ncols=True, leave=False)
+        echo = bar.write if self.show_progress else print
+        window_tokens, window_t0 = 0, time.perf_counter()
+        loader_state = self.batches.state_dict()
+        try:
+            if self.step == 0:
+                self._log(log, echo, {"step": 0, **self.run_eval()})
+            while not self.done():
+                t0 = time.perf_counter()
+                loader_state = self.batches.state_dict()  # position before this step, for Ctrl-C saves
+                micro = [self.batches.next_batch() for _ in range(self.tcfg.grad_accum)]
+                stats = self.train_step(micro)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+                self.step += 1
+                self.elapsed_s += time.perf_counter() - t0
+                loader_state = self.batches.state_dict()
+                window_tokens += stats["tokens"]
+                bar.update(1)
+                bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}")
+                last = self.done()
+                if self.step % self.tcfg.log_every == 0 or last or self.step % self.tcfg.eval_every == 0:
+                    dt = time.perf_counter() - window_t0
+                    tps = window_tokens / dt
+                    fpt = self.model.flops_per_token(micro[0][0].size(1))
+                    row = {"step": self.step, "loss": stats["loss"], "lr": stats["lr"],
+                           "grad_norm": stats["grad_norm"], "tokens_per_s": tps,
+                           "mfu": tps * fpt / self.peak if self.peak else None,
+                           "elapsed_s": self.elapsed_s}
+                    if self.step % self.tcfg.eval_every == 0 or last:
+                        row.update(self.run_eval())
+                    self._log(log, echo, row)
+                    window_tokens, window_t0 = 0, time.perf_counter()
+                if self.step % self.tcfg.save_every == 0 or last:
+                    self.save(loader_state)
+        except KeyboardInterrupt:
+            echo(f"interrupted at step {self.step}: saving a checkpoint, resume with --resume")
+            self.save(loader_state)
+            raise
+        finally:
+            bar.close()
+            log.close()
+        return {"step": self.step, "elapsed_s": self.elapsed_s, **self.last}
+
+    def _log(self, log: MetricsLog, echo: Callable[[str], None], row: dict[str, Any]) -> None:
+        row = {k: v for k, v in row.items() if v is not None}
+        self.last.update(row)
+        log.write(row, echo)
