@@ -198,6 +198,22 @@ class Trainer:
                          keep_last=self.tcfg.keep_last)
 
     # ------------------------------------------------------------------ loop
+    def backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], n_supervised: int) -> float:
+        """Accumulate into ``.grad`` the gradient of (summed token loss) / ``n_supervised``.
+
+        ``n_supervised`` is the count of labels != -100 over the whole optimizer step (every
+        micro-batch, and every rank once data parallel), so each micro-batch contributes its
+        SUM scaled by one common factor. Returns the summed loss in nats.
+        """
+        total = torch.zeros((), device=self.device)
+        for x, y in micro_batches:
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            with autocast_for(self.device, self.tcfg.dtype):
+                loss_sum = self.forward(x, y, reduction="sum")
+            (loss_sum / n_supervised).backward()
+            total += loss_sum.detach()
+        return float(total)
+
     def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
         """One optimizer step over ``micro_batches``; returns loss (nats/token), grad_norm, lr, tokens.
 
@@ -210,14 +226,7 @@ class Trainer:
             g["lr"] = lr
         if n_sup == 0:  # nothing to learn from: never let a 0/0 loss reach backward
             return {"loss": float("nan"), "grad_norm": 0.0, "lr": lr, "tokens": 0, "supervised": 0, "skipped": 1}
-        total = torch.zeros((), device=self.device)
-        for x, y in micro_batches:
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            with autocast_for(self.device, self.tcfg.dtype):
-                loss_sum = self.forward(x, y, reduction="sum")
-            (loss_sum / n_sup).backward()
-            total += loss_sum.detach()
-        loss = float(total) / n_sup
+        loss = self.backward(micro_batches, n_sup) / n_sup
         clip = self.ocfg.grad_clip or float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):

@@ -1,0 +1,210 @@
+"""The speedrun: tokenizer -> corpus -> pretraining -> samples -> ``report.md`` + ``metrics.json``.
+
+On a CPU it trains the ``tiny`` preset to a time budget sized so that the whole command ends
+within 15 minutes on 2 cores; on a GPU it picks a preset sized to ``--time-budget-min`` and
+adds the machine's installed Python packages to the corpus.
+"""
+from __future__ import annotations
+
+import json
+import site
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import DataConfig, PretrainConfig, RunConfig, load, pretrain_recipe, replace, to_dict
+from .data.corpus import build_corpus, iter_split_texts, load_index, read_split
+from .engine import SamplingConfig, complete
+from .report import (compression_baselines, markdown_table, parses_after_dropping_last_line, plot_loss,
+                     read_metrics, write_atomic)
+from .tokenizer import Tokenizer, bytes_per_token, train_tokenizer
+from .train.pretrain import run_pretrain
+from .train.trainer import resolve_device
+
+
+@dataclass(frozen=True)
+class SpeedrunPlan:
+    """What a speedrun does on this machine (every number a field, chosen by :func:`plan`)."""
+
+    preset: str
+    time_budget_min: float
+    sources: tuple[str, ...]
+    max_files: int = 0
+    sample_prompts: tuple[str, ...] = (
+        "import os\nimport sys\n\n\ndef main():\n",
+        "def fibonacci(n):\n",
+        "class Stack:\n    \"\"\"A last-in, first-out stack.\"\"\"\n\n    def __init__(self):\n",
+        "def read_lines(path):\n    \"\"\"Return the lines of a text file.\"\"\"\n",
+        "import unittest\n\n\nclass TestMath(unittest.TestCase):\n",
+    )
+    sample_tokens: int = 120
+    sample_temperature: float = 0.5
+    sample_top_k: int = 40
+
+
+#: Presets a GPU speedrun picks by time budget: (minutes at most, preset).
+GPU_PRESET_BY_BUDGET = ((45.0, "d12"), (240.0, "d20"), (float("inf"), "1b"))
+CPU_TIME_BUDGET_MIN = 8.0
+GPU_TIME_BUDGET_MIN = 30.0
+
+
+def plan(device: torch.device, preset: str | None, time_budget_min: float | None) -> SpeedrunPlan:
+    """Preset, budget and corpus for ``device`` (explicit arguments win)."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    if device.type == "cuda":
+        budget = time_budget_min or GPU_TIME_BUDGET_MIN
+        chosen = preset or next(p for limit, p in GPU_PRESET_BY_BUDGET if budget <= limit)
+        return SpeedrunPlan(chosen, budget, (stdlib, *site.getsitepackages()))
+    return SpeedrunPlan(preset or "tiny", time_budget_min or CPU_TIME_BUDGET_MIN, (stdlib,))
+
+
+def _timed(fn, *args, **kwargs) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_min: float | None = None,
+                 seed: int | None = None, device: str = "auto") -> dict[str, Any]:
+    """Run every stage into ``out`` and write ``report.md`` and ``metrics.json``; returns the metrics."""
+    t_start = time.perf_counter()
+    dev = resolve_device(device)
+    p = plan(dev, preset, time_budget_min)
+    run = Path(out or f"runs/speedrun-{p.preset}")
+    run.mkdir(parents=True, exist_ok=True)
+    base = pretrain_recipe(p.preset)
+    data_cfg = replace(base.data, src=p.sources, max_files=p.max_files)
+    metrics: dict[str, Any] = {"preset": p.preset, "device": str(dev), "time_budget_min": p.time_budget_min}
+
+    # 1. tokenizer (trained on the train split only)
+    tok_dir = run / "tokenizer"
+    print(f"[1/5] tokenizer: vocab {data_cfg.vocab_size} on {', '.join(p.sources)}")
+    texts = iter_split_texts(p.sources, "train", extensions=data_cfg.extensions, val_fraction=data_cfg.val_fraction,
+                             max_bytes=data_cfg.tokenizer_max_bytes, max_files=p.max_files)
+    tok, wall = _timed(train_tokenizer, texts, data_cfg.vocab_size)
+    tok.save(tok_dir)
+    metrics["tokenizer"] = {"wall_s": wall, "vocab_size": tok.vocab_size}
+
+    # 2. corpus -> token shards
+    data_dir = run / "data"
+    print(f"[2/5] corpus -> {data_dir}")
+    index, wall = _timed(build_corpus, p.sources, tok_dir, data_dir, extensions=data_cfg.extensions,
+                         val_fraction=data_cfg.val_fraction, max_files=p.max_files)
+    index = load_index(data_dir)
+    sp = index["splits"]
+    metrics["data"] = {"wall_s": wall, "files_seen": index["files_seen"], "skipped": index["skipped"],
+                       **{f"{s}_{k}": sp[s][k] for s in ("train", "val") for k in ("documents", "tokens", "bytes")}}
+    metrics["tokenizer"]["val_bytes_per_token"] = sp["val"]["bytes"] / max(1, sp["val"]["tokens"] - sp["val"]["documents"])
+
+    # 3. baselines on the validation documents
+    print("[3/5] compression baselines on the validation split")
+    docs = _val_documents(tok, data_dir)
+    metrics["baseline"], wall = _timed(compression_baselines, docs)
+    metrics["baseline"]["wall_s"] = wall
+
+    # 4. pretraining to the time budget
+    print(f"[4/5] pretraining {p.preset} for {p.time_budget_min:g} min on {dev}")
+    overrides = {"train.max_steps": 0, "train.time_budget_s": p.time_budget_min * 60}
+    cfg = load(PretrainConfig, None, overrides, base=replace(
+        base, data=replace(data_cfg, data_dir=str(data_dir), tokenizer_dir=str(tok_dir)),
+        run=RunConfig(out=str(run / "pretrain"), seed=seed if seed is not None else base.run.seed, device=device)))
+    result, wall = _timed(run_pretrain, cfg)
+    rows = read_metrics(run / "pretrain" / "metrics.jsonl")
+    val = [r for r in rows if "val_bpb" in r]
+    train_rows = [r for r in rows if "tokens_per_s" in r]
+    metrics["pretrain"] = {
+        "wall_s": wall, "steps": result["step"], "params": result["params"], "train_time_s": result["elapsed_s"],
+        "tokens_seen": result["step"] * cfg.train.micro_batch_size * cfg.train.grad_accum * cfg.data.seq_len,
+        "tokens_per_s": _median([r["tokens_per_s"] for r in train_rows]),
+        "mfu": _median([r["mfu"] for r in train_rows if "mfu" in r]) if any("mfu" in r for r in train_rows) else None,
+        "val_bpb_initial": val[0]["val_bpb"], "val_bpb_final": val[-1]["val_bpb"],
+        "val_loss_final": val[-1]["val_loss"], "train_loss_final": train_rows[-1]["loss"] if train_rows else None,
+        "config": to_dict(cfg)}
+    plot_loss(rows, run / "loss.png", f"{p.preset} pretraining on {dev.type}")
+
+    # 5. samples
+    print("[5/5] samples")
+    samples, wall = _timed(_samples, run / "pretrain", p, dev, seed if seed is not None else base.run.seed)
+    metrics["samples"] = {"wall_s": wall, "n": len(samples), "parse_ok": sum(s["parses"] for s in samples)}
+    metrics["total_wall_s"] = time.perf_counter() - t_start
+
+    write_atomic(run / "metrics.json", json.dumps(metrics, indent=1))
+    write_atomic(run / "report.md", _report(metrics, samples))
+    print(f"val_bpb {metrics['pretrain']['val_bpb_final']:.3f} vs gzip {metrics['baseline']['gzip_bpb']:.3f}; "
+          f"report: {run / 'report.md'}")
+    return metrics
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else None
+
+
+def _val_documents(tok: Tokenizer, data_dir: Path) -> list[bytes]:
+    """The validation documents as UTF-8 bytes, decoded back from the shards (split on ``<|end|>``)."""
+    docs: list[bytes] = []
+    for shard in read_split(data_dir, "val"):
+        ids = shard.tolist()
+        start = 0
+        for i, t in enumerate(ids):
+            if t == tok.end_id:
+                docs.append(tok.decode(ids[start:i]).encode("utf-8"))
+                start = i + 1
+    return docs
+
+
+def _samples(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> list[dict[str, Any]]:
+    from .checkpoint import load_model
+    model, tok, _ = load_model(stage, device)
+    cfg = SamplingConfig(max_new_tokens=p.sample_tokens, temperature=p.sample_temperature, top_k=p.sample_top_k,
+                         top_p=1.0)
+    out = []
+    for i, prompt in enumerate(p.sample_prompts):
+        ids = complete(model, [tok.bos_id] + tok.encode(prompt), cfg, stop_ids=[tok.end_id], seed=seed + i)[0]
+        text = prompt + tok.decode([t for t in ids if t != tok.end_id])
+        out.append({"prompt": prompt, "text": text, "parses": parses_after_dropping_last_line(text)})
+    return out
+
+
+def _report(m: dict[str, Any], samples: list[dict[str, Any]]) -> str:
+    pre, base, data = m["pretrain"], m["baseline"], m["data"]
+    c = pre["config"]
+    lines = [f"# codechat speedrun — `{m['preset']}` on {m['device']}", "",
+             f"Total wall time {m['total_wall_s'] / 60:.1f} min. The model compresses unseen Python to "
+             f"**{pre['val_bpb_final']:.3f} bits/byte** against gzip -9's {base['gzip_bpb']:.3f} "
+             f"(each validation document compressed on its own).", "",
+             "## Data", markdown_table([
+                 ("corpus", ", ".join(c["data"]["src"])), ("files seen", data["files_seen"]),
+                 ("skipped", ", ".join(f"{k} {v}" for k, v in data["skipped"].items())),
+                 ("train documents / tokens / bytes", f"{data['train_documents']:,} / {data['train_tokens']:,} / "
+                                                      f"{data['train_bytes']:,}"),
+                 ("val documents / tokens / bytes", f"{data['val_documents']:,} / {data['val_tokens']:,} / "
+                                                    f"{data['val_bytes']:,}"),
+                 ("vocabulary", m["tokenizer"]["vocab_size"]),
+                 ("val bytes per token", m["tokenizer"]["val_bytes_per_token"])]), "",
+             "## Model and training", markdown_table([
+                 ("preset", m["preset"]), ("parameters", pre["params"]),
+                 ("layers / width / heads / kv heads", f"{c['model']['n_layer']} / {c['model']['n_embd']} / "
+                                                       f"{c['model']['n_head']} / {c['model']['n_kv_head']}"),
+                 ("sequence length", c["data"]["seq_len"]),
+                 ("batch (rows x accum)", f"{c['train']['micro_batch_size']} x {c['train']['grad_accum']}"),
+                 ("optimizer steps", pre["steps"]), ("tokens seen", pre["tokens_seen"]),
+                 ("tokens/s (median)", pre["tokens_per_s"]),
+                 ("MFU", f"{pre['mfu']:.1%}" if pre["mfu"] is not None else "n/a (no known peak on this device)"),
+                 ("val bits/byte: initial -> final", f"{pre['val_bpb_initial']:.3f} -> {pre['val_bpb_final']:.3f}")]),
+             "", "![loss curve](loss.png)", "",
+             "## Baselines (bits per byte on the validation split)", markdown_table([
+                 ("codechat model", pre["val_bpb_final"]), ("gzip -9, per document", base["gzip_bpb"]),
+                 ("gzip -9, whole split as one stream", base["gzip_concat_bpb"]),
+                 ("xz -9, whole split as one stream", base["xz_concat_bpb"])]), "",
+             "## Time per stage", markdown_table([(k, f"{m[k]['wall_s']:.1f} s") for k in
+                                                  ("tokenizer", "data", "baseline", "pretrain", "samples")]), "",
+             f"## Completions ({m['samples']['parse_ok']} of {m['samples']['n']} parse with `ast.parse` once "
+             "the last, unfinished line is dropped)", ""]
+    for s in samples:
+        lines += [f"**{'parses' if s['parses'] else 'does not parse'}**", "", "```python", s["text"], "```", ""]
+    return "\n".join(lines)

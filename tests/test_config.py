@@ -1,0 +1,57 @@
+"""Configuration: validation messages that name the setting, YAML + CLI overrides, round trip."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from codechat.config import (ConfigError, DataConfig, ModelConfig, OptimConfig, PretrainConfig, TrainConfig, load,
+                             parse_overrides, pretrain_recipe, save_yaml)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: ModelConfig(n_head=6, n_kv_head=4), "model.n_head .* multiple of model.n_kv_head"),
+    (lambda: ModelConfig(n_embd=100, n_head=3, n_kv_head=3), "model.n_embd .* not divisible"),
+    (lambda: DataConfig(vocab_size=100), "data.vocab_size=100 .* byte tokens"),
+    (lambda: DataConfig(src=("/no/such/dir",)), "/no/such/dir"),
+    (lambda: OptimConfig(lr=-1), "optim.lr"),
+    (lambda: OptimConfig(schedule="step"), "optim.schedule"),
+    (lambda: TrainConfig(max_steps=0, time_budget_s=0), "neither train.max_steps nor train.time_budget_s"),
+    (lambda: TrainConfig(micro_batch_size=0), "train.micro_batch_size"),
+    (lambda: PretrainConfig(model=ModelConfig(max_seq_len=128), data=DataConfig(seq_len=256)),
+     "data.seq_len=256 is over the model's limit"),
+])
+def test_invalid_settings_fail_at_construction_naming_the_setting(make, match):
+    with pytest.raises(ConfigError, match=match):
+        make()
+
+
+def test_yaml_then_cli_overrides_then_round_trip(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({"optim": {"lr": 0.01}, "train": {"max_steps": 7}}))
+    over = parse_overrides(["--optim.lr", "3e-4", "--train.compile=true", "--data.extensions", ".py,.pyi"])
+    cfg = load(PretrainConfig, f, over, base=pretrain_recipe("tiny"))
+    assert (cfg.optim.lr, cfg.train.max_steps, cfg.train.compile) == (3e-4, 7, True)
+    assert cfg.data.extensions == (".py", ".pyi")
+    assert cfg.model.n_layer == pretrain_recipe("tiny").model.n_layer
+    save_yaml(cfg, tmp_path / "out.yaml")
+    assert load(PretrainConfig, tmp_path / "out.yaml") == cfg
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"optim.lrr": "1"}, "unknown setting --optim.lrr"),
+    ({"train.max_steps": "ten"}, "train.max_steps: cannot read 'ten'"),
+    ({"train.compile": "maybe"}, "expected true/false"),
+])
+def test_bad_overrides_are_named(over, match):
+    with pytest.raises(ConfigError, match=match):
+        load(PretrainConfig, None, over)
+
+
+def test_bad_yaml_is_named(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("optim: {lr: [")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load(PretrainConfig, f)
+    f.write_text("optimizer: {lr: 1}")
+    with pytest.raises(ConfigError, match="unknown setting 'optimizer'"):
+        load(PretrainConfig, f)

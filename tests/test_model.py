@@ -1,0 +1,82 @@
+"""The GPT and the KV-cache engine: shapes, counts, and cache == recomputation."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from codechat.config import ModelConfig, preset
+from codechat.engine import SamplingConfig, complete, sample_next
+from codechat.model import IGNORE_INDEX, build_model
+
+
+def small(**kw) -> ModelConfig:
+    return ModelConfig(**{**dict(vocab_size=97, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, max_seq_len=64), **kw})
+
+
+def test_presets_have_the_documented_shapes():
+    big = preset("8b", vocab_size=50257)
+    assert (big.n_layer, big.n_embd, big.n_head) == (40, 4096, 32)
+    for name in ("tiny", "d12", "d20", "1b", "2b", "8b"):
+        assert preset(name).head_dim * preset(name).n_head == preset(name).n_embd
+
+
+def test_parameter_count_matches_the_formula_and_tied_head_is_shared():
+    cfg = small(tie_embeddings=True)
+    m = build_model(cfg)
+    assert m.lm_head.weight is m.embed_tokens.weight
+    d, f, hd = cfg.n_embd, cfg.intermediate_size, cfg.head_dim
+    per_layer = d * hd * (cfg.n_head * 2 + cfg.n_kv_head * 2) + 3 * d * f + 2 * d + 2 * hd
+    assert m.num_params() == cfg.vocab_size * d + cfg.n_layer * per_layer + d
+    untied = build_model(small(tie_embeddings=False))
+    assert untied.num_params() == m.num_params() + cfg.vocab_size * d
+    assert untied.flops_per_token(32) == 6 * (untied.num_params() - cfg.vocab_size * d) + 12 * 2 * 4 * 16 * 32
+
+
+def test_loss_sum_ignores_masked_labels():
+    torch.manual_seed(0)
+    m = build_model(small())
+    x = torch.randint(0, 97, (2, 10))
+    y = x.clone()
+    y[0, :4] = IGNORE_INDEX
+    per_tok = m(x, y, reduction="none")
+    assert torch.all(per_tok[0, :4] == 0)
+    torch.testing.assert_close(m(x, y, reduction="sum"), per_tok.sum())
+
+
+@pytest.mark.parametrize("qk_norm,kv", [(True, 2), (False, 4), (True, 1)])
+def test_kv_cache_greedy_equals_full_recomputation(qk_norm, kv):
+    torch.manual_seed(1)
+    m = build_model(small(qk_norm=qk_norm, n_kv_head=kv, init_std=0.1)).eval()
+    prompt = torch.randint(0, 97, (7,)).tolist()
+    got = complete(m, prompt, SamplingConfig(max_new_tokens=30, temperature=0.0))[0]
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(30):
+            ids.append(int(m(torch.tensor([ids]))[0, -1].argmax()))
+    assert got == ids[len(prompt):]
+    assert len(set(got)) > 1  # a degenerate constant stream would prove little
+
+
+def test_generation_stops_at_stop_token_and_respects_max_seq_len():
+    m = build_model(small(max_seq_len=16)).eval()
+    out = complete(m, [1, 2, 3], SamplingConfig(max_new_tokens=100, temperature=0.0))[0]
+    assert len(out) == 13  # 16 - 3 prompt positions
+    first = out[0]
+    stopped = complete(m, [1, 2, 3], SamplingConfig(max_new_tokens=100, temperature=0.0), stop_ids=[first])[0]
+    assert stopped == [first]
+
+
+def test_top_k_and_top_p_only_draw_allowed_tokens():
+    logits = torch.tensor([[5.0, 4.0, 0.0, -1.0, -2.0]]).repeat(200, 1)
+    g = torch.Generator().manual_seed(0)
+    k2 = sample_next(logits, SamplingConfig(temperature=1.0, top_k=2, top_p=1.0), g)
+    assert set(k2.tolist()) == {0, 1}
+    p = sample_next(logits, SamplingConfig(temperature=1.0, top_p=0.5), g)
+    assert set(p.tolist()) == {0}  # token 0 alone holds > 50% of the mass
+    assert sample_next(logits[:1], SamplingConfig(temperature=0.0)).item() == 0
+
+
+def test_sequence_over_the_limit_is_a_clear_error():
+    m = build_model(small(max_seq_len=8))
+    with pytest.raises(ValueError, match="max_seq_len=8"):
+        m(torch.zeros(1, 9, dtype=torch.long))

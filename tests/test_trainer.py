@@ -1,0 +1,208 @@
+"""The shared trainer: token-normalised accumulation, exact resume, guards, schedule, checkpoints."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from codechat import checkpoint as ckpt
+from codechat.config import ModelConfig, OptimConfig, RunConfig, TrainConfig
+from codechat.data.windows import WindowLoader
+from codechat.model import IGNORE_INDEX, build_model
+from codechat.train.trainer import Trainer, TrainingDiverged, lr_at
+
+CFG = ModelConfig(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_kv_head=1, max_seq_len=128)
+
+
+class ListBatches:
+    """Fixed micro-batches, in order, with a position (a stand-in for any loader)."""
+
+    def __init__(self, batches):
+        self.batches, self.i = batches, 0
+
+    def next_batch(self):
+        b = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        return b
+
+    def state_dict(self):
+        return {"i": self.i}
+
+    def load_state_dict(self, s):
+        self.i = s["i"]
+
+
+def make_trainer(tmp_path, batches, *, train=None, optim=None, resume=False, seed=0):
+    torch.manual_seed(seed)
+    model = build_model(CFG)
+    return Trainer(model, train=train or TrainConfig(max_steps=10, log_every=1, eval_every=100),
+                   optim=optim or OptimConfig(lr=1e-2, warmup_steps=2), batches=batches,
+                   run=RunConfig(out=str(tmp_path), resume=resume), out_dir=Path(tmp_path),
+                   meta={"model": {"shape": "test"}}, show_progress=False)
+
+
+def padded(n_supervised: int, length: int, g: torch.Generator):
+    x = torch.randint(0, 64, (1, length), generator=g)
+    y = torch.randint(0, 64, (1, length), generator=g)
+    y[0, n_supervised:] = IGNORE_INDEX
+    return x, y
+
+
+def grads(trainer):
+    return torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+
+
+def test_grad_accumulation_is_token_normalised(tmp_path):
+    """Case 05: (batch 2, accum 1) == (batch 1, accum 2) with 11 and 101 supervised tokens."""
+    g = torch.Generator().manual_seed(0)
+    (x1, y1), (x2, y2) = padded(11, 101, g), padded(101, 101, g)
+    whole = [(torch.cat([x1, x2]), torch.cat([y1, y2]))]
+    split = [(x1, y1), (x2, y2)]
+    ta = make_trainer(tmp_path / "a", ListBatches(whole))
+    ta.backward(whole, 112)
+    tb = make_trainer(tmp_path / "b", ListBatches(split))
+    tb.backward(split, 112)
+    ga, gb = grads(ta), grads(tb)
+    assert (ga - gb).norm() / ga.norm() < 1e-5
+    # the per-micro-batch mean / grad_accum (the common bug) is measurably different
+    tc = make_trainer(tmp_path / "c", ListBatches(split))
+    tc.backward(split[:1], 11 * 2)
+    tc.backward(split[1:], 101 * 2)
+    assert (ga - grads(tc)).norm() / ga.norm() > 1e-2
+
+
+class RecordingLoader(WindowLoader):
+    """Window loader that records the global window ids it hands out, and can crash on cue."""
+
+    def __init__(self, *a, crash_at_call=None, crash_with=KeyboardInterrupt, **kw):
+        super().__init__(*a, **kw)
+        self.seen, self.calls, self.crash_at_call, self.crash_with = [], 0, crash_at_call, crash_with
+
+    def next_window_ids(self):
+        self.calls += 1
+        if self.crash_at_call is not None and self.calls == self.crash_at_call:
+            raise self.crash_with("stopped by the test")
+        ids = super().next_window_ids()
+        self.seen.append(ids)
+        return ids
+
+
+def window_shard(n_windows=24, seq_len=8):
+    """Window k holds token k everywhere, so a batch tells which rows it came from."""
+    rows = np.repeat(np.arange(n_windows, dtype=np.uint16), seq_len)
+    return np.concatenate([rows, [0]]).astype(np.uint16)
+
+
+def run_case08(tmp_path, crash_at_call=None, resume=False, keep=None, crash_with=KeyboardInterrupt):
+    loader = RecordingLoader([window_shard()], 8, 2, seed=1234, crash_at_call=crash_at_call, crash_with=crash_with)
+    train = TrainConfig(micro_batch_size=2, grad_accum=2, max_steps=10, log_every=1, eval_every=100,
+                        save_every=keep or 100)
+    optim = OptimConfig(lr=1e-2, warmup_steps=4, schedule="linear", min_lr_ratio=0.0)
+    t = make_trainer(tmp_path, loader, train=train, optim=optim, resume=resume)
+    try:
+        t.fit()
+    except crash_with:
+        pass
+    rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return t, loader, {r["step"]: r for r in rows if "loss" in r}
+
+
+@pytest.mark.parametrize("stop_step", [5, 7])
+def test_stop_and_resume_equals_uninterrupted_run(tmp_path, stop_step):
+    """Case 08: same windows, LR and loss after resuming at step 5 (epoch 1) or 7 (inside epoch 2)."""
+    _, full_loader, full = run_case08(tmp_path / "full")
+    # Ctrl-C while fetching step stop_step+1's first micro-batch: the checkpoint is at stop_step
+    _, _, part = run_case08(tmp_path / "cut", crash_at_call=2 * stop_step + 1)
+    assert max(part) == stop_step
+    assert ckpt.resolve(tmp_path / "cut").name == f"step_{stop_step:06d}"
+    t, resumed_loader, after = run_case08(tmp_path / "cut", resume=True)
+    assert t.step == 10
+    assert resumed_loader.seen == full_loader.seen[2 * stop_step:]  # micro-batches, not steps
+    for step in range(stop_step + 1, 11):
+        assert after[step]["lr"] == full[step]["lr"]
+        assert abs(after[step]["loss"] - full[step]["loss"]) < 1e-6
+    # the epoch counter and the shuffle of epoch 2 match too; no window repeats inside an epoch
+    assert resumed_loader.epoch == full_loader.epoch == 1
+    epoch1 = sum(full_loader.seen[:12], [])
+    assert sorted(epoch1) == list(range(24))
+
+
+def test_crash_after_periodic_save_resumes_from_it(tmp_path):
+    _, full_loader, full = run_case08(tmp_path / "full")
+    run_case08(tmp_path / "cut", crash_at_call=15, keep=5, crash_with=RuntimeError)  # dies in step 8
+    assert ckpt.resolve(tmp_path / "cut").name == "step_000005"
+    _, loader, after = run_case08(tmp_path / "cut", resume=True, keep=5)
+    assert loader.seen == full_loader.seen[10:]
+    assert abs(after[10]["loss"] - full[10]["loss"]) < 1e-6
+
+
+def test_lr_schedule_warmup_then_decay_to_floor():
+    cfg = OptimConfig(lr=1.0, warmup_steps=4, min_lr_ratio=0.1, schedule="cosine")
+    assert [lr_at(s, 0.0, cfg) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(10, 0.5, cfg) == pytest.approx(0.55)
+    assert lr_at(10, 1.0, cfg) == pytest.approx(0.1)
+    assert lr_at(10, 0.5, OptimConfig(lr=1.0, warmup_steps=0, min_lr_ratio=0.0, schedule="linear")) == 0.5
+
+
+def test_non_finite_loss_stops_without_touching_weights_or_checkpoint(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    batch = padded(20, 20, g)
+    t = make_trainer(tmp_path, ListBatches([batch]),
+                     train=TrainConfig(max_steps=4, log_every=1, eval_every=100, save_every=2))
+    t.fit()
+    saved = ckpt.resolve(tmp_path)
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    with torch.no_grad():
+        t.model.norm.weight[0] = float("nan")
+    t.tcfg = TrainConfig(max_steps=6, log_every=1, eval_every=100, save_every=1)
+    with pytest.raises(TrainingDiverged, match="last good one"):
+        t.fit()
+    assert ckpt.resolve(tmp_path) == saved
+    for k, v in t.model.state_dict().items():
+        if k != "norm.weight":
+            assert torch.equal(v, before[k]), k
+
+
+def test_batch_without_supervised_tokens_never_reaches_the_loss(tmp_path):
+    x = torch.randint(0, 64, (2, 8))
+    y = torch.full((2, 8), IGNORE_INDEX)
+    t = make_trainer(tmp_path, ListBatches([(x, y)]))
+    before = [p.clone() for p in t.model.parameters()]
+    out = t.train_step([(x, y)])
+    assert out["skipped"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, t.model.parameters()))
+
+
+def test_truncated_checkpoint_is_a_clear_error_naming_the_file(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    t = make_trainer(tmp_path, ListBatches([padded(5, 5, g)]), train=TrainConfig(max_steps=1, log_every=1))
+    t.fit()
+    model_file = ckpt.resolve(tmp_path) / "model.pt"
+    model_file.write_bytes(model_file.read_bytes()[:100])
+    with pytest.raises(ckpt.CheckpointError, match=str(model_file)):
+        ckpt.load(tmp_path)
+    with pytest.raises(ckpt.CheckpointError, match="no such checkpoint"):
+        ckpt.resolve(tmp_path / "nope")
+
+
+def test_resume_with_another_model_config_is_refused(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    t = make_trainer(tmp_path, ListBatches([padded(5, 5, g)]), train=TrainConfig(max_steps=1, log_every=1))
+    t.fit()
+    t2 = make_trainer(tmp_path, ListBatches([padded(5, 5, g)]), resume=True)
+    t2.meta = {"model": {"shape": "other"}}
+    with pytest.raises(ckpt.CheckpointError, match="does not match"):
+        t2.fit()
+
+
+def test_keep_last_prunes_old_checkpoints(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    t = make_trainer(tmp_path, ListBatches([padded(5, 5, g)]),
+                     train=TrainConfig(max_steps=6, log_every=1, save_every=1, keep_last=2))
+    t.fit()
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "checkpoints")] == ["step_000005", "step_000006"]
+    assert math.isfinite(json.loads((tmp_path / "checkpoints/step_000006/state.json").read_text())["metrics"]["loss"])
