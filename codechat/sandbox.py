@@ -424,9 +424,11 @@ class _Server:
         if os.geteuid() == 0 and cfg["drop_privileges"] and not cfg["user_ns"]:
             if all(_traversable(p, _NOBODY, _NOBODY) for p in _needed_paths()):
                 self.uid = self.gid = _NOBODY
-        euid = self.uid if self.uid is not None else os.geteuid()
-        prot["separate_user"] = euid != cfg["evaluator_uid"] and euid != 0
-        prot["process_limit"] = prot["resource_limits"] and (euid != 0 or cfg["user_ns"])
+        # the uid the kernel sees for a program (outside any user namespace)
+        outer = (self.uid if self.uid is not None
+                 else cfg["evaluator_uid"] if cfg["user_ns"] else os.geteuid())
+        prot["separate_user"] = outer != cfg["evaluator_uid"]
+        prot["process_limit"] = prot["resource_limits"] and outer != 0  # root is exempt
         self.protections = prot
 
     def _setup_mounts(self, cfg: dict[str, Any], prot: dict[str, bool]) -> None:
@@ -936,7 +938,7 @@ def _launcher(isolation: str) -> tuple[list[str] | None, bool]:
     """The ``unshare`` prefix that works here (probed once), and whether it adds a user ns."""
     if isolation == "none" or not sys.platform.startswith("linux"):
         return None, False
-    key = "root" if os.geteuid() == 0 else "user"
+    key = "root" if os.geteuid() == 0 and isolation != "userns" else "user"
     if key not in _MODE_CACHE:
         exe = shutil.which("unshare") or next(
             (p for p in ("/usr/bin/unshare", "/bin/unshare") if os.path.exists(p)), None)
@@ -1060,15 +1062,17 @@ class _Worker:
 class Sandbox:
     """A pool of fork servers. Use it as a context manager, or the module-level ``run``.
 
-    ``isolation="auto"`` uses namespaces when the kernel allows them, ``"none"`` never (plain
-    processes; for debugging and tests of the fallback). ``drop_privileges`` runs programs as
-    ``nobody`` when the evaluator is root.
+    ``isolation="auto"`` uses namespaces when the kernel allows them (as root: PID, network
+    and mount namespaces, programs run as ``nobody``; otherwise inside a user namespace too),
+    ``"userns"`` forces the user-namespace path (what a non-root evaluator gets), ``"none"``
+    uses plain processes (what macOS or a locked-down container gets; for tests of the
+    fallback). ``drop_privileges`` runs programs as ``nobody`` when the evaluator is root.
     """
 
     def __init__(self, workers: int = 1, *, limits: Limits | None = None,
                  isolation: str = "auto", drop_privileges: bool = True) -> None:
-        if isolation not in ("auto", "none"):
-            raise ValueError(f"isolation must be 'auto' or 'none', got {isolation!r}")
+        if isolation not in ("auto", "userns", "none"):
+            raise ValueError(f"isolation must be 'auto', 'userns' or 'none', got {isolation!r}")
         if resource is None:
             raise SandboxError("codechat.sandbox needs a POSIX system (the resource module)")
         self.limits = limits or Limits()
