@@ -236,15 +236,15 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
              "optim": dict(lr=2e-3, warmup_steps=30, min_lr_ratio=0.05),
              "train": dict(micro_batch_size=16, eval_every=100, eval_tokens=32768, save_every=250)},
     "d12": {"data": dict(seq_len=1024), "optim": dict(lr=1e-3, warmup_steps=200),
-            "train": dict(micro_batch_size=32, eval_every=250)},
+            "train": dict(micro_batch_size=32, eval_every=250, compile=True)},
     "d20": {"data": dict(seq_len=2048), "optim": dict(lr=6e-4, warmup_steps=300),
-            "train": dict(micro_batch_size=16, eval_every=250)},
+            "train": dict(micro_batch_size=16, eval_every=250, compile=True)},
     "1b": {"data": dict(seq_len=2048), "optim": dict(lr=3e-4, warmup_steps=500),
-           "train": dict(micro_batch_size=8, eval_every=500)},
+           "train": dict(micro_batch_size=8, eval_every=500, compile=True)},
     "2b": {"data": dict(seq_len=2048), "optim": dict(lr=3e-4, warmup_steps=500),
-           "train": dict(micro_batch_size=4, eval_every=500)},
+           "train": dict(micro_batch_size=4, eval_every=500, compile=True)},
     "8b": {"data": dict(seq_len=2048), "optim": dict(lr=1.5e-4, warmup_steps=1000),
-           "train": dict(micro_batch_size=2, eval_every=500)},
+           "train": dict(micro_batch_size=2, eval_every=500, compile=True)},
 }
 
 

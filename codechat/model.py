@@ -36,7 +36,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+        # weight in the input's dtype: a mixed pair falls off the fused kernel under autocast
+        return F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), self.eps)
 
 
 def rope_tables(head_dim: int, max_len: int, theta: float, device: torch.device | None = None

@@ -754,10 +754,11 @@ def _harness(program: str, tests: Sequence[str], nonce: str) -> None:
     _exit, _write, _getpid, _compile, _exec = os._exit, os.write, os.getpid, compile, exec
     _isinstance, _len, _enumerate, _BaseException = isinstance, len, enumerate, BaseException
     out, err = sys.stdout, sys.stderr
-    pid = _getpid()
 
     def line(kind: str, index: int, outcome: str, error: str = "") -> bytes:
-        return f"{nonce} {pid} {kind} {index} {outcome} {error.encode('utf-8', 'replace').hex()}\n".encode()
+        # the pid is read at send time: a forked copy of this harness reports under its own
+        # pid, which the fork server ignores
+        return f"\n{nonce} {_getpid()} {kind} {index} {outcome} {error.encode('utf-8', 'replace').hex()}\n".encode()
 
     def send(data: bytes) -> None:
         _write(3, data)
