@@ -176,6 +176,7 @@ class TrainConfig:
 
     micro_batch_size: int = 8
     grad_accum: int = 1
+    batch_size: int = 0  # rows per optimizer step over all ranks; 0 -> micro_batch_size * grad_accum * ranks
     max_steps: int = 0  # 0 -> no step limit (time_budget_s must be set)
     time_budget_s: float = 0.0  # 0 -> no time limit
     eval_every: int = 100
@@ -189,6 +190,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check(self.micro_batch_size > 0, f"train.micro_batch_size must be > 0, got {self.micro_batch_size}")
         _check(self.grad_accum > 0, f"train.grad_accum must be > 0, got {self.grad_accum}")
+        _check(self.batch_size >= 0, f"train.batch_size must be >= 0, got {self.batch_size}")
+        if self.batch_size:
+            self.accum_steps(1)
         _check(self.max_steps >= 0 and self.time_budget_s >= 0, "train.max_steps and train.time_budget_s must be >= 0")
         _check(self.max_steps > 0 or self.time_budget_s > 0,
                "neither train.max_steps nor train.time_budget_s is set: give --max-steps N or --train.time_budget_s S")
@@ -196,6 +200,23 @@ class TrainConfig:
             _check(getattr(self, name) > 0, f"train.{name} must be > 0, got {getattr(self, name)}")
         _check(self.eval_tokens > 0, f"train.eval_tokens must be > 0, got {self.eval_tokens}")
         _check(self.dtype in ("auto", "bf16", "fp32"), f"train.dtype must be auto, bf16 or fp32, got {self.dtype!r}")
+
+    def accum_steps(self, world_size: int) -> int:
+        """Micro-batches per optimizer step on each of ``world_size`` ranks.
+
+        Raises:
+            ConfigError: ``batch_size`` is not a multiple of ``micro_batch_size * world_size``.
+        """
+        if not self.batch_size:
+            return self.grad_accum
+        per_pass = self.micro_batch_size * world_size
+        _check(self.batch_size % per_pass == 0,
+               f"train.batch_size={self.batch_size} does not divide into micro-batches of "
+               f"train.micro_batch_size={self.micro_batch_size} x {world_size} rank(s); make it a multiple of "
+               f"{per_pass}")
+        _check(self.grad_accum in (1, self.batch_size // per_pass),
+               f"train.grad_accum={self.grad_accum} contradicts train.batch_size={self.batch_size}; set only one")
+        return self.batch_size // per_pass
 
 
 # ----------------------------------------------------------------------------- run
@@ -391,3 +412,67 @@ def parse_overrides(args: list[str]) -> dict[str, str]:
 __all__ = ["ConfigError", "ModelConfig", "DataConfig", "OptimConfig", "TrainConfig", "RunConfig",
            "PretrainConfig", "PRESETS", "RECIPES", "preset", "pretrain_recipe", "load", "build", "to_dict", "save_yaml", "parse_overrides",
            "replace", "default_corpus_dirs"]
+
+
+# ----------------------------------------------------------------------------- sft
+#: Record formats of SFT data files (``codechat.data.formats``); ``auto`` detects from the fields.
+SFT_FORMATS: tuple[str, ...] = ("auto", "messages", "sharegpt", "glaive", "alpaca", "mbpp", "humaneval", "qa",
+                                "completion", "text")
+#: How a mixture draws (``codechat.data.mixture``): ``sample`` draws sources by normalised weight
+#: (with replacement across epochs), ``epoch`` takes ``weight x size`` rows of each source per epoch.
+SFT_MIX_MODES: tuple[str, ...] = ("sample", "epoch")
+#: The smallest prompt budget: ``<|bos|>`` plus the final ``<|assistant|>`` header.
+MIN_PROMPT_TOKENS = 2
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Chat SFT data: where examples come from, how they are cut to budget, and how they are batched.
+
+    A conversation is rendered by :func:`codechat.chat.render_with_budget`: its last assistant
+    turn is the completion and everything before it the prompt. ``max_prompt_length`` bounds the
+    prompt (``<|bos|>`` through the final ``<|assistant|>`` header) and ``max_length`` the whole row,
+    so the completion always keeps at least ``max_length - max_prompt_length`` >= 1 tokens.
+    """
+
+    data: str = ""  # mixture spec SOURCE[:WEIGHT],...; "" -> docstring->function pairs mined from mine_src
+    format: str = "auto"  # record format of every source; auto -> detected per file from its first record
+    mix_mode: str = "sample"  # see SFT_MIX_MODES
+    max_length: int = 1024  # tokens per example, prompt + completion
+    max_prompt_length: int = 768  # tokens of prompt, < max_length
+    packing: bool = False  # best-fit pack examples into rows of max_length instead of padding
+    micro_batch_size: int = 8  # rows per micro-batch
+    skip_bad: bool = False  # skip (and count) records that fit no format instead of failing
+    max_examples: int = 0  # > 0 -> a seeded subset of at most this many records (smoke tests)
+    seed: int = 1337  # mixture order and subsets
+    decontaminate: bool = True  # drop examples overlapping HumanEval / MBPP test problems
+    decontam_mbpp: str = ""  # MBPP .jsonl whose test problems are checked too; "" -> HumanEval only
+    decontam_ngram: int = 10  # n of the normalised token n-grams compared
+    decontam_threshold: float = 0.5  # share of a benchmark text's n-grams found in an example that excludes it
+    mine_src: tuple[str, ...] = ()  # sources mined when data is ""; () -> default_corpus_dirs()
+    mine_max_files: int = 0  # 0 -> every file
+    mine_max_examples: int = 0  # 0 -> every mined pair
+
+    def __post_init__(self) -> None:
+        _check(self.max_prompt_length >= MIN_PROMPT_TOKENS,
+               f"sft.max_prompt_length must be >= {MIN_PROMPT_TOKENS} (<|bos|> and the <|assistant|> header), "
+               f"got {self.max_prompt_length}")
+        _check(self.max_prompt_length < self.max_length,
+               f"sft.max_prompt_length={self.max_prompt_length} >= sft.max_length={self.max_length} leaves no "
+               "tokens for the completion, so every label would be masked; lower --sft.max_prompt_length below "
+               "--sft.max_length")
+        _check(self.micro_batch_size > 0, f"sft.micro_batch_size must be > 0, got {self.micro_batch_size}")
+        _check(self.max_examples >= 0, f"sft.max_examples must be >= 0 (0: all), got {self.max_examples}")
+        _check(self.format in SFT_FORMATS, f"sft.format must be one of {', '.join(SFT_FORMATS)}, got {self.format!r}")
+        _check(self.mix_mode in SFT_MIX_MODES,
+               f"sft.mix_mode must be one of {', '.join(SFT_MIX_MODES)}, got {self.mix_mode!r}")
+        _check(self.decontam_ngram >= 1, f"sft.decontam_ngram must be >= 1, got {self.decontam_ngram}")
+        _check(0.0 < self.decontam_threshold <= 1.0,
+               f"sft.decontam_threshold must be in (0, 1], got {self.decontam_threshold}")
+        _check(self.mine_max_files >= 0 and self.mine_max_examples >= 0,
+               "sft.mine_max_files and sft.mine_max_examples must be >= 0 (0: all)")
+        for p in (self.decontam_mbpp, *self.mine_src):
+            _check(not p or Path(p).exists(), f"path {p!r} (sft.*) does not exist; fix the path or leave it empty")
+
+
+__all__ += ["SFTConfig", "SFT_FORMATS", "SFT_MIX_MODES", "MIN_PROMPT_TOKENS"]

@@ -22,6 +22,7 @@ import json
 import math
 import operator
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -212,7 +213,8 @@ class MBPPTask:
         """The function the asserts call that the reference defines (``None`` if none)."""
         called = _called_names(self.test_list)
         defined = _defined_names(self.code)
-        return next((n for n in called if n in defined), next(iter(called), None))
+        return next((n for n in called if n in defined),
+                    next((n for n in called if not hasattr(builtins, n)), None))
 
     def program(self, completion: str | None = None) -> str:
         """The code to judge (default: the reference), then the task's setup code.
@@ -228,25 +230,34 @@ class MBPPTask:
         return sandbox.Job(self.program(completion), tests, timeout_s, memory_mb)
 
 
+def _parse_quietly(source: str) -> ast.Module | None:
+    """``ast.parse`` without the SyntaxWarnings old code raises (invalid escapes)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return ast.parse(source.replace("\r\n", "\n"))
+        except (SyntaxError, ValueError):
+            return None
+
+
 def _called_names(tests: Sequence[str]) -> list[str]:
+    """Names called as plain functions in ``tests``, in first-seen order."""
     names: list[str] = []
     for t in tests:
-        try:
-            tree = ast.parse(t)
-        except SyntaxError:
+        tree = _parse_quietly(t)
+        if tree is None:
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                name = node.func.id
-                if name not in names and not hasattr(builtins, name):
-                    names.append(name)
+                if node.func.id not in names:
+                    names.append(node.func.id)
     return names
 
 
 def _defined_names(code: str) -> set[str]:
-    try:
-        tree = ast.parse(code.replace("\r\n", "\n"))
-    except SyntaxError:
+    """Top-level functions and classes of ``code``."""
+    tree = _parse_quietly(code)
+    if tree is None:
         return set()
     return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                          ast.ClassDef))}

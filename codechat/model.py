@@ -92,7 +92,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: KVCache | None, layer: int) -> torch.Tensor:
+                cache: KVCache | None, layer: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)
@@ -101,7 +101,9 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is None:
+        if mask is not None:  # packed rows: causal within each document only
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        elif cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             p = cache.pos
@@ -136,8 +138,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: KVCache | None, layer: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
+                cache: KVCache | None, layer: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -181,8 +183,8 @@ class GPT(nn.Module):
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 
-    def forward(self, idx: torch.Tensor, labels: torch.Tensor | None = None, *,
-                reduction: str = "sum", cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, labels: torch.Tensor | None = None, *, reduction: str = "sum",
+                cache: KVCache | None = None, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits, or the cross-entropy against ``labels``.
 
         Args:
@@ -192,6 +194,9 @@ class GPT(nn.Module):
                 ``"none"`` ((B, T) float32, 0 at ignored positions).
             cache: a :class:`KVCache`; the new positions are appended at ``cache.pos``, which
                 the caller advances.
+            doc_ids: (B, T) int64 document index of each position of a packed row. Attention
+                then stays inside each document and rotary positions restart at 0 in each, so a
+                packed row computes exactly what its documents would on their own rows.
 
         Returns:
             (B, T, vocab_size) float32 logits when ``labels`` is None, else the loss.
@@ -205,10 +210,17 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {start + T} positions is over the limit "
                              f"(model.max_seq_len={self.cfg.max_seq_len}"
                              + (f", cache {cache.max_len}" if cache is not None else "") + ")")
-        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        mask = None
+        if doc_ids is None:
+            cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        else:
+            pos = positions_in_documents(doc_ids)
+            cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)  # (B, 1, T, D)
+            same = doc_ids.unsqueeze(2) == doc_ids.unsqueeze(1)  # (B, T, T)
+            mask = (same & torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()).unsqueeze(1)
         x = self.embed_tokens(idx)
         for i, block in enumerate(self.layers):
-            x = block(x, cos, sin, cache, i)
+            x = block(x, cos, sin, cache, i, mask)
         logits = self.lm_head(self.norm(x)).float()
         if labels is None:
             return logits
@@ -232,6 +244,19 @@ class GPT(nn.Module):
         t = seq_len or c.max_seq_len
         n = self.num_params() - c.vocab_size * c.n_embd * (0 if c.tie_embeddings else 1)
         return 6 * n + 12 * c.n_layer * c.n_head * c.head_dim * t
+
+
+def positions_in_documents(doc_ids: torch.Tensor) -> torch.Tensor:
+    """Position of each token inside its document: (B, T) int64 from (B, T) document ids.
+
+    Documents are contiguous runs of equal ids, e.g. ``[0, 0, 0, 1, 1]`` -> ``[0, 1, 2, 0, 1]``.
+    """
+    T = doc_ids.size(1)
+    idx = torch.arange(T, device=doc_ids.device).expand_as(doc_ids)
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    first = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - first
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str = "cpu") -> GPT:

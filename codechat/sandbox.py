@@ -7,10 +7,11 @@ same for many programs with N programs in flight at once. Only the standard libr
 How it works
 ------------
 Each worker is a *fork server*: a warm Python interpreter (``python -I -B sandbox.py --serve``)
-that preloads the common standard-library modules and then forks one child per program, so a
-program costs a ``fork`` (~1 ms) rather than an interpreter start. Where the kernel allows it the
-fork server is started by ``unshare`` in fresh PID, network and mount namespaces, and is PID 1
-of its namespace. For every program it:
+that preloads the common standard-library modules and forks one child per program, so a
+program costs a ``fork`` rather than an interpreter start; the next child is forked while the
+evaluator reads the previous result. Where the kernel allows it the fork server is started by
+``unshare`` in fresh PID, network and mount namespaces, and is PID 1 of its namespace. For
+every program it:
 
 1. creates a fresh working directory (``HOME`` and ``TMPDIR`` point there) and removes it after;
 2. forks a child that starts a new session, closes every inherited descriptor, redirects stdin
@@ -18,10 +19,13 @@ of its namespace. For every program it:
    environment, sets ``RLIMIT_AS`` (``memory_mb``), ``RLIMIT_CPU``, ``RLIMIT_FSIZE``,
    ``RLIMIT_NOFILE``, ``RLIMIT_NPROC`` and ``RLIMIT_CORE=0``, drops every capability and sets
    ``no_new_privs``; as root it also switches to an unprivileged uid (``nobody``);
-3. reports progress over an inherited pipe: every line carries a per-run random nonce and the
-   pid of the harness process. A pass is counted only when the harness itself reports that the
-   last test finished; exiting early with status 0 (``sys.exit``, ``os._exit``, ``SystemExit``,
-   ``KeyboardInterrupt``), printing something, or a forked copy of the harness never counts;
+3. runs the program's definitions (``__name__ == "__sandbox__"``), then each test in order,
+   in that child, and reports over an inherited pipe: every line carries a per-run random
+   nonce (sent to the child with the job, never part of the program's source) and the pid of
+   the reporting process. A pass is counted only when the harness reports, in the same atomic
+   write as the last test's outcome, that the last test finished; exiting early with status 0
+   (``sys.exit``, ``os._exit``, ``SystemExit``, ``KeyboardInterrupt``), printing something,
+   or a forked copy of the harness never counts;
 4. kills the child at the wall-clock deadline and, whatever happened, then kills *everything*
    the program started: ``kill(-1, SIGKILL)`` inside its own PID namespace (nothing can escape
    it), or, without namespaces, the child's session and every descendant found through
@@ -32,6 +36,11 @@ In the mount namespace the whole filesystem is read-only, ``/tmp``, ``/var/tmp``
 directories (``/root`` and the evaluator's ``$HOME``) are hidden behind empty tmpfs mounts,
 except for the paths the interpreter needs (a pyenv interpreter under ``/root`` stays
 importable). The network namespace has only a loopback device, which is down.
+
+Which namespaces: as root, ``unshare --pid --net --mount`` and programs run as ``nobody``; as
+any other user, the same inside a user namespace (``--user --map-root-user``), where programs
+run as your own uid with every capability dropped. ``Sandbox(isolation="userns")`` forces the
+latter and ``isolation="none"`` the plain-process fallback, so both paths are testable as root.
 
 What it protects against (with namespaces; ``protections()`` says what is active)
 -------------------------------------------------------------------------------
@@ -60,13 +69,17 @@ What it does NOT protect against (it is not a VM)
 - ``memory_mb`` is per process (``RLIMIT_AS``), so a program may use up to
   ``Limits.processes * memory_mb`` in total; the tmpfs mounts also take memory.
 - ``RLIMIT_NPROC`` counts every process of the sandbox user, so a fork bomb in one worker can
-  briefly stop programs in other workers from forking.
+  briefly stop programs in other workers from forking. It does not bind for uid 0, so a root
+  evaluator whose interpreter ``nobody`` cannot reach (and no mount namespace to fix that)
+  runs programs as root without capabilities and without a process cap (warned).
+- CPU share and disk bandwidth: no cgroup; a program may use a whole core until its deadline.
 - Without namespaces (macOS, containers without ``unshare``) most of the above degrades: a loud
   :class:`SandboxWarning` (once per process) lists exactly what is not protected.
 """
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import math
 import os
@@ -81,9 +94,8 @@ import tempfile
 import threading
 import time
 import warnings
-import fcntl
 import weakref
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 try:  # POSIX only; the sandbox refuses to start without it.
@@ -115,6 +127,7 @@ PROTECTIONS: dict[str, str] = {
     "resource_limits": "no RLIMIT_AS/CPU/FSIZE/NOFILE: memory, CPU, output and file limits off",
 }
 
+IDLE_NAME = b"codechat-idle"  # process name of a pre-forked child waiting for its job
 _HEADER = struct.Struct(">I")  # length prefix of evaluator <-> fork-server messages
 _NOBODY = 65534
 _PRELOAD = (  # imported once in the fork server, so programs do not pay for them
@@ -259,7 +272,8 @@ def _recv_msg(fd: int) -> Any:
 class _Libc:
     """The few Linux syscalls the stdlib does not expose (ctypes; absent elsewhere)."""
 
-    PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER = 1, 38, 24, 36
+    PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 1, 15, 38, 24
+    PR_SET_CHILD_SUBREAPER = 36
     MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
     MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 21
     MNT_DETACH, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, SYS_MOUNT_SETATTR = 2, -100, 0x8000, 1, 442
@@ -290,6 +304,11 @@ class _Libc:
 
     def prctl(self, option: int, arg: int = 0) -> None:
         self._check(self.lib.prctl(option, arg, 0, 0, 0), f"prctl({option})")
+
+    def set_name(self, name: bytes) -> None:
+        """The process name shown by ps and /proc/PID/comm (15 bytes at most)."""
+        buf = self.ct.create_string_buffer(name[:15])
+        self.lib.prctl(self.PR_SET_NAME, self.ct.addressof(buf), 0, 0, 0)
 
     def mount(self, src: str | None, target: str, fstype: str | None, flags: int,
               data: str | None = None) -> None:
@@ -404,6 +423,7 @@ class _Server:
         self.init = os.getpid() == 1  # PID 1 of our own namespace: kill(-1) is scoped to it
         self.uid = self.gid = None  # switch to this uid in children (root only)
         self.counter = 0
+        self.pending: tuple[int, int, int, str] | None = None  # pre-forked child
         prot = {k: False for k in PROTECTIONS}
         prot["pid_namespace"] = self.init
         prot["resource_limits"] = resource is not None
@@ -488,33 +508,50 @@ class _Server:
             libc.mount(None, point, None, flags)
 
     # ------------------------------------------------------------------ one program
-    def run(self, job: dict[str, Any]) -> dict[str, Any]:
+    def prefork(self) -> None:
+        """Fork the next child now, so that its fork and set-up overlap the evaluator's round
+        trip; it waits on a pipe for its job. Called only after the previous program's
+        processes were all killed (``kill(-1)`` would take this one too)."""
         self.counter += 1
-        lim = self.limits
         workdir = os.path.join(self.base, f"run-{self.counter}")
         os.mkdir(workdir, 0o700)
         if self.uid is not None:
             os.chown(workdir, self.uid, self.gid)
-        out_path = os.path.join(self.outdir, "stdout")
-        err_path = os.path.join(self.outdir, "stderr")
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-        out_fd, err_fd = os.open(out_path, flags, 0o600), os.open(err_path, flags, 0o600)
+        out_fd = os.open(os.path.join(self.outdir, "stdout"), flags, 0o600)
+        err_fd = os.open(os.path.join(self.outdir, "stderr"), flags, 0o600)
         null_fd = os.open(os.devnull, os.O_RDWR)
-        r, w = os.pipe()
-        nonce = os.urandom(16).hex()
-        t0 = time.monotonic()
+        r, w = os.pipe()  # reports, child -> us
+        job_r, job_w = os.pipe()  # the job, us -> child
         pid = os.fork()
         if pid == 0:  # the child never returns from here
-            _child(self, job, workdir, nonce, [null_fd, out_fd, err_fd, w])
-        for fd in (w, out_fd, err_fd, null_fd):
+            _child(self, workdir, [null_fd, out_fd, err_fd, w, job_r])
+        for fd in (w, out_fd, err_fd, null_fd, job_r):
             os.close(fd)
+        self.pending = (pid, r, job_w, workdir)
+
+    def run(self, job: dict[str, Any]) -> dict[str, Any]:
+        """Judge one program in the pre-forked child; returns an ExecResult dict."""
+        if self.pending is None:
+            self.prefork()
+        pid, r, job_w, workdir = self.pending
+        self.pending = None
+        nonce = os.urandom(16).hex()
+        t0 = time.monotonic()
+        try:
+            _send_msg(job_w, {"job": job, "nonce": nonce})
+        except OSError:  # the child died before its job (e.g. killed from outside)
+            pass
+        os.close(job_w)
         ended, raw = self._wait(pid, r, nonce, t0 + job["timeout_s"])
         wall = time.monotonic() - t0
         os.close(r)
         status = self._finish(pid)
         result = _assemble(job, ended, status, _parse(raw, nonce, pid), wall)
-        result["stdout"] = _tail(out_path, lim.output_tail_chars)
-        result["stderr"] = _tail(err_path, lim.output_tail_chars)
+        result["stdout"] = _tail(os.path.join(self.outdir, "stdout"),
+                                 self.limits.output_tail_chars)
+        result["stderr"] = _tail(os.path.join(self.outdir, "stderr"),
+                                 self.limits.output_tail_chars)
         self._clean(workdir)
         return result
 
@@ -541,12 +578,11 @@ class _Server:
                 ready = select.select(watch, [], [], left if pidfd is not None
                                       else min(left, 0.005))[0]
                 if r in ready:
-                    self._read(r, raw)
+                    if _read_available(r, raw):  # EOF: every copy of the write end closed
+                        watch.remove(r)
                     if done_marker in raw:
                         ended = "done"
                         break
-                    if not self._alive_pipe:
-                        watch.remove(r)
                 if pidfd is not None and pidfd in ready:
                     ended = "exited"
                     break
@@ -557,26 +593,10 @@ class _Server:
         finally:
             if pidfd is not None:
                 os.close(pidfd)
-        self._read(r, raw)  # whatever it wrote before it ended
+        _read_available(r, raw)  # whatever it wrote before it ended
         if ended == "exited" and done_marker in raw:
             ended = "done"
         return ended, bytes(raw)
-
-    _REPORT_CAP = 1 << 20  # bytes of report read per program; the rest is ignored
-
-    def _read(self, r: int, raw: bytearray) -> None:
-        """Read what is available on the report pipe; set ``_alive_pipe`` False at EOF."""
-        self._alive_pipe = True
-        while True:
-            try:
-                chunk = os.read(r, 65536)
-            except (BlockingIOError, InterruptedError):
-                return
-            if not chunk:
-                self._alive_pipe = False
-                return
-            if len(raw) < self._REPORT_CAP:
-                raw += chunk
 
     def _finish(self, pid: int) -> int:
         """SIGKILL everything the program started, reap it all; return the child's status."""
@@ -625,6 +645,22 @@ class _Server:
                             os.unlink(p)
                         except OSError:
                             pass
+
+
+_REPORT_CAP = 1 << 20  # bytes of report kept per program; a flood beyond is dropped
+
+
+def _read_available(fd: int, buf: bytearray) -> bool:
+    """Append what a non-blocking pipe holds now to ``buf`` (up to the cap); True at EOF."""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except (BlockingIOError, InterruptedError):
+            return False
+        if not chunk:
+            return True
+        if len(buf) < _REPORT_CAP:
+            buf += chunk
 
 
 def _children(pid: int) -> list[int]:
@@ -678,43 +714,25 @@ def _tail(path: str, n_chars: int) -> str:
     return text[-n_chars:]
 
 
-def _child(srv: _Server, job: dict[str, Any], workdir: str, nonce: str, fds: list[int]) -> None:
-    """Forked child: lock itself down, then hand over to the harness. Never returns."""
+def _child(srv: _Server, workdir: str, fds: list[int]) -> None:
+    """Forked child: lock itself down, wait for its job, hand over to the harness.
+
+    ``fds`` = [/dev/null, stdout file, stderr file, report pipe, job pipe]. Never returns."""
     _exit, _write, _getpid = os._exit, os.write, os.getpid
-    report = fds[3]
+    report, nonce = fds[3], "-"
     try:
+        # --- before the job arrives (overlaps the evaluator's round trip)
         os.setsid()
         libc, lim = srv.libc, srv.limits
         if libc is not None:
             libc.prctl(_Libc.PR_SET_PDEATHSIG, signal.SIGKILL)
+            libc.set_name(IDLE_NAME)
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in fds]
-        for target, fd in enumerate(high):  # 0 stdin=/dev/null, 1 stdout, 2 stderr, 3 report
+        for target, fd in enumerate(high):  # 0 /dev/null, 1 stdout, 2 stderr, 3 report, 4 job
             os.dup2(fd, target)
         report = 3
-        _close_fds_from(4)
+        _close_fds_from(5)
         os.chdir(workdir)
-        if resource is not None:
-            cpu = math.ceil(job["timeout_s"]) + lim.cpu_grace_s
-            mem = job["memory_mb"] * 1024 * 1024
-            for res, val in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (mem, mem)),
-                             (resource.RLIMIT_FSIZE, (lim.file_size_mb << 20,) * 2),
-                             (resource.RLIMIT_NOFILE, (lim.open_files,) * 2),
-                             (resource.RLIMIT_NPROC, (lim.processes,) * 2),
-                             (resource.RLIMIT_CORE, (0, 0))):
-                resource.setrlimit(res, val)
-        if libc is not None:
-            if srv.uid is not None:
-                for cap in range(64):  # keep nothing across a later exec either
-                    if libc.lib.prctl(_Libc.PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-                        break
-            else:
-                libc.drop_capabilities()
-        if srv.uid is not None:
-            os.setgroups([])
-            os.setgid(srv.gid)
-            os.setuid(srv.uid)
-        if libc is not None:
-            libc.prctl(_Libc.PR_SET_NO_NEW_PRIVS, 1)
         os.environ.clear()
         os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir,
                            "TMPDIR": workdir, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
@@ -726,9 +744,40 @@ def _child(srv: _Server, job: dict[str, Any], workdir: str, nonce: str, fds: lis
             sys.modules["random"].seed()  # the fork server's state is shared by every fork
         sys.argv = ["<program>"]
         tempfile.tempdir = None
+        # --- the job
+        msg = _recv_msg(4)
+        os.close(4)
+        if msg is None:
+            _exit(0)  # the fork server is shutting down
+        job, nonce = msg["job"], msg["nonce"]
+        if libc is not None:
+            libc.set_name(b"codechat-job")
+        if resource is not None:
+            cpu = math.ceil(job["timeout_s"]) + lim.cpu_grace_s
+            mem = job["memory_mb"] * 1024 * 1024
+            for res, val in ((resource.RLIMIT_CPU, (cpu, cpu + 1)),
+                             (resource.RLIMIT_AS, (mem, mem)),
+                             (resource.RLIMIT_FSIZE, (lim.file_size_mb << 20,) * 2),
+                             (resource.RLIMIT_NOFILE, (lim.open_files,) * 2),
+                             (resource.RLIMIT_NPROC, (lim.processes,) * 2),
+                             (resource.RLIMIT_CORE, (0, 0))):
+                resource.setrlimit(res, val)
+        if libc is not None:
+            if srv.uid is not None:  # setuid clears the capability sets; empty the bound too
+                for cap in range(64):
+                    if libc.lib.prctl(_Libc.PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                        break
+            else:
+                libc.drop_capabilities()
+        if srv.uid is not None:
+            os.setgroups([])
+            os.setgid(srv.gid)
+            os.setuid(srv.uid)
+        if libc is not None:
+            libc.prctl(_Libc.PR_SET_NO_NEW_PRIVS, 1)
     except BaseException as e:  # noqa: BLE001 - anything here is a sandbox failure
         try:
-            msg = f"{nonce} {_getpid()} setup 0 error {_describe(e).encode().hex()}\n"
+            msg = f"\n{nonce} {_getpid()} setup 0 error {_describe(e).encode().hex()}\n"
             _write(report, msg.encode())
         finally:
             _exit(111)
@@ -742,7 +791,7 @@ def _describe(e: BaseException) -> str:
         text = str(e)
     except BaseException:  # noqa: BLE001
         return "<unprintable exception>"
-    return (f"{name}: {text}" if text else name)[:400]
+    return (f"{name}: {text}" if text else name)[:300]  # keeps a report line < PIPE_BUF
 
 
 def _harness(program: str, tests: Sequence[str], nonce: str) -> None:
@@ -758,7 +807,8 @@ def _harness(program: str, tests: Sequence[str], nonce: str) -> None:
     def line(kind: str, index: int, outcome: str, error: str = "") -> bytes:
         # the pid is read at send time: a forked copy of this harness reports under its own
         # pid, which the fork server ignores
-        return f"\n{nonce} {_getpid()} {kind} {index} {outcome} {error.encode('utf-8', 'replace').hex()}\n".encode()
+        hexed = error.encode("utf-8", "replace").hex()
+        return f"\n{nonce} {_getpid()} {kind} {index} {outcome} {hexed}\n".encode()
 
     def send(data: bytes) -> None:
         _write(3, data)
@@ -855,7 +905,10 @@ def _assemble(job: dict[str, Any], ended: str, status: int | None,
         death = ("timeout", "timeout")
     elif code is not None and code < 0:
         sig = -code
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
         death = ("timeout", f"killed by {name} (CPU limit)") if sig == signal.SIGXCPU else (
             "error", f"killed by {name}")
     else:
@@ -917,6 +970,7 @@ def _serve(cfg: dict[str, Any]) -> None:
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in the children
     _send_msg(ctl_out, {"hello": True, "protections": srv.protections})
+    srv.prefork()
     while True:
         job = _recv_msg(ctl_in)
         if job is None:
@@ -927,6 +981,7 @@ def _serve(cfg: dict[str, Any]) -> None:
             result = {"status": "error", "tests_passed": 0, "tests_total": len(job["tests"]),
                       "error": f"sandbox failure: {_describe(e)}", "wall_s": 0.0}
         _send_msg(ctl_out, result)
+        srv.prefork()  # the next child forks while the evaluator reads this result
 
 
 # ============================================================================ client
@@ -935,11 +990,15 @@ _WARNED: set[frozenset[str]] = set()
 _SANDBOXES: "weakref.WeakSet[Sandbox]" = weakref.WeakSet()
 
 
+def _mode_key(isolation: str) -> str:
+    return "root" if os.geteuid() == 0 and isolation != "userns" else "user"
+
+
 def _launcher(isolation: str) -> tuple[list[str] | None, bool]:
     """The ``unshare`` prefix that works here (probed once), and whether it adds a user ns."""
     if isolation == "none" or not sys.platform.startswith("linux"):
         return None, False
-    key = "root" if os.geteuid() == 0 and isolation != "userns" else "user"
+    key = _mode_key(isolation)
     if key not in _MODE_CACHE:
         exe = shutil.which("unshare") or next(
             (p for p in ("/usr/bin/unshare", "/bin/unshare") if os.path.exists(p)), None)
@@ -950,7 +1009,8 @@ def _launcher(isolation: str) -> tuple[list[str] | None, bool]:
             if key == "user":
                 base[1:1] = ["--user", "--map-root-user"]
             try:
-                ok = subprocess.run(base + ["true"], capture_output=True, timeout=10).returncode == 0
+                ok = subprocess.run(base + ["true"], capture_output=True,
+                                    timeout=10).returncode == 0
             except (OSError, subprocess.TimeoutExpired):
                 ok = False
             cmd = base if ok else None
@@ -965,17 +1025,30 @@ class _Worker:
     def __init__(self, limits: Limits, isolation: str, drop_privileges: bool) -> None:
         self.limits, self.isolation, self.drop = limits, isolation, drop_privileges
         self.proc: subprocess.Popen | None = None
+        self.launched = False  # started through unshare (the fork server is its child)
         self.protections: dict[str, bool] = {}
         self.start()
 
     def start(self) -> None:
         prefix, user_ns = _launcher(self.isolation)
+        try:
+            self._spawn(prefix, user_ns)
+        except SandboxError as e:
+            if prefix is None:
+                raise
+            # namespaces probed fine but the fork server could not set itself up in them
+            print(f"codechat.sandbox: {e}; falling back to plain processes", file=sys.stderr)
+            _MODE_CACHE[_mode_key(self.isolation)] = None
+            self._spawn(None, False)
+
+    def _spawn(self, prefix: list[str] | None, user_ns: bool) -> None:
         homes = sorted({os.path.expanduser("~"), os.environ.get("HOME", "")} - {""})
         cfg = {"limits": asdict(self.limits), "mount_ns": prefix is not None,
                "net_ns": prefix is not None, "user_ns": user_ns, "homes": homes,
                "drop_privileges": self.drop, "evaluator_uid": os.geteuid()}
         cmd = (prefix or []) + [sys.executable, "-I", "-B", os.path.abspath(__file__),
                                 "--serve", json.dumps(cfg)]
+        self.launched = prefix is not None
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      bufsize=0, cwd="/", start_new_session=True, close_fds=True,
                                      env={"PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -1026,21 +1099,31 @@ class _Worker:
         return ExecResult.from_dict(reply)
 
     def pids(self) -> list[int]:
-        """Host pids of this worker's own processes (launcher, fork server)."""
+        """Host pids of this worker's own processes: launcher, fork server, and the idle
+        pre-forked child (named ``codechat-idle``) waiting for the next program."""
         if self.proc is None or self.proc.poll() is not None:
             return []
         pids = [self.proc.pid]
-        if _launcher(self.isolation)[0] is not None:
+        if self.launched:
             pids += _children(self.proc.pid)
+        for server in list(pids):
+            for child in _children(server):
+                try:
+                    with open(f"/proc/{child}/comm", "rb") as f:
+                        if f.read().strip() == IDLE_NAME:
+                            pids.append(child)
+                except OSError:
+                    pass
         return pids
 
     def kill(self) -> None:
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.proc.returncode is None:  # not reaped yet, so its group id is still ours
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout):
             try:
@@ -1109,11 +1192,12 @@ class Sandbox:
         if missing and missing not in _WARNED:
             _WARNED.add(missing)
             lines = "\n".join(f"  - {k}: {PROTECTIONS[k]}" for k in PROTECTIONS if k in missing)
+            fix = ("isolation='none' was requested" if self.isolation == "none" else
+                   "run as root, or enable unprivileged user namespaces (sysctl "
+                   "kernel.unprivileged_userns_clone=1 / user.max_user_namespaces) on Linux")
             warnings.warn(SandboxWarning(
                 "codechat.sandbox is running WITHOUT some isolation on this machine; NOT "
-                f"protected:\n{lines}\nRun as root or enable unprivileged user namespaces "
-                "(sysctl kernel.unprivileged_userns_clone=1) on Linux for full isolation."),
-                stacklevel=3)
+                f"protected:\n{lines}\nFor full isolation: {fix}."), stacklevel=_caller_level())
 
     def run(self, program: str, tests: Sequence[str] | None = None, *, timeout_s: float = 10.0,
             memory_mb: int = 1024) -> ExecResult:
@@ -1184,6 +1268,14 @@ class Sandbox:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _caller_level() -> int:
+    """``stacklevel`` that points a warning at the first frame outside this module."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 _shared: Sandbox | None = None

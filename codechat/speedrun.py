@@ -118,7 +118,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
     train_rows = [r for r in rows if "tokens_per_s" in r]
     metrics["pretrain"] = {
         "wall_s": wall, "steps": result["step"], "params": result["params"], "train_time_s": result["elapsed_s"],
-        "tokens_seen": result["step"] * cfg.train.micro_batch_size * cfg.train.grad_accum * cfg.data.seq_len,
+        "tokens_seen": result["step"] * cfg.train.micro_batch_size * cfg.train.accum_steps(1) * cfg.data.seq_len,
         "tokens_per_s": _median([r["tokens_per_s"] for r in train_rows]),
         "mfu": _median([r["mfu"] for r in train_rows if "mfu" in r]) if any("mfu" in r for r in train_rows) else None,
         "val_bpb_initial": val[0]["val_bpb"], "val_bpb_final": val[-1]["val_bpb"],

@@ -82,6 +82,8 @@ def _vocab_bytes(bpe: HFTokenizer) -> list[bytes]:
 def _load_bpe(file: Path) -> HFTokenizer:
     """A ``tokenizer.json`` with its added tokens dropped, so no spelling in text maps to a control id."""
     spec = json.loads(file.read_text(encoding="utf-8"))
+    if spec.get("model", {}).get("type") != "BPE":
+        raise ValueError(f"the model is {spec.get('model', {}).get('type')!r}; only byte-level BPE is supported")
     spec["added_tokens"] = []
     return HFTokenizer.from_str(json.dumps(spec))
 
@@ -152,8 +154,11 @@ class Tokenizer:
         return self._bpe.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """:meth:`encode` of each text (in parallel threads unless ``TOKENIZERS_PARALLELISM=false``)."""
-        return [e.ids for e in self._bpe.encode_batch(list(texts), add_special_tokens=False)]
+        """:meth:`encode` of each text (in parallel threads unless ``TOKENIZERS_PARALLELISM=false``).
+
+        Uses ``encode_batch_fast`` (tokenizers >= 0.20), which skips the character offsets: ~1.4x faster.
+        """
+        return [e.ids for e in self._bpe.encode_batch_fast(list(texts), add_special_tokens=False)]
 
     def _table(self, skip_special: bool) -> list[bytes]:
         return self._skipped if skip_special else self._spelled

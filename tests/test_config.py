@@ -17,6 +17,7 @@ from codechat.config import (ConfigError, DataConfig, ModelConfig, OptimConfig, 
     (lambda: OptimConfig(schedule="step"), "optim.schedule"),
     (lambda: TrainConfig(max_steps=0, time_budget_s=0), "neither train.max_steps nor train.time_budget_s"),
     (lambda: TrainConfig(micro_batch_size=0), "train.micro_batch_size"),
+    (lambda: TrainConfig(max_steps=1, micro_batch_size=3, batch_size=8), "train.batch_size=8 does not divide"),
     (lambda: PretrainConfig(model=ModelConfig(max_seq_len=128), data=DataConfig(seq_len=256)),
      "data.seq_len=256 is over the model's limit"),
 ])
@@ -55,3 +56,10 @@ def test_bad_yaml_is_named(tmp_path):
     f.write_text("optimizer: {lr: 1}")
     with pytest.raises(ConfigError, match="unknown setting 'optimizer'"):
         load(PretrainConfig, f)
+
+
+def test_batch_size_sets_grad_accum_per_rank():
+    t = TrainConfig(max_steps=1, micro_batch_size=4, batch_size=32)
+    assert (t.accum_steps(1), t.accum_steps(2), t.accum_steps(8)) == (8, 4, 1)
+    with pytest.raises(ConfigError, match="multiple of 12"):
+        t.accum_steps(3)

@@ -80,3 +80,17 @@ def test_sequence_over_the_limit_is_a_clear_error():
     m = build_model(small(max_seq_len=8))
     with pytest.raises(ValueError, match="max_seq_len=8"):
         m(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_packed_row_computes_what_each_document_computes_alone():
+    torch.manual_seed(2)
+    m = build_model(small(init_std=0.1)).eval()
+    a, b = torch.randint(0, 97, (1, 5)), torch.randint(0, 97, (1, 9))
+    packed = torch.cat([a, b], dim=1)
+    doc_ids = torch.tensor([[0] * 5 + [1] * 9])
+    with torch.no_grad():
+        got = m(packed, doc_ids=doc_ids)
+        torch.testing.assert_close(got[:, :5], m(a), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got[:, 5:], m(b), rtol=1e-4, atol=1e-5)
+        # without doc_ids the second document would see the first: different logits
+        assert not torch.allclose(m(packed)[:, 5:], m(b), atol=1e-3)

@@ -22,6 +22,7 @@ import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -102,6 +103,11 @@ def split_of(relpath: str, val_fraction: float) -> str:
     return "val" if bucket < val_fraction * HASH_BUCKETS else "train"
 
 
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ConfigError(f"unknown split {split!r}; choose one of {SPLITS}")
+
+
 @dataclass
 class Skipped:
     """Files left out of a corpus, by reason; ``seen`` holds content hashes for de-duplication."""
@@ -151,11 +157,17 @@ def iter_split_texts(srcs: Sequence[str | os.PathLike], split: str, *, extension
                      max_bytes: int = 0) -> Iterator[str]:
     """Documents of one split of the sources, stopping once ``max_bytes`` UTF-8 bytes were given (0: all).
 
-    Used to train a tokenizer on the train split only and to measure it on val.
+    The same documents, in the same order, as :func:`build_corpus` writes for that split
+    (a val file repeating a train file is dropped). Used to train a tokenizer on the train
+    split only and to measure it on val.
     """
-    files = [f for f in collect_files(srcs, extensions, max_files) if split_of(f.relpath, val_fraction) == split]
+    _check_split(split)
+    files = collect_files(srcs, extensions, max_files)
+    skipped = Skipped()
+    for earlier in SPLITS[:SPLITS.index(split)]:  # earlier splits claim duplicates first, as in build_corpus
+        deque(read_documents((f for f in files if split_of(f.relpath, val_fraction) == earlier), skipped), maxlen=0)
     total = 0
-    for text in read_documents(files):
+    for text in read_documents((f for f in files if split_of(f.relpath, val_fraction) == split), skipped):
         if max_bytes and total >= max_bytes:
             return
         total += len(text.encode("utf-8"))
@@ -202,7 +214,13 @@ class _ShardWriter:
         self._file: BinaryIO | None = None
         self._in_shard = 0
 
-    def write(self, doc: np.ndarray) -> None:
+    def write_batch(self, docs: list[np.ndarray], n_bytes: int) -> None:
+        """Append ``docs`` (each ending with its end id), which hold ``n_bytes`` bytes of text."""
+        for doc in docs:
+            self._write(doc)
+        self.bytes += n_bytes
+
+    def _write(self, doc: np.ndarray) -> None:
         if self._file is None:
             self.shards.append(f"{self.split}_{len(self.shards):03d}.bin")
             self._file = open(self._tmp(self.shards[-1]), "wb")
@@ -243,6 +261,9 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
                  show_progress: bool = True) -> dict[str, Any]:
     """Tokenise source files into train/val shards under ``out_dir`` and write ``index.json``.
 
+    Workers are spawned processes: a script calling this must do so under
+    ``if __name__ == "__main__":``.
+
     Args:
         srcs: directories or files (see :func:`collect_files`).
         tokenizer_dir: anything :meth:`Tokenizer.load` reads; every worker loads it once.
@@ -265,7 +286,7 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
     for split, split_files in by_split.items():
         if not split_files:
             raise _empty_split_error(split, f"has none of the {len(files)} files", val_fraction)
-    tok = Tokenizer.load(tokenizer_dir)
+    tok = Tokenizer.load(tokenizer_dir)  # here first: a Pool whose initializer fails respawns workers forever
     dtype = _token_dtype(tok.vocab_size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -276,16 +297,8 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
     with ctx.Pool(n_workers, initializer=_init_worker, initargs=(str(tokenizer_dir), dtype)) as pool:
         for split, split_files in by_split.items():
             writer = _ShardWriter(out, split, shard_tokens)
-            bar = tqdm(split_files, desc=f"corpus {split}", unit="file", disable=not show_progress)
-            pending: deque[tuple[Any, int]] = deque()
-            for batch, n_bytes in _batches(read_documents(bar, skipped), BATCH_BYTES):
-                pending.append((pool.apply_async(_encode_batch, (batch,)), n_bytes))
-                while len(pending) >= IN_FLIGHT_PER_WORKER * n_workers or (pending and pending[0][0].ready()):
-                    _write_result(writer, *pending.popleft())
-            while pending:
-                _write_result(writer, *pending.popleft())
-            writer.close()
-            bar.close()
+            with tqdm(split_files, desc=f"corpus {split}", unit="file", disable=not show_progress) as bar:
+                _tokenise(pool, IN_FLIGHT_PER_WORKER * n_workers, read_documents(bar, skipped), writer)
             if not writer.documents:
                 raise _empty_split_error(split, "has no readable, non-empty, unique documents", val_fraction)
             splits[split] = writer.summary()
@@ -300,10 +313,17 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
     return index
 
 
-def _write_result(writer: _ShardWriter, result: Any, n_bytes: int) -> None:
-    for doc in result.get():
-        writer.write(doc)
-    writer.bytes += n_bytes
+def _tokenise(pool: Any, max_in_flight: int, docs: Iterable[str], writer: _ShardWriter) -> None:
+    """Encode ``docs`` on ``pool`` and write them in their input order, at most ``max_in_flight`` batches ahead."""
+    pending: deque[tuple[AsyncResult, int]] = deque()
+    for batch, n_bytes in _batches(docs, BATCH_BYTES):
+        pending.append((pool.apply_async(_encode_batch, (batch,)), n_bytes))
+        while pending and (len(pending) >= max_in_flight or pending[0][0].ready()):
+            result, done_bytes = pending.popleft()
+            writer.write_batch(result.get(), done_bytes)
+    for result, done_bytes in pending:
+        writer.write_batch(result.get(), done_bytes)
+    writer.close()
 
 
 def _remove_stale_shards(out: Path, splits: dict[str, dict[str, Any]]) -> None:
@@ -329,7 +349,8 @@ def load_index(data_dir: str | os.PathLike) -> dict[str, Any]:
         index = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{path} is corrupt ({e}); {fix}") from None
-    if not isinstance(index, dict) or index.get("version") != INDEX_VERSION or set(SPLITS) - set(index.get("splits", {})):
+    if not isinstance(index, dict) or index.get("version") != INDEX_VERSION \
+            or set(SPLITS) - set(index.get("splits", {})):
         raise ConfigError(f"{path} is not a version-{INDEX_VERSION} corpus index with splits {SPLITS}; {fix}")
     return index
 
@@ -340,8 +361,7 @@ def read_split(data_dir: str | os.PathLike, split: str) -> list[np.memmap]:
     Raises:
         ConfigError: unknown split, a missing shard, or shards whose length disagrees with the index.
     """
-    if split not in SPLITS:
-        raise ConfigError(f"unknown split {split!r}; choose one of {SPLITS}")
+    _check_split(split)
     index = load_index(data_dir)
     info = index["splits"][split]
     shards = []

@@ -13,12 +13,14 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .batch import Batch
+
 
 class WindowLoader:
     """Shuffled, resumable windows over token shards.
 
-    ``next_batch()`` returns ``(inputs, labels)``, both (micro_batch_size, seq_len) int64 on
-    CPU, where ``labels`` are the inputs shifted by one token.
+    ``next_batch()`` returns a :class:`Batch` of (micro_batch_size, seq_len) int64 CPU tensors
+    whose ``labels`` are the inputs shifted by one token.
 
     Raises:
         ValueError: the shards hold fewer windows than one global micro-batch needs.
@@ -59,10 +61,10 @@ class WindowLoader:
         self.pos += step
         return ids
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_batch(self) -> Batch:
         rows = np.stack([self._window(w) for w in self.next_window_ids()]).astype(np.int64)
         t = torch.from_numpy(rows)
-        return t[:, :-1], t[:, 1:]
+        return Batch(t[:, :-1], t[:, 1:])
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed, "n_windows": self.n_windows}

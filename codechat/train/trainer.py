@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from .. import checkpoint as ckpt
 from ..config import OptimConfig, RunConfig, TrainConfig
+from ..data.batch import Batch
 from ..model import GPT, IGNORE_INDEX
 
 #: Dense bf16 peak FLOP/s by GPU name fragment (vendor datasheets), for MFU.
@@ -34,9 +35,9 @@ PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e1
 
 
 class BatchSource(Protocol):
-    """What the trainer draws micro-batches from: ``(inputs, labels)`` (B, T) int64, and a position."""
+    """What the trainer draws micro-batches from: :class:`Batch` (or ``(inputs, labels)``), and a position."""
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def next_batch(self) -> Batch | tuple[torch.Tensor, torch.Tensor]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
@@ -198,7 +199,7 @@ class Trainer:
                          keep_last=self.tcfg.keep_last)
 
     # ------------------------------------------------------------------ loop
-    def backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], n_supervised: int) -> float:
+    def backward(self, micro_batches: list[Batch], n_supervised: int) -> float:
         """Accumulate into ``.grad`` the gradient of (summed token loss) / ``n_supervised``.
 
         ``n_supervised`` is the count of labels != -100 over the whole optimizer step (every
@@ -206,21 +207,23 @@ class Trainer:
         SUM scaled by one common factor. Returns the summed loss in nats.
         """
         total = torch.zeros((), device=self.device)
-        for x, y in micro_batches:
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        for b in (Batch(*b) for b in micro_batches):
+            x, y = b.inputs.to(self.device, non_blocking=True), b.labels.to(self.device, non_blocking=True)
+            doc_ids = None if b.doc_ids is None else b.doc_ids.to(self.device, non_blocking=True)
             with autocast_for(self.device, self.tcfg.dtype):
-                loss_sum = self.forward(x, y, reduction="sum")
+                loss_sum = self.forward(x, y, reduction="sum", doc_ids=doc_ids)
             (loss_sum / n_supervised).backward()
             total += loss_sum.detach()
         return float(total)
 
-    def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    def train_step(self, micro_batches: list[Batch | tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
         """One optimizer step over ``micro_batches``; returns loss (nats/token), grad_norm, lr, tokens.
 
         Raises:
             TrainingDiverged: the loss or the gradient norm is not finite (no update is applied).
         """
-        n_sup = sum(int((y != IGNORE_INDEX).sum()) for _, y in micro_batches)
+        micro_batches = [Batch(*b) for b in micro_batches]
+        n_sup = sum(int((b.labels != IGNORE_INDEX).sum()) for b in micro_batches)
         lr = lr_at(self.step, self.progress(), self.ocfg)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -236,7 +239,7 @@ class Trainer:
                                    "lower --optim.lr or raise --optim.warmup_steps, then --resume")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        tokens = sum(x.numel() for x, _ in micro_batches)
+        tokens = sum(b.real_tokens for b in micro_batches)
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "supervised": n_sup, "skipped": 0}
 
     def run_eval(self) -> dict[str, float]:
@@ -268,7 +271,7 @@ class Trainer:
             while not self.done():
                 t0 = time.perf_counter()
                 loader_state = self.batches.state_dict()  # position before this step, for Ctrl-C saves
-                micro = [self.batches.next_batch() for _ in range(self.tcfg.grad_accum)]
+                micro = [self.batches.next_batch() for _ in range(self.tcfg.accum_steps(1))]
                 stats = self.train_step(micro)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
@@ -282,7 +285,7 @@ class Trainer:
                 if self.step % self.tcfg.log_every == 0 or last or self.step % self.tcfg.eval_every == 0:
                     dt = time.perf_counter() - window_t0
                     tps = window_tokens / dt
-                    fpt = self.model.flops_per_token(micro[0][0].size(1))
+                    fpt = self.model.flops_per_token(Batch(*micro[0]).inputs.size(1))
                     row = {"step": self.step, "loss": stats["loss"], "lr": stats["lr"],
                            "grad_norm": stats["grad_norm"], "tokens_per_s": tps,
                            "mfu": tps * fpt / self.peak if self.peak else None,

