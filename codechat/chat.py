@@ -550,6 +550,10 @@ def render_with_budget(tok: Tokenizer, conv: Conversation, cfg: BudgetConfig, co
        first, the system turn kept when it fits beside the newest turn, then tokens from the
        left of the oldest remaining turn (its role header and ``<|end|>`` stay).
 
+    Step 1 departs from the plain "oldest turns first" rule: applied alone, that rule would
+    drop the earlier answers of a conversation whose newest question is long (case 01,
+    ``multi-turn-partial``), losing supervised tokens to keep unsupervised ones.
+
     The completion is then cut on the right to ``max_length - len(prompt)`` tokens (at least
     ``max_length - max_prompt_length`` >= 1), so a kept example always has supervised tokens.
 

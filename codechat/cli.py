@@ -103,7 +103,8 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", choices=list(PRESETS), help="model preset (default: tiny on CPU, sized to the "
                                                           "time budget on a GPU)")
     p.add_argument("--out", help="run directory (default runs/speedrun-<preset>)")
-    p.add_argument("--time-budget-min", type=float, help="minutes of pretraining (default 9 on CPU, 30 on GPU)")
+    p.add_argument("--time-budget-min", type=float, help="minutes of pretraining (default 8 on CPU, 30 on GPU)")
+    p.add_argument("--max-files", type=int, default=0, help="read only the first N source files (a smoke run)")
     _add_common(p)
     p.set_defaults(func=_cmd_speedrun)
 
@@ -111,20 +112,22 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
 def _cmd_speedrun(args: argparse.Namespace) -> int:
     from .speedrun import run_speedrun
     run_speedrun(preset=args.preset, out=args.out, time_budget_min=args.time_budget_min, seed=args.seed,
-                 device=args.device or "auto")
+                 device=args.device or "auto", max_files=args.max_files)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import tokenizer
+    from . import evaluate, tokenizer
     from .data import corpus
+    from .data import inspect as data_inspect
     parser = argparse.ArgumentParser(prog="codechat", description="Train your own code-chat model end to end.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_speedrun(sub)
     tokenizer.add_cli(sub)
-    corpus.add_cli(sub)
+    data_inspect.add_cli(corpus.add_cli(sub))
     _add_pretrain(sub)
     _add_sample(sub)
+    evaluate.add_cli(sub)
     return parser
 
 

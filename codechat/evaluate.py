@@ -226,6 +226,7 @@ class MBPPTask:
 
     def job(self, completion: str | None = None, *, timeout_s: float = 10.0,
             memory_mb: int = 1024, challenge: bool = False) -> sandbox.Job:
+        """A sandbox job: :meth:`program` against the three asserts (+ the challenge ones)."""
         tests = self.test_list + (self.challenge_test_list if challenge else ())
         return sandbox.Job(self.program(completion), tests, timeout_s, memory_mb)
 

@@ -276,7 +276,8 @@ class _Libc:
     PR_SET_CHILD_SUBREAPER = 36
     MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
     MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 21
-    MNT_DETACH, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, SYS_MOUNT_SETATTR = 2, -100, 0x8000, 1, 442
+    MNT_DETACH, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 2, -100, 0x8000, 1
+    SYS_MOUNT_SETATTR = 442  # the same number on x86_64 and arm64
 
     def __init__(self) -> None:
         import ctypes
@@ -969,11 +970,14 @@ def _serve(cfg: dict[str, Any]) -> None:
 
     gc.collect()
     gc.freeze()  # fewer copy-on-write page faults in the children
-    _send_msg(ctl_out, {"hello": True, "protections": srv.protections})
+    _send_msg(ctl_out, {"hello": True, "protections": srv.protections,
+                        "scratch": None if cfg["mount_ns"] else srv.base})
     srv.prefork()
     while True:
         job = _recv_msg(ctl_in)
         if job is None:
+            if not cfg["mount_ns"]:  # a private tmpfs vanishes by itself; this does not
+                shutil.rmtree(srv.base, ignore_errors=True)
             return
         try:
             result = srv.run(job)
@@ -1026,6 +1030,7 @@ class _Worker:
         self.limits, self.isolation, self.drop = limits, isolation, drop_privileges
         self.proc: subprocess.Popen | None = None
         self.launched = False  # started through unshare (the fork server is its child)
+        self.scratch: str | None = None
         self.protections: dict[str, bool] = {}
         self.start()
 
@@ -1058,6 +1063,7 @@ class _Worker:
             self.kill()
             raise SandboxError(f"fork server did not start (command: {' '.join(cmd[:12])} ...)")
         self.protections = hello["protections"]
+        self.scratch = hello.get("scratch")  # host dir to remove if the server dies
 
     def _recv(self, deadline: float) -> Any:
         fd = self.proc.stdout.fileno()
@@ -1131,6 +1137,9 @@ class _Worker:
             except OSError:
                 pass
         self.proc = None
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
 
     def close(self) -> None:
         if self.proc is None:

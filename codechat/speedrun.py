@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .config import DataConfig, PretrainConfig, RunConfig, load, pretrain_recipe, replace, to_dict
+from .config import PretrainConfig, RunConfig, load, pretrain_recipe, replace, to_dict
 from .data.corpus import build_corpus, iter_split_texts, load_index, read_split
 from .engine import SamplingConfig, complete
 from .report import (compression_baselines, markdown_table, parses_after_dropping_last_line, plot_loss,
@@ -52,14 +52,15 @@ CPU_TIME_BUDGET_MIN = 8.0
 GPU_TIME_BUDGET_MIN = 30.0
 
 
-def plan(device: torch.device, preset: str | None, time_budget_min: float | None) -> SpeedrunPlan:
+def plan(device: torch.device, preset: str | None, time_budget_min: float | None, max_files: int = 0
+         ) -> SpeedrunPlan:
     """Preset, budget and corpus for ``device`` (explicit arguments win)."""
     stdlib = sysconfig.get_paths()["stdlib"]
     if device.type == "cuda":
         budget = time_budget_min or GPU_TIME_BUDGET_MIN
         chosen = preset or next(p for limit, p in GPU_PRESET_BY_BUDGET if budget <= limit)
-        return SpeedrunPlan(chosen, budget, (stdlib, *site.getsitepackages()))
-    return SpeedrunPlan(preset or "tiny", time_budget_min or CPU_TIME_BUDGET_MIN, (stdlib,))
+        return SpeedrunPlan(chosen, budget, (stdlib, *site.getsitepackages()), max_files)
+    return SpeedrunPlan(preset or "tiny", time_budget_min or CPU_TIME_BUDGET_MIN, (stdlib,), max_files)
 
 
 def _timed(fn, *args, **kwargs) -> tuple[Any, float]:
@@ -69,11 +70,11 @@ def _timed(fn, *args, **kwargs) -> tuple[Any, float]:
 
 
 def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_min: float | None = None,
-                 seed: int | None = None, device: str = "auto") -> dict[str, Any]:
+                 seed: int | None = None, device: str = "auto", max_files: int = 0) -> dict[str, Any]:
     """Run every stage into ``out`` and write ``report.md`` and ``metrics.json``; returns the metrics."""
     t_start = time.perf_counter()
     dev = resolve_device(device)
-    p = plan(dev, preset, time_budget_min)
+    p = plan(dev, preset, time_budget_min, max_files)
     run = Path(out or f"runs/speedrun-{p.preset}")
     run.mkdir(parents=True, exist_ok=True)
     base = pretrain_recipe(p.preset)

