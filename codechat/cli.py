@@ -24,7 +24,7 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", help="tokenizer directory made by `codechat tokenizer train`")
     p.add_argument("--max-steps", type=int, help="optimizer steps (train.max_steps)")
     p.add_argument("--time-budget-min", type=float, help="stop after this many minutes of training")
-    p.add_argument("--out", default="runs/default/pretrain", help="stage directory (default runs/default/pretrain)")
+    p.add_argument("--out", help="stage directory (default runs/default/pretrain)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     _add_common(p)
     p.set_defaults(func=_cmd_pretrain, accepts_overrides=True)
@@ -53,6 +53,44 @@ def _cmd_pretrain(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     cfg = pretrain_config(args, overrides)
     result = run_pretrain(cfg)
     print(f"done: step {result['step']}, val_bpb {result.get('val_bpb', float('nan')):.4f}, "
+          f"checkpoints in {Path(cfg.run.out) / 'checkpoints'}")
+    return 0
+
+
+def _add_sft(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sft", help="chat SFT of a pretrained model (assistant-only loss)",
+                       description="Fine-tune --init on a data mixture SOURCE[:WEIGHT],... (local .jsonl/.json/.parquet "
+                                   "files or directories, hf:ORG/NAME[:CONFIG][@SPLIT]). Without --data, docstring -> "
+                                   "function pairs mined from this Python's standard library. Overrides: "
+                                   "--sft.*, --optim.*, --train.*, --run.*.")
+    p.add_argument("--init", help="pretrained stage directory (its newest checkpoint) or checkpoint")
+    p.add_argument("--data", help="mixture spec, e.g. mbpp.jsonl:1,code_alpaca.json:0.5 (default: mined pairs)")
+    p.add_argument("--config", help="YAML file of settings")
+    p.add_argument("--max-steps", type=int, help="optimizer steps (default: --epochs over the data)")
+    p.add_argument("--epochs", type=float, help="passes over the data (default 1)")
+    p.add_argument("--packing", action="store_true", help="best-fit pack examples into full rows")
+    p.add_argument("--max-examples", type=int, help="a seeded subset of N records (smoke runs)")
+    p.add_argument("--skip-bad", action="store_true", help="skip and count records that fit no format")
+    p.add_argument("--out", help="stage directory (default runs/default/sft)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    _add_common(p)
+    p.set_defaults(func=_cmd_sft, accepts_overrides=True)
+
+
+def _cmd_sft(args: argparse.Namespace, overrides: dict[str, str]) -> int:
+    from .config import SFTStageConfig, load
+    from .train.sft import run_sft
+    flags = {"init": args.init, "sft.data": args.data, "train.max_steps": args.max_steps, "train.epochs": args.epochs,
+             "sft.packing": args.packing or None, "sft.max_examples": args.max_examples,
+             "sft.skip_bad": args.skip_bad or None, "run.out": args.out, "run.resume": args.resume or None,
+             "run.seed": args.seed, "sft.seed": args.seed, "run.device": args.device}
+    if args.max_steps is not None and args.epochs is None:
+        flags["train.epochs"] = 0.0
+    merged = {k: v for k, v in flags.items() if v is not None}
+    merged.update(overrides)
+    cfg = load(SFTStageConfig, args.config, merged)
+    result = run_sft(cfg)
+    print(f"done: step {result['step']}, loss {result.get('loss', float('nan')):.4f}, "
           f"checkpoints in {Path(cfg.run.out) / 'checkpoints'}")
     return 0
 
@@ -126,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     tokenizer.add_cli(sub)
     data_inspect.add_cli(corpus.add_cli(sub))
     _add_pretrain(sub)
+    _add_sft(sub)
     _add_sample(sub)
     evaluate.add_cli(sub)
     return parser

@@ -177,7 +177,8 @@ class TrainConfig:
     micro_batch_size: int = 8
     grad_accum: int = 1
     batch_size: int = 0  # rows per optimizer step over all ranks; 0 -> micro_batch_size * grad_accum * ranks
-    max_steps: int = 0  # 0 -> no step limit (time_budget_s must be set)
+    max_steps: int = 0  # 0 -> no step limit (time_budget_s or epochs must be set)
+    epochs: float = 0.0  # passes over the data, turned into max_steps by the stage; 0 -> not used
     time_budget_s: float = 0.0  # 0 -> no time limit
     eval_every: int = 100
     eval_tokens: int = 65536  # validation tokens per evaluation (capped)
@@ -193,13 +194,21 @@ class TrainConfig:
         _check(self.batch_size >= 0, f"train.batch_size must be >= 0, got {self.batch_size}")
         if self.batch_size:
             self.accum_steps(1)
-        _check(self.max_steps >= 0 and self.time_budget_s >= 0, "train.max_steps and train.time_budget_s must be >= 0")
-        _check(self.max_steps > 0 or self.time_budget_s > 0,
-               "neither train.max_steps nor train.time_budget_s is set: give --max-steps N or --train.time_budget_s S")
+        _check(self.max_steps >= 0 and self.time_budget_s >= 0 and self.epochs >= 0,
+               "train.max_steps, train.time_budget_s and train.epochs must be >= 0")
+        _check(self.max_steps > 0 or self.time_budget_s > 0 or self.epochs > 0,
+               "none of train.max_steps, train.time_budget_s, train.epochs is set: give --max-steps N, "
+               "--train.time_budget_s S or --train.epochs E")
         for name in ("eval_every", "log_every", "save_every", "keep_last"):
             _check(getattr(self, name) > 0, f"train.{name} must be > 0, got {getattr(self, name)}")
         _check(self.eval_tokens > 0, f"train.eval_tokens must be > 0, got {self.eval_tokens}")
         _check(self.dtype in ("auto", "bf16", "fp32"), f"train.dtype must be auto, bf16 or fp32, got {self.dtype!r}")
+
+    def with_epochs(self, steps_per_epoch: float) -> "TrainConfig":
+        """This config with ``max_steps`` set from ``epochs`` when only epochs were given."""
+        if self.max_steps or not self.epochs:
+            return self
+        return replace(self, max_steps=max(1, math.ceil(self.epochs * steps_per_epoch)))
 
     def accum_steps(self, world_size: int) -> int:
         """Micro-batches per optimizer step on each of ``world_size`` ranks.
@@ -441,7 +450,9 @@ class SFTConfig:
     max_length: int = 1024  # tokens per example, prompt + completion
     max_prompt_length: int = 768  # tokens of prompt, < max_length
     packing: bool = False  # best-fit pack examples into rows of max_length instead of padding
-    micro_batch_size: int = 8  # rows per micro-batch
+    chunk_examples: int = 2048  # records rendered, sorted or packed, and shuffled together
+    pad_to_multiple: int = 8  # rows are padded to a multiple of this many tokens (fewer distinct shapes)
+    preflight_examples: int = 2000  # records rendered before step 0 to count what the budgets keep
     skip_bad: bool = False  # skip (and count) records that fit no format instead of failing
     max_examples: int = 0  # > 0 -> a seeded subset of at most this many records (smoke tests)
     seed: int = 1337  # mixture order and subsets
@@ -461,7 +472,8 @@ class SFTConfig:
                f"sft.max_prompt_length={self.max_prompt_length} >= sft.max_length={self.max_length} leaves no "
                "tokens for the completion, so every label would be masked; lower --sft.max_prompt_length below "
                "--sft.max_length")
-        _check(self.micro_batch_size > 0, f"sft.micro_batch_size must be > 0, got {self.micro_batch_size}")
+        for name in ("chunk_examples", "pad_to_multiple", "preflight_examples"):
+            _check(getattr(self, name) > 0, f"sft.{name} must be > 0, got {getattr(self, name)}")
         _check(self.max_examples >= 0, f"sft.max_examples must be >= 0 (0: all), got {self.max_examples}")
         _check(self.format in SFT_FORMATS, f"sft.format must be one of {', '.join(SFT_FORMATS)}, got {self.format!r}")
         _check(self.mix_mode in SFT_MIX_MODES,
@@ -476,3 +488,24 @@ class SFTConfig:
 
 
 __all__ += ["SFTConfig", "SFT_FORMATS", "SFT_MIX_MODES", "MIN_PROMPT_TOKENS"]
+
+
+@dataclass(frozen=True)
+class SFTStageConfig:
+    """Everything ``codechat sft`` needs: the model to start from, the data, optimizer, loop and run."""
+
+    init: str = ""  # stage directory or checkpoint to start from (required)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-4, warmup_steps=20, schedule="linear",
+                                                                   min_lr_ratio=0.0, weight_decay=0.0))
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=1.0, micro_batch_size=8, log_every=10,
+                                                                   eval_every=10**9, save_every=500))
+    run: RunConfig = field(default_factory=lambda: RunConfig(out="runs/default/sft"))
+
+    def check_init(self) -> None:
+        """Raises ConfigError unless ``init`` names an existing run directory or checkpoint."""
+        _check(bool(self.init), "no --init given: name the pretrained stage directory or checkpoint to start from")
+        _check(Path(self.init).exists(), f"--init {self.init}: no such run directory or checkpoint")
+
+
+__all__ += ["SFTStageConfig"]

@@ -73,12 +73,14 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True) -> dict[str
                          f"{tok_dir} has {tok.vocab_size}: rebuild the corpus with this tokenizer")
     cfg = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size),
                   data=replace(cfg.data, data_dir=str(data_dir), tokenizer_dir=str(tok_dir)))
-    save_yaml(cfg, out / "config.yaml")
 
-    device = resolve_device(cfg.run.device)
-    model = build_model(cfg.model, device)
     loader = WindowLoader(read_split(data_dir, "train"), cfg.data.seq_len, cfg.train.micro_batch_size,
                           seed=cfg.run.seed)
+    cfg = replace(cfg, train=cfg.train.with_epochs(
+        loader.n_windows / (cfg.train.micro_batch_size * cfg.train.accum_steps(1))))
+    save_yaml(cfg, out / "config.yaml")
+    device = resolve_device(cfg.run.device)
+    model = build_model(cfg.model, device)
     val_rows = eval_windows(read_split(data_dir, "val"), cfg.data.seq_len, cfg.train.eval_tokens)
     token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.long)
     trainer = Trainer(model, train=cfg.train, optim=cfg.optim, run=cfg.run, batches=loader, out_dir=out,

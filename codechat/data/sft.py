@@ -1,0 +1,172 @@
+"""SFT batches: rendered conversations from a mixture, as padded rows or best-fit packed rows.
+
+The loader pulls ``chunk_examples`` records at a time from the :class:`~codechat.data.mixture.Mixture`,
+renders each within its budget (:func:`codechat.chat.render_with_budget`; an example that would
+have no supervised token is dropped and counted there), and cuts the chunk into micro-batches:
+
+- padded: examples sorted by length, consecutive ``micro_batch_size`` examples per micro-batch
+  (little padding), micro-batch order shuffled;
+- packed: best-fit decreasing bin packing of examples into rows of ``max_length`` input tokens,
+  each example its own document (``doc_ids``), so attention and positions never cross it.
+
+Labels: ``inputs = ids[:-1]``, ``labels[j] = ids[j+1]`` where ``mask[j+1]`` else -100. Padding
+is found by length — never by comparing token values — so an ``<|end|>`` label survives even
+when the pad value equals the end id. The position is (mixture state at the chunk's start,
+chunk number, micro-batches already handed out), enough to rebuild the chunk on resume.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..chat import BudgetCounts, RenderedExample, render_with_budget
+from ..config import SFTConfig
+from ..model import IGNORE_INDEX
+from ..tokenizer import Tokenizer
+from .batch import Batch
+from .mixture import Mixture
+
+
+def example_tensors(ex: RenderedExample) -> tuple[list[int], list[int]]:
+    """(inputs, labels) of one example, both ``len(ex) - 1`` long."""
+    labels = [t if m else IGNORE_INDEX for t, m in zip(ex.ids[1:], ex.mask[1:])]
+    return ex.ids[:-1], labels
+
+
+def pack_best_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Best-fit decreasing: indices of ``lengths`` grouped into bins of at most ``capacity``.
+
+    Each item goes to the fullest bin that still has room for it (Johnson 1974). Items longer
+    than ``capacity`` must be cut beforehand.
+
+    Raises:
+        ValueError: an item is longer than ``capacity``.
+    """
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # sorted (room left, bin index)
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        n = lengths[i]
+        if n > capacity:
+            raise ValueError(f"an example of {n} tokens does not fit a row of {capacity}")
+        j = bisect.bisect_left(free, (n, -1))
+        if j < len(free):
+            room, b = free.pop(j)
+            bins[b].append(i)
+            if room - n > 0:
+                bisect.insort(free, (room - n, b))
+        else:
+            bins.append([i])
+            if capacity - n > 0:
+                bisect.insort(free, (capacity - n, len(bins) - 1))
+    return bins
+
+
+def collate(rows: Sequence[Sequence[RenderedExample]], pad_id: int, pad_to_multiple: int, packed: bool) -> Batch:
+    """One micro-batch: each row is one example (padded) or several (packed), right-padded.
+
+    Returns a :class:`Batch` of (B, T) tensors with ``n_tokens`` the real (non-padding) inputs
+    and, when ``packed``, ``doc_ids`` numbering the examples of each row (padding its own document).
+    """
+    parts = [[example_tensors(ex) for ex in row] for row in rows]
+    lengths = [sum(len(x) for x, _ in row) for row in parts]
+    T = -(-max(lengths) // pad_to_multiple) * pad_to_multiple
+    inputs = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), T), IGNORE_INDEX, dtype=torch.long)
+    doc_ids = torch.zeros((len(rows), T), dtype=torch.long) if packed else None
+    for r, row in enumerate(parts):
+        at = 0
+        for d, (x, y) in enumerate(row):
+            inputs[r, at:at + len(x)] = torch.tensor(x)
+            labels[r, at:at + len(y)] = torch.tensor(y)
+            if doc_ids is not None:
+                doc_ids[r, at:at + len(x)] = d
+            at += len(x)
+        if doc_ids is not None:
+            doc_ids[r, at:] = len(row)
+    return Batch(inputs, labels, doc_ids, sum(lengths))
+
+
+class SFTLoader:
+    """Resumable micro-batches of SFT examples (see the module docstring).
+
+    Args:
+        mixture: the record stream; its position is part of this loader's state.
+        cfg: budgets, packing, chunk size, padding multiple.
+        micro_batch_size: rows per micro-batch.
+        rank, world_size: this rank takes micro-batches ``rank, rank + world_size, ...`` of each chunk.
+        counts: accumulates what rendering kept, truncated and dropped.
+    """
+
+    def __init__(self, mixture: Mixture, tok: Tokenizer, cfg: SFTConfig, micro_batch_size: int, *,
+                 rank: int = 0, world_size: int = 1, counts: BudgetCounts | None = None) -> None:
+        self.mixture, self.tok, self.cfg, self.micro_batch_size = mixture, tok, cfg, micro_batch_size
+        self.rank, self.world_size = rank, world_size
+        self.counts = counts if counts is not None else BudgetCounts()
+        self.chunk, self.emitted = 0, 0
+        self._chunk_start = mixture.state_dict()
+        self._batches: list[list[list[RenderedExample]]] | None = None
+
+    def _render_chunk(self) -> list[RenderedExample]:
+        out = []
+        for _ in range(self.cfg.chunk_examples):
+            rec = next(self.mixture)
+            ex = render_with_budget(self.tok, rec.conversation, self.cfg, self.counts, source=rec.source, line=rec.line)
+            if ex is not None:
+                out.append(ex)
+        return out
+
+    def _build(self) -> list[list[list[RenderedExample]]]:
+        """The micro-batches (lists of rows, each a list of examples) of the current chunk."""
+        examples = self._render_chunk()
+        if self.cfg.packing:
+            bins = pack_best_fit([len(ex) - 1 for ex in examples], self.cfg.max_length)
+            rows = [[examples[i] for i in b] for b in bins]
+        else:
+            rows = [[ex] for ex in sorted(examples, key=len)]
+        batches = [rows[i:i + self.micro_batch_size] for i in range(0, len(rows), self.micro_batch_size)]
+        order = np.random.default_rng([self.cfg.seed, self.chunk]).permutation(len(batches))
+        usable = len(batches) - len(batches) % self.world_size  # every rank gets as many
+        return [batches[i] for i in order[:usable]]
+
+    def next_batch(self) -> Batch:
+        """This rank's next micro-batch.
+
+        Raises:
+            ValueError: a whole chunk rendered to nothing usable (every example dropped).
+        """
+        for _ in range(2):
+            if self._batches is None:
+                self._chunk_start = self.mixture.state_dict()
+                self._batches = self._build()
+            i = self.emitted + self.rank
+            if i < len(self._batches):
+                self.emitted += self.world_size
+                return collate(self._batches[i], self.tok.end_id, self.cfg.pad_to_multiple, self.cfg.packing)
+            self.chunk, self.emitted, self._batches = self.chunk + 1, 0, None
+        raise ValueError(f"a chunk of {self.cfg.chunk_examples} records gave no micro-batch for {self.world_size} "
+                         f"rank(s): kept {self.counts.kept}, dropped {self.counts.dropped}; check the data and "
+                         "--sft.max_length / --sft.max_prompt_length")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mixture": self._chunk_start, "chunk": self.chunk, "emitted": self.emitted}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Rebuild the saved chunk and skip what was already handed out."""
+        self.mixture.load_state_dict(state["mixture"])
+        self.chunk, self.emitted, self._batches = state["chunk"], state["emitted"], None
+        self._chunk_start = state["mixture"]
+        self._batches = self._build()
+
+
+def preflight(mixture: Mixture, tok: Tokenizer, cfg: SFTConfig, n: int) -> BudgetCounts:
+    """Render the first ``n`` records of ``mixture`` (left at its start) and count what budgets do to them."""
+    start = mixture.state_dict()
+    counts = BudgetCounts()
+    for _ in range(n):
+        rec = next(mixture)
+        render_with_budget(tok, rec.conversation, cfg, counts, source=rec.source, line=rec.line)
+    mixture.load_state_dict(start)
+    return counts

@@ -1,0 +1,71 @@
+"""Chat SFT stage: a pretrained checkpoint + a data mixture -> the shared trainer, assistant-only loss.
+
+Before step 0 a preflight renders the first ``sft.preflight_examples`` records and prints how
+many were kept, truncated and dropped and the share of supervised tokens; it refuses to start
+when nothing would be supervised. What the preflight found, the mixture's sources and the
+decontamination counts are written to ``DIR/data_report.json``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from .. import checkpoint as ckpt
+from ..config import ConfigError, SFTStageConfig, replace, save_yaml, to_dict
+from ..data.mixture import Mixture
+from ..data.sft import SFTLoader, preflight
+from ..report import write_atomic
+from .trainer import Trainer, resolve_device
+
+
+def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
+    """Fine-tune ``cfg.init`` on ``cfg.sft.data``; returns the final metrics and the data report.
+
+    Raises:
+        ConfigError: no/unknown --init, max_length over the model's limit, or nothing supervised.
+        CheckpointError: the init checkpoint cannot be read.
+    """
+    cfg.check_init()
+    out = Path(cfg.run.out)
+    device = resolve_device(cfg.run.device)
+    init_dir = ckpt.resolve(cfg.init)
+    model, tok, state = ckpt.load_model(init_dir, device)
+    limit = model.cfg.max_seq_len
+    if cfg.sft.max_length > limit:
+        raise ConfigError(f"sft.max_length={cfg.sft.max_length} is over the model's limit max_seq_len={limit} "
+                          f"({init_dir}); lower --sft.max_length")
+
+    mixture = Mixture.from_config(cfg.sft, progress=print if show_progress else None)
+    counts = preflight(mixture, tok, cfg.sft, min(cfg.sft.preflight_examples, mixture.epoch_size))
+    print(f"preflight on {counts.seen} records: kept {counts.kept} ({counts.prompt_truncated} prompt-truncated, "
+          f"{counts.completion_truncated} completion-truncated), dropped {counts.n_dropped} {counts.dropped or ''}; "
+          f"supervised tokens {counts.supervised_share:.1%} of {counts.tokens}")
+    if counts.kept == 0 or counts.supervised_tokens == 0:
+        raise ConfigError(f"nothing to train on: every one of {counts.seen} records was dropped ({counts.dropped}); "
+                          "raise --sft.max_length / lower --sft.max_prompt_length or check the data format "
+                          "with `codechat data inspect`")
+    examples_per_epoch = mixture.epoch_size * counts.kept / counts.seen
+    rows_per_example = (counts.tokens / counts.kept) / cfg.sft.max_length if cfg.sft.packing else 1.0
+    rows_per_step = cfg.train.micro_batch_size * cfg.train.accum_steps(1)
+    cfg = replace(cfg, train=cfg.train.with_epochs(examples_per_epoch * rows_per_example / rows_per_step))
+    out.mkdir(parents=True, exist_ok=True)
+    save_yaml(cfg, out / "config.yaml")
+    data_report = {"preflight": counts.as_dict(), "supervised_share": counts.supervised_share,
+                   "examples_per_epoch": examples_per_epoch, "max_steps": cfg.train.max_steps,
+                   "sources": mixture.report(),
+                   "decontamination": mixture.decontaminator.report() if mixture.decontaminator else None}
+    write_atomic(out / "data_report.json", json.dumps(data_report, indent=1, default=str))
+    if show_progress:
+        print(mixture.format_report())
+
+    loader = SFTLoader(mixture, tok, cfg.sft, cfg.train.micro_batch_size)
+    trainer = Trainer(model.train(), train=cfg.train, optim=cfg.optim, run=cfg.run, batches=loader, out_dir=out,
+                      meta={"stage": "sft", "model": state["meta"]["model"], "config": to_dict(cfg),
+                            "init": str(init_dir)},
+                      tokenizer_dir=init_dir / "tokenizer", show_progress=show_progress)
+    result = trainer.fit()
+    return {**result, "data": data_report, "rendered": loader.counts.as_dict(),
+            "realised_sources": mixture.report(), "epochs": cfg.train.epochs or None,
+            "steps_per_epoch": math.ceil(examples_per_epoch * rows_per_example / rows_per_step)}
