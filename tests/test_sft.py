@@ -1,0 +1,180 @@
+"""SFT through the real loader, trainer and CLI: budgets, packing, pad == eos, resume, preflight."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from codechat import checkpoint as ckpt
+from codechat.chat import Conversation, Message, render_for_completion, render_with_budget
+from codechat.config import ModelConfig, OptimConfig, RunConfig, SFTConfig, TrainConfig, to_dict
+from codechat.data.mixture import Mixture
+from codechat.data.sft import SFTLoader, collate, pack_best_fit
+from codechat.engine import SamplingConfig, complete
+from codechat.model import IGNORE_INDEX, build_model
+from codechat.train.trainer import Trainer
+
+
+def tiny_model(tok, **kw):
+    torch.manual_seed(0)
+    return build_model(ModelConfig(**{**dict(vocab_size=tok.vocab_size, n_layer=2, n_embd=64, n_head=2, n_kv_head=1,
+                                             max_seq_len=256), **kw}))
+
+
+def mixture(path, cfg):
+    return Mixture.from_spec(str(path), cfg)
+
+
+def one_epoch(path, tok, cfg, mbs=2):
+    """All micro-batches of one chunk that covers the whole (small) file once."""
+    n = mixture(path, cfg).epoch_size
+    cfg = SFTConfig(**{**to_dict(cfg), "chunk_examples": n, "mix_mode": "epoch"})
+    loader = SFTLoader(mixture(path, cfg), tok, cfg, mbs)
+    first = loader.next_batch()
+    return loader, [first] + [loader.next_batch() for _ in range(len(loader._batches) - 1)]
+
+
+def test_case01_every_batch_is_supervised_and_the_loss_finite(tok, shared_dir, tmp_path):
+    cfg = SFTConfig(max_length=64, max_prompt_length=48, decontaminate=False)
+    loader, batches = one_epoch(shared_dir / "cases/01-prompt-exceeds-max-len.jsonl", tok, cfg)
+    assert loader.counts.kept == 3 and loader.counts.prompt_truncated == 2
+    model = tiny_model(tok)
+    for b in batches:
+        assert b.inputs.size(1) <= 64 and int((b.labels != IGNORE_INDEX).sum()) >= 1
+        loss = model(b.inputs, b.labels, reduction="sum") / (b.labels != IGNORE_INDEX).sum()
+        assert torch.isfinite(loss) and loss > 0
+
+
+def test_case02_packing_oversized_rows_are_cut_and_an_epoch_is_bounded(tok, shared_dir):
+    cfg = SFTConfig(max_length=32, max_prompt_length=16, packing=True, decontaminate=False, pad_to_multiple=1)
+    path = shared_dir / "cases/02-sft-packing-oversized.jsonl"
+    n_records = len(path.read_text().splitlines())
+    loader, batches = one_epoch(path, tok, cfg)
+    c = loader.counts
+    assert c.seen == n_records and c.kept + c.n_dropped == n_records
+    assert c.completion_truncated + c.n_dropped >= 1  # the long rows were cropped or dropped, and counted
+    assert len(batches) <= n_records  # an epoch ends in bounded steps
+    for b in batches:
+        assert b.inputs.size(1) <= 32 and b.inputs.size(0) <= 2
+        assert int((b.labels != IGNORE_INDEX).sum()) >= 1
+
+
+def test_case04_end_label_survives_when_pad_equals_end(tok):
+    conv = lambda a: Conversation([Message("user", "hi"), Message("assistant", a)])  # noqa: E731
+    cfg = SFTConfig(max_length=64, max_prompt_length=32, decontaminate=False)
+    exs = [render_with_budget(tok, conv(a), cfg) for a in ("ok", "a much longer answer than the other")]
+    b = collate([[e] for e in exs], pad_id=tok.end_id, pad_to_multiple=8, packed=False)
+    for r, ex in enumerate(exs):
+        assert ex.ids[-1] == tok.end_id
+        assert b.labels[r, len(ex) - 2] == tok.end_id  # the closing <|end|> is a target
+        assert (b.labels[r, len(ex) - 1:] == IGNORE_INDEX).all()  # padding, found by length
+    assert b.n_tokens == sum(len(e) - 1 for e in exs)
+
+
+def test_packed_and_padded_batches_give_the_same_loss(tok, shared_dir):
+    cfg = SFTConfig(max_length=512, max_prompt_length=384, decontaminate=False, pad_to_multiple=1)
+    mix = Mixture.from_spec(str(shared_dir / "data/mbpp/mbpp.jsonl"), cfg)
+    exs = [render_with_budget(tok, next(mix).conversation, cfg) for _ in range(6)]
+    model = tiny_model(tok, max_seq_len=512).eval()
+    padded = collate([[e] for e in exs], tok.end_id, 1, packed=False)
+    bins = pack_best_fit([len(e) - 1 for e in exs], 512)
+    assert len(bins) < len(exs)
+    packed = collate([[exs[i] for i in b] for b in bins], tok.end_id, 1, packed=True)
+    with torch.no_grad():
+        a = model(padded.inputs, padded.labels, reduction="sum")
+        p = model(packed.inputs, packed.labels, reduction="sum", doc_ids=packed.doc_ids)
+    assert abs(a - p) / a < 1e-5
+    assert packed.n_tokens == padded.n_tokens
+
+
+def test_best_fit_packs_tightly():
+    bins = pack_best_fit([7, 5, 3, 3, 2], 10)
+    assert sorted(sorted(b) for b in bins) == [[0, 2], [1, 3, 4]]
+    with pytest.raises(ValueError, match="does not fit"):
+        pack_best_fit([11], 10)
+
+
+def test_loader_resume_continues_the_exact_batches(tok, shared_dir):
+    cfg = SFTConfig(max_length=128, max_prompt_length=96, decontaminate=False, chunk_examples=16, packing=True)
+    path = shared_dir / "data/mbpp/mbpp.jsonl"
+    a = SFTLoader(mixture(path, cfg), tok, cfg, 2)
+    seq = [a.next_batch() for _ in range(9)]
+    b = SFTLoader(mixture(path, cfg), tok, cfg, 2)
+    for _ in range(5):
+        b.next_batch()
+    state = json.loads(json.dumps(b.state_dict()))
+    c = SFTLoader(mixture(path, cfg), tok, cfg, 2)
+    c.load_state_dict(state)
+    for want in seq[5:]:
+        got = c.next_batch()
+        assert torch.equal(got.inputs, want.inputs) and torch.equal(got.labels, want.labels)
+
+
+def test_a_model_sft_on_one_example_stops_by_itself(tok, tmp_path):
+    conv = Conversation([Message("user", "Say hello."), Message("assistant", "hello there")])
+    ex = render_with_budget(tok, conv, SFTConfig(max_length=64, max_prompt_length=32, decontaminate=False))
+    batch = collate([[ex]], pad_id=tok.end_id, pad_to_multiple=1, packed=False)
+
+    class Same:
+        def next_batch(self):
+            return batch
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, s):
+            pass
+
+    model = tiny_model(tok)
+    Trainer(model, train=TrainConfig(max_steps=60, log_every=60), optim=OptimConfig(lr=3e-3, warmup_steps=5),
+            run=RunConfig(out=str(tmp_path)), batches=Same(), out_dir=tmp_path, show_progress=False).fit()
+    prompt = render_for_completion(tok, Conversation([Message("user", "Say hello.")]))
+    out = complete(model.eval(), prompt, SamplingConfig(max_new_tokens=30, temperature=0.0), stop_ids=[tok.end_id])[0]
+    assert out[-1] == tok.end_id and tok.decode(out[:-1]) == "hello there"
+
+
+@pytest.fixture
+def tiny_ckpt(tok, tok_dir, tmp_path):
+    model = tiny_model(tok)
+    return ckpt.save(tmp_path / "pretrain" / "checkpoints", 0, model=model.state_dict(),
+                     state={"step": 0, "meta": {"stage": "pretrain", "model": to_dict(model.cfg)}},
+                     tokenizer_dir=tok_dir).parent.parent
+
+
+def sft_cli(*args):
+    return subprocess.run([sys.executable, "-m", "codechat", "sft", "--device", "cpu", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_sft_cli_trains_reports_and_resumes(tiny_ckpt, shared_dir, tmp_path):
+    out = tmp_path / "sft"
+    common = ["--init", str(tiny_ckpt), "--data", str(shared_dir / "data/mbpp/mbpp.jsonl"), "--out", str(out),
+              "--sft.max_length", "256", "--sft.max_prompt_length", "192", "--train.micro_batch_size", "4",
+              "--train.log_every", "1", "--train.save_every", "3", "--optim.lr", "3e-3",
+              "--sft.decontam_mbpp", str(shared_dir / "data/mbpp/mbpp.jsonl")]
+    p = sft_cli(*common, "--max-steps", "3")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "preflight on" in p.stdout and "supervised tokens" in p.stdout
+    report = json.loads((out / "data_report.json").read_text())
+    assert report["preflight"]["kept"] > 0 and 0 < report["supervised_share"] < 1
+    assert report["decontamination"]  # test problems were checked and excluded
+    p = sft_cli(*common, "--max-steps", "6", "--resume")
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(7))
+    assert json.loads((ckpt.resolve(out) / "state.json").read_text())["meta"]["stage"] == "sft"
+
+
+def test_sft_refuses_to_start_when_nothing_is_supervised(tiny_ckpt, tmp_path):
+    data = tmp_path / "no_answers.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}]}) for i in range(4)))
+    p = sft_cli("--init", str(tiny_ckpt), "--data", str(data), "--out", str(tmp_path / "sft"), "--max-steps", "2",
+                "--sft.decontaminate", "false", "--sft.max_length", "128", "--sft.max_prompt_length", "96")
+    assert p.returncode == 2 and "nothing to train on" in p.stderr, p.stderr
+    p = sft_cli("--init", str(tiny_ckpt), "--data", str(data), "--out", str(tmp_path / "sft"),
+                "--sft.max_length", "64", "--sft.max_prompt_length", "64")
+    assert p.returncode == 2 and "leaves no tokens for the completion" in p.stderr, p.stderr
