@@ -133,6 +133,41 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_chat(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="talk to a chat model (interactive, or one answer with --prompt)",
+                       description="A multi-turn conversation with streamed answers; /reset starts over, /quit "
+                                   "leaves. With --prompt, prints one answer and exits.")
+    p.add_argument("--model", required=True, help="SFT stage directory (its newest checkpoint) or checkpoint path")
+    p.add_argument("--prompt", help="answer this one user message and exit")
+    p.add_argument("--system", default="", help="system message")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=0.95)
+    _add_common(p)
+    p.set_defaults(func=_cmd_chat)
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from .chat import Conversation, Message
+    from .chat_repl import repl, reply
+    from .checkpoint import load_model
+    from .engine import SamplingConfig
+    from .train.trainer import resolve_device
+    model, tok, _ = load_model(args.model, resolve_device(args.device or "auto"))
+    cfg = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    if args.prompt is None:
+        repl(model, tok, cfg, system=args.system, seed=args.seed)
+        return 0
+    messages = ([Message("system", args.system)] if args.system else []) + [Message("user", args.prompt)]
+    answer = reply(model, tok, Conversation(messages), cfg, seed=args.seed,
+                   on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    if answer.function_call is not None:
+        print(f"\n[function call: {answer.function_call}]", end="")
+    print()
+    return 0
+
+
 def _add_speedrun(sub: argparse._SubParsersAction) -> None:
     from .config import PRESETS
     p = sub.add_parser("speedrun", help="tokenizer -> corpus -> pretraining -> samples -> report, in one go",
@@ -166,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pretrain(sub)
     _add_sft(sub)
     _add_sample(sub)
+    _add_chat(sub)
     evaluate.add_cli(sub)
     return parser
 

