@@ -12,7 +12,7 @@
      (:data:`codechat.data.formats.MBPP_PROMPT`: the problem text, "Your code should pass
      these tests:" and the three asserts; :data:`~codechat.data.formats.HUMANEVAL_PROMPT`: the
      signature and docstring), rendered with :func:`codechat.chat.render_for_completion`. The
-     answer ends at ``<|end|>``; its code is found by :func:`extract_code`;
+     answer ends at ``<|end|>``; its code is found by :func:`codechat.evaluate.extract_code`;
    - ``base``: completion mode after ``<|end|>`` (the document separator of the pretraining
      corpus, so the prompt starts where a document starts). HumanEval's prompt is continued
      until one of :data:`HUMANEVAL_STOPS` (Chen et al. 2021); MBPP uses the MBPP paper's
@@ -27,12 +27,13 @@
    per result kind, how generations ended, timing, and the pre-RL verdict with its band.
 
 Resuming: a rerun with the same ``OUT`` skips every ``(task_id, sample)`` already in
-``samples.jsonl``. Sample ``i`` of a problem is drawn in the batch ``i // batch_size`` with a
-seed derived from ``(seed, task_id, batch)``, so the regenerated samples are the ones an
-uninterrupted run would have drawn (same device and software). The settings that change what a
-sample is (mode, temperature, seed, limits, ...) are kept in ``OUT/run.json``; a rerun with other
-settings is refused. ``n`` and ``limit`` may change: results use samples ``0..n-1`` of the
-selected problems.
+``samples.jsonl``. Sample ``i`` of a problem is drawn in the batch of rows ``i - i % batch_size``
+onwards with a seed derived from ``(seed, task_id, first row, rows)`` (:func:`derive_seed`), so
+with the same ``n`` and ``batch_size`` the regenerated samples are the ones an uninterrupted run
+would have drawn (same device and software), and batches of other shapes draw independently.
+The settings that change what a sample is (mode, temperature, seed, limits, ...) are kept in
+``OUT/run.json``; a rerun with other settings is refused. ``n``, ``limit`` and ``batch_size`` may
+change: results use samples ``0..n-1`` of the selected problems.
 
 ``samples.jsonl`` fields: ``suite``, ``split``, ``task_id``, ``sample``, ``mode``, ``prompt``
 (the user turn), ``entry_point``, ``tests`` and ``test_setup_code`` (what a program is judged
@@ -48,7 +49,6 @@ import ast
 import hashlib
 import json
 import math
-import re
 import textwrap
 import threading
 import time
@@ -62,8 +62,8 @@ from typing import Any, Callable, Sequence
 from tqdm.auto import tqdm
 
 from codechat import sandbox
-from codechat.evaluate import (_called_names, _defined_names, _parse_quietly, load_mbpp, mean_pass_at_k,
-                               pass_at_k, verdict, verdict_band, MBPP_FEWSHOT_IDS, MBPPTask)
+from codechat.evaluate import (MBPP_FEWSHOT_IDS, MBPPTask, _defines, _parse_quietly, extract_code, load_mbpp,
+                               mean_pass_at_k, pass_at_k, verdict, verdict_band)
 
 SUITES = ("humaneval", "mbpp")
 MODES = ("auto", "chat", "base")
@@ -77,9 +77,6 @@ MBPP_STOPS = ("[DONE]", "\n[BEGIN]", "\nYou are an expert", "\nassert", "\nprint
 #: One MBPP example in the paper's few-shot format; a shot appends its code and ``\n[DONE]\n\n``.
 MBPP_FEWSHOT = ("You are an expert Python programmer, and here is your task: {text} "
                 "Your code should pass these tests:\n\n{tests}\n[BEGIN]\n")
-_PY_TAGS = {"", "python", "py", "python3", "py3"}
-_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+.#-]*)[^\n]*\n(.*?)(?:^[ \t]*\1[ \t]*$|\Z)", re.M | re.S)
-_CODE_START = re.compile(r"^(?:def |async def |class |import |from [\w.]+ import |@\w)")
 
 
 # ----------------------------------------------------------------------------- problems
@@ -167,7 +164,9 @@ def load_humaneval(path: str | Path | None = None) -> list[Problem]:
 def mbpp_shot(task: MBPPTask, with_code: bool) -> str:
     """One example in :data:`MBPP_FEWSHOT` form, solved (a shot) or open (the task)."""
     text = MBPP_FEWSHOT.format(text=task.text.strip(), tests="\n".join(t.strip() for t in task.test_list))
-    return text + task.code.replace("\r\n", "\n").strip() + "\n[DONE]\n\n" if with_code else text
+    if not with_code:
+        return text
+    return text + task.code.replace("\r\n", "\n").strip() + "\n[DONE]\n\n"
 
 
 def load_mbpp_problems(path: str | Path, split: str = "test", shots: int = 3) -> list[Problem]:
@@ -205,77 +204,7 @@ def load_problems(spec: str, split: str = "test", *, limit: int | None = None, s
     return problems[:limit] if limit else problems
 
 
-# ----------------------------------------------------------------------------- code extraction
-def _defines(code: str, name: str) -> bool:
-    if _parse_quietly(code) is not None:
-        return name in _defined_names(code)
-    return re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{re.escape(name)}\b", code, re.M) is not None
-
-
-def _trim_tail(code: str) -> str:
-    """Drop trailing top-level bare names and strings (prose such as ``Output`` that parses)."""
-    tree = _parse_quietly(code)
-    if tree is None or not tree.body:
-        return code
-    body, lines = tree.body, code.split("\n")
-    while len(body) > 1 and isinstance(body[-1], ast.Expr) and isinstance(body[-1].value, (ast.Name, ast.Attribute,
-                                                                                               ast.Constant)):
-        lines, body = lines[:body[-1].lineno - 1], body[:-1]
-    return "\n".join(lines)
-
-
-def _code_spans(text: str) -> list[str]:
-    """Maximal runs of lines that parse, each starting at a top-level ``def``/``class``/import/decorator."""
-    lines, spans, i = text.split("\n"), [], 0
-    while i < len(lines):
-        if _CODE_START.match(lines[i]):
-            end = next((e for e in range(len(lines), i, -1) if _parse_quietly("\n".join(lines[i:e])) is not None), i)
-            if end > i:
-                spans.append(_trim_tail("\n".join(lines[i:end])).strip("\n"))
-                i = end
-                continue
-        i += 1
-    return spans
-
-
-def _normalise(block: str) -> str:
-    """A block without blank edge lines, dedented when only that makes it parse."""
-    block = block.strip("\n").rstrip()
-    if _parse_quietly(block) is None and _parse_quietly(textwrap.dedent(block)) is not None:
-        return textwrap.dedent(block)
-    return block
-
-
-def extract_code(text: str, entry_point: str | None = None) -> str:
-    """The code of a chat answer: fenced blocks, else the bare code among prose.
-
-    Candidates are the fenced blocks tagged python (or untagged); without any, the whole text
-    if it parses, else every maximal run of parseable lines starting at a top-level
-    ``def``/``class``/import. Among candidates, the first that defines ``entry_point`` (the
-    function the tests call) wins, with any other candidates that define names it calls but
-    does not define (helpers) placed before it; without ``entry_point`` or a candidate defining
-    it, every candidate that parses, joined. Returns ``""`` when nothing looks like code.
-    """
-    text = text.replace("\r\n", "\n")
-    blocks = [m.group(3) for m in _FENCE.finditer(text) if m.group(2).lower() in _PY_TAGS]
-    if not blocks:
-        bare = text.strip("\n")
-        blocks = [bare] if _parse_quietly(bare) is not None else _code_spans(text) or _code_spans(textwrap.dedent(text))
-    blocks = [b for b in map(_normalise, blocks) if b.strip()]
-    if not blocks:
-        return ""
-    parsing = [b for b in blocks if _parse_quietly(b) is not None]
-    hits = [b for b in blocks if entry_point and _defines(b, entry_point)]
-    if hits:
-        chosen = next((b for b in hits if b in parsing), hits[0])
-        need = set(_called_names([chosen])) - _defined_names(chosen)
-        helpers = [b for b in parsing if b is not chosen and _defined_names(b) & need]
-        return "\n\n\n".join(helpers + [chosen])
-    if parsing:
-        return "\n\n\n".join(parsing)
-    return max(blocks, key=len)
-
-
+# ----------------------------------------------------------------------------- completions
 def truncate_at_stop(text: str, stops: Sequence[str], start: int = 0) -> int | None:
     """Index of the earliest stop sequence in ``text`` ending after ``start`` (None if none)."""
     found = [i for s in stops if (i := text.find(s, max(0, start - len(s) + 1))) >= 0]
@@ -304,7 +233,6 @@ def solution_code(problem: Problem, mode: str, completion: str) -> str:
     return problem.header + code
 
 
-# ----------------------------------------------------------------------------- generation
 @dataclass(frozen=True)
 class Generation:
     """One sampled completion: its text (cut at a stop), tokens generated, and how it ended."""
@@ -349,7 +277,7 @@ class ModelSampler:
                     finish[r] = "stop_token"
                     continue
                 ids[r].append(t)
-                if self.stop_sequences:
+                if self.mode == "base":
                     before = len(texts[r])
                     texts[r] += streams[r].push(t)
                     cut = truncate_at_stop(texts[r], self.stop_sequences, before)
@@ -399,9 +327,10 @@ def check_ks(ks: Sequence[int], n: int) -> list[int]:
     return ks
 
 
-def derive_seed(seed: int, task_id: str | int, batch: int) -> int:
-    """The sampling seed of batch ``batch`` of a problem: stable across runs, limits and resumes."""
-    digest = hashlib.sha256(f"{seed}:{task_id}:{batch}".encode()).digest()
+def derive_seed(seed: int, task_id: str | int, first: int, rows: int) -> int:
+    """The sampling seed of the batch of ``rows`` samples of a problem starting at sample ``first``:
+    stable across runs, limits and resumes; batches of other shapes get unrelated seeds."""
+    digest = hashlib.sha256(f"{seed}:{task_id}:{first}:{rows}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
@@ -508,14 +437,14 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
     samples_path = out / "samples.jsonl"
     settings = {"suite": spec, "split": split, "mode": mode, "temperature": temperature, "top_p": top_p,
                 "top_k": top_k, "max_new_tokens": max_new_tokens, "shots": shots if name == "mbpp" else None,
-                "seed": seed, "batch_size": bs, "timeout_s": timeout_s, "memory_mb": memory_mb, "model": model_id}
+                "seed": seed, "timeout_s": timeout_s, "memory_mb": memory_mb, "model": model_id}
     done = read_samples(samples_path)
     _check_settings(out / "run.json", settings, bool(done))
-    todo = [(p, [i for i in range(n) if _key(p.task_id, i) not in done]) for p in problems]
+    todo = [(p, {i for i in range(n) if _key(p.task_id, i) not in done}) for p in problems]
     n_todo = sum(len(m) for _, m in todo)
 
     t0 = time.perf_counter()
-    stats = {"generate_s": 0.0, "tokens": 0, "new": 0}
+    stats = {"generate_s": 0.0, "tokens": 0, "new": 0, "passed": 0}
     lock, stopping = threading.Lock(), threading.Event()
     bar = tqdm(total=len(problems) * n, initial=len(problems) * n - n_todo, unit="sample",
                desc=f"{name} ({mode})", disable=not progress, dynamic_ncols=True)
@@ -534,6 +463,8 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
             f.write(line)
             f.flush()
             stats["new"] += 1
+            stats["passed"] += res.passed
+            bar.set_postfix(passed=f"{stats['passed']}/{stats['new']}", refresh=False)
             bar.update(1)
 
     with ExitStack() as stack:
@@ -552,7 +483,7 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
                     if not want:
                         continue
                     t = time.perf_counter()
-                    gens = sampler(p, ids, len(rows), derive_seed(seed, p.task_id, start // bs))
+                    gens = sampler(p, ids, len(rows), derive_seed(seed, p.task_id, start, len(rows)))
                     stats["generate_s"] += time.perf_counter() - t
                     for i in want:
                         stats["tokens"] += gens[i - start].n_tokens
@@ -663,8 +594,8 @@ def cli_run(args: Any) -> int:
     print(f"model {ckpt} (stage {stage}, step {state.get('step')}): {args.suite} in {mode} mode, "
           f"{len(problems)} problems x {args.n} samples -> {args.out}")
     results = run_suite(model, tok, out_dir=args.out, suite=args.suite, split=args.split, stage=stage, mode=mode,
-                        n=args.n, ks=args.k, limit=args.limit, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                        max_new_tokens=args.max_new_tokens, seed=args.seed, shots=args.shots,
+                        n=args.n, ks=args.k, limit=args.limit, temperature=args.temperature, top_p=args.top_p,
+                        top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed, shots=args.shots,
                         batch_size=args.batch_size, workers=args.workers, timeout_s=args.timeout,
                         memory_mb=args.memory_mb, model_id=f"{ckpt.resolve()}@{state.get('step')}",
                         progress=not args.quiet)

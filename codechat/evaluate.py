@@ -10,6 +10,8 @@
 - :func:`load_mbpp` reads MBPP in its published JSONL format with the standard splits by task id
   (prompt 1-10, test 11-510, validation 511-600, train 601-974); :func:`judge_mbpp` runs
   programs against a task's asserts in :mod:`codechat.sandbox`.
+- :func:`extract_code` finds the code in a chat answer: fenced blocks, bare code among prose, and
+  the function the tests call among several.
 
 Prompt building, generation and the suite runner (``codechat eval run``) live in
 :mod:`codechat.eval_suites`; :func:`add_cli` registers both ``eval`` subcommands.
@@ -22,7 +24,9 @@ import builtins
 import json
 import math
 import operator
+import re
 import sys
+import textwrap
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,6 +306,95 @@ def judge_mbpp(tasks: Sequence[MBPPTask], completions: Sequence[str] | None = No
     if box is not None:
         return box.run_many(jobs, workers=workers)
     return sandbox.run_many(jobs, workers=workers)
+
+
+# ----------------------------------------------------------------------------- code extraction
+_PY_TAGS = {"", "python", "py", "python3", "py3"}
+_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+.#-]*)[^\n]*\n(.*?)(?:^[ \t]*\1[ \t]*$|\Z)", re.M | re.S)
+_CODE_START = re.compile(r"^[ \t]*(?:def |async def |class |import |from [\w.]+ import |@\w)")
+
+
+def _defines(code: str, name: str) -> bool:
+    if _parse_quietly(code) is not None:
+        return name in _defined_names(code)
+    return re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{re.escape(name)}\b", code, re.M) is not None
+
+
+def _trim_prose(code: str) -> str:
+    """Drop leading and trailing top-level bare names and strings (prose such as ``Output`` parses)."""
+    tree = _parse_quietly(code)
+    if tree is None or not tree.body:
+        return code
+    lines, body = code.split("\n"), list(tree.body)
+
+    def prose(node: ast.stmt) -> bool:
+        return isinstance(node, ast.Expr) and isinstance(node.value, (ast.Name, ast.Attribute, ast.Constant))
+    while len(body) > 1 and prose(body[-1]):
+        body.pop()
+    first = 0
+    while len(body) > 1 and prose(body[0]):
+        body.pop(0)
+        first = min([body[0].lineno] + [d.lineno for d in getattr(body[0], "decorator_list", [])]) - 1
+    return "\n".join(lines[first:body[-1].end_lineno])
+
+
+def _code_spans(text: str) -> list[str]:
+    """Maximal runs of lines that parse (once dedented) around each ``def``/``class``/import/decorator
+    line: down as far as the code still parses, then up over what precedes it (constants)."""
+    def parses(a: int, b: int) -> bool:
+        return _parse_quietly(textwrap.dedent("\n".join(lines[a:b]))) is not None
+    lines, spans, i, floor = text.split("\n"), [], 0, 0
+    while i < len(lines):
+        if _CODE_START.match(lines[i]):
+            end = next((e for e in range(len(lines), i, -1) if parses(i, e)), i)
+            if end > i:
+                start = i
+                while start > floor and parses(start - 1, end):
+                    start -= 1
+                spans.append(_trim_prose(textwrap.dedent("\n".join(lines[start:end]))).strip("\n"))
+                i = floor = end
+                continue
+        i += 1
+    return spans
+
+
+def _normalise(block: str) -> str:
+    """A block without blank edge lines, dedented when only that makes it parse."""
+    block = block.strip("\n").rstrip()
+    if _parse_quietly(block) is None and _parse_quietly(textwrap.dedent(block)) is not None:
+        return textwrap.dedent(block)
+    return block
+
+
+def extract_code(text: str, entry_point: str | None = None) -> str:
+    """The code of a chat answer: fenced blocks, else the bare code among prose.
+
+    Candidates are the fenced blocks tagged python (or untagged); without any, the whole text
+    if it parses, else every maximal run of parseable lines starting at a top-level
+    ``def``/``class``/import. Among candidates, the first that defines ``entry_point`` (the
+    function the tests call) wins, with any other candidates that define names it calls but
+    does not define (helpers) placed before it; without ``entry_point`` or a candidate defining
+    it, every candidate that parses, joined. Returns ``""`` when nothing looks like code.
+    """
+    text = text.replace("\r\n", "\n")
+    blocks = [m.group(3) for m in _FENCE.finditer(text) if m.group(2).lower() in _PY_TAGS]
+    if not blocks:
+        bare = text.strip("\n")
+        whole = _parse_quietly(bare) is not None or _parse_quietly(textwrap.dedent(bare)) is not None
+        blocks = [bare] if whole else _code_spans(text)
+    blocks = [b for b in map(_normalise, blocks) if b.strip()]
+    if not blocks:
+        return ""
+    parsing = [b for b in blocks if _parse_quietly(b) is not None]
+    hits = [b for b in blocks if entry_point and _defines(b, entry_point)]
+    if hits:
+        chosen = next((b for b in hits if b in parsing), hits[0])
+        need = set(_called_names([chosen])) - _defined_names(chosen)
+        helpers = [b for b in parsing if b is not chosen and _defined_names(b) & need]
+        return "\n\n\n".join(helpers + [chosen])
+    if parsing:
+        return "\n\n\n".join(parsing)
+    return max(blocks, key=len)
 
 
 # ----------------------------------------------------------------------------- CLI

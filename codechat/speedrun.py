@@ -1,4 +1,4 @@
-"""The speedrun: tokenizer -> corpus -> pretraining -> samples -> ``report.md`` + ``metrics.json``.
+"""The speedrun: tokenizer -> corpus -> pretraining -> samples -> SFT -> chat -> ``report.md`` + ``metrics.json``.
 
 On a CPU it trains the ``tiny`` preset to a time budget sized so that the whole command ends
 within 15 minutes on 2 cores; on a GPU it picks a preset sized to ``--time-budget-min`` and
@@ -16,13 +16,15 @@ from typing import Any
 
 import torch
 
-from .config import PretrainConfig, RunConfig, load, pretrain_recipe, replace, to_dict
+from .config import (OptimConfig, PretrainConfig, RunConfig, SFTConfig, SFTStageConfig, TrainConfig, load,
+                     pretrain_recipe, replace, to_dict)
 from .data.corpus import build_corpus, iter_split_texts, load_index, read_split
 from .engine import SamplingConfig, complete
 from .report import (compression_baselines, markdown_table, parses_after_dropping_last_line, plot_loss,
                      read_metrics, write_atomic)
 from .tokenizer import Tokenizer, bytes_per_token, train_tokenizer
 from .train.pretrain import run_pretrain
+from .train.sft import run_sft
 from .train.trainer import resolve_device
 
 
@@ -44,12 +46,26 @@ class SpeedrunPlan:
     sample_tokens: int = 120
     sample_temperature: float = 0.5
     sample_top_k: int = 40
+    sft_time_budget_min: float = 1.5
+    sft_max_length: int = 384
+    sft_max_prompt_length: int = 128
+    chat_prompts: tuple[str, ...] = (
+        "Write a Python function `add(a, b)` that returns the sum of a and b.",
+        "Write a Python function `is_even(n)` that says whether n is even.",
+        "Write a Python function `reverse_words(s)` that reverses the order of the words in s.",
+    )
+    chat_tokens: int = 120
 
 
 #: Presets a GPU speedrun picks by time budget: (minutes at most, preset).
 GPU_PRESET_BY_BUDGET = ((45.0, "d12"), (240.0, "d20"), (float("inf"), "1b"))
 CPU_TIME_BUDGET_MIN = 8.0
 GPU_TIME_BUDGET_MIN = 30.0
+GPU_SFT_SHARE = 0.15  # SFT minutes per pretraining minute on a GPU
+#: Where the speedrun's data comes from, for the report.
+LICENSES = {"pretraining corpus": "this Python's standard library (PSF License)"
+                                  " [+ installed site-packages on GPU: each package's own licence]",
+            "SFT data": "docstring -> function pairs mined from the same standard library (PSF License)"}
 
 
 def plan(device: torch.device, preset: str | None, time_budget_min: float | None, max_files: int = 0
@@ -59,8 +75,11 @@ def plan(device: torch.device, preset: str | None, time_budget_min: float | None
     if device.type == "cuda":
         budget = time_budget_min or GPU_TIME_BUDGET_MIN
         chosen = preset or next(p for limit, p in GPU_PRESET_BY_BUDGET if budget <= limit)
-        return SpeedrunPlan(chosen, budget, (stdlib, *site.getsitepackages()), max_files)
-    return SpeedrunPlan(preset or "tiny", time_budget_min or CPU_TIME_BUDGET_MIN, (stdlib,), max_files)
+        return SpeedrunPlan(chosen, budget, (stdlib, *site.getsitepackages()), max_files,
+                            sft_time_budget_min=budget * GPU_SFT_SHARE, sft_max_length=1024, sft_max_prompt_length=512)
+    budget = time_budget_min or CPU_TIME_BUDGET_MIN
+    return SpeedrunPlan(preset or "tiny", budget, (stdlib,), max_files,
+                        sft_time_budget_min=min(SpeedrunPlan.sft_time_budget_min, budget))
 
 
 def _timed(fn, *args, **kwargs) -> tuple[Any, float]:
@@ -83,7 +102,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
 
     # 1. tokenizer (trained on the train split only)
     tok_dir = run / "tokenizer"
-    print(f"[1/5] tokenizer: vocab {data_cfg.vocab_size} on {', '.join(p.sources)}")
+    print(f"[1/7] tokenizer: vocab {data_cfg.vocab_size} on {', '.join(p.sources)}")
     texts = iter_split_texts(p.sources, "train", extensions=data_cfg.extensions, val_fraction=data_cfg.val_fraction,
                              max_bytes=data_cfg.tokenizer_max_bytes, max_files=p.max_files)
     tok, wall = _timed(train_tokenizer, texts, data_cfg.vocab_size)
@@ -92,7 +111,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
 
     # 2. corpus -> token shards
     data_dir = run / "data"
-    print(f"[2/5] corpus -> {data_dir}")
+    print(f"[2/7] corpus -> {data_dir}")
     index, wall = _timed(build_corpus, p.sources, tok_dir, data_dir, extensions=data_cfg.extensions,
                          val_fraction=data_cfg.val_fraction, max_files=p.max_files)
     index = load_index(data_dir)
@@ -102,13 +121,13 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
     metrics["tokenizer"]["val_bytes_per_token"] = sp["val"]["bytes"] / max(1, sp["val"]["tokens"] - sp["val"]["documents"])
 
     # 3. baselines on the validation documents
-    print("[3/5] compression baselines on the validation split")
+    print("[3/7] compression baselines on the validation split")
     docs = _val_documents(tok, data_dir)
     metrics["baseline"], wall = _timed(compression_baselines, docs)
     metrics["baseline"]["wall_s"] = wall
 
     # 4. pretraining to the time budget
-    print(f"[4/5] pretraining {p.preset} for {p.time_budget_min:g} min on {dev}")
+    print(f"[4/7] pretraining {p.preset} for {p.time_budget_min:g} min on {dev}")
     overrides = {"train.max_steps": 0, "train.time_budget_s": p.time_budget_min * 60}
     cfg = load(PretrainConfig, None, overrides, base=replace(
         base, data=replace(data_cfg, data_dir=str(data_dir), tokenizer_dir=str(tok_dir)),
@@ -128,13 +147,37 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
     plot_loss(rows, run / "loss.png", f"{p.preset} pretraining on {dev.type}")
 
     # 5. samples
-    print("[5/5] samples")
-    samples, wall = _timed(_samples, run / "pretrain", p, dev, seed if seed is not None else base.run.seed)
+    print("[5/7] samples")
+    seed = seed if seed is not None else base.run.seed
+    samples, wall = _timed(_samples, run / "pretrain", p, dev, seed)
     metrics["samples"] = {"wall_s": wall, "n": len(samples), "parse_ok": sum(s["parses"] for s in samples)}
+
+    # 6. chat SFT on mined docstring -> function pairs
+    print(f"[6/7] SFT for {p.sft_time_budget_min:g} min on mined docstring -> function pairs")
+    sft_cfg = SFTStageConfig(
+        init=str(run / "pretrain"),
+        sft=SFTConfig(max_length=p.sft_max_length, max_prompt_length=p.sft_max_prompt_length, packing=True,
+                      mine_src=p.sources[:1], mine_max_files=p.max_files, seed=seed),
+        train=TrainConfig(time_budget_s=p.sft_time_budget_min * 60, micro_batch_size=cfg.train.micro_batch_size,
+                          log_every=10, eval_every=10**9, save_every=10**9),
+        optim=OptimConfig(lr=cfg.optim.lr / 2, warmup_steps=10, schedule="linear", min_lr_ratio=0.0, weight_decay=0.0),
+        run=RunConfig(out=str(run / "sft"), seed=seed, device=device))
+    sft, wall = _timed(run_sft, sft_cfg)
+    sft_rows = [r for r in read_metrics(run / "sft" / "metrics.jsonl") if "loss" in r]
+    pre_c, dec = sft["data"]["preflight"], sft["data"]["decontamination"] or {}
+    metrics["sft"] = {"wall_s": wall, "steps": sft["step"], "examples_seen": pre_c["seen"],
+                      "examples_kept": pre_c["kept"], "examples_prompt_truncated": pre_c["prompt_truncated"],
+                      "examples_completion_truncated": pre_c["completion_truncated"],
+                      "examples_dropped": sum(pre_c["dropped"].values()), "examples_decontaminated": dec.get("excluded", 0),
+                      "supervised_token_share": sft["data"]["supervised_share"],
+                      "loss_initial": sft_rows[0]["loss"] if sft_rows else None,
+                      "loss_final": sft_rows[-1]["loss"] if sft_rows else None}
+    chats, wall = _timed(_chats, run / "sft", p, dev, seed)
+    metrics["chat"] = {"wall_s": wall, "n": len(chats)}
     metrics["total_wall_s"] = time.perf_counter() - t_start
 
     write_atomic(run / "metrics.json", json.dumps(metrics, indent=1))
-    write_atomic(run / "report.md", _report(metrics, samples))
+    write_atomic(run / "report.md", _report(metrics, samples, chats))
     print(f"val_bpb {metrics['pretrain']['val_bpb_final']:.3f} vs gzip {metrics['baseline']['gzip_bpb']:.3f}; "
           f"report: {run / 'report.md'}")
     return metrics
@@ -171,7 +214,18 @@ def _samples(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> l
     return out
 
 
-def _report(m: dict[str, Any], samples: list[dict[str, Any]]) -> str:
+def _chats(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> list[dict[str, str]]:
+    from .chat import Conversation, Message
+    from .chat_repl import reply
+    from .checkpoint import load_model
+    model, tok, _ = load_model(stage, device)
+    cfg = SamplingConfig(max_new_tokens=p.chat_tokens, temperature=p.sample_temperature, top_k=p.sample_top_k,
+                         top_p=1.0)
+    return [{"prompt": q, "answer": reply(model, tok, Conversation([Message("user", q)]), cfg, seed=seed + i).content}
+            for i, q in enumerate(p.chat_prompts)]
+
+
+def _report(m: dict[str, Any], samples: list[dict[str, Any]], chats: list[dict[str, str]]) -> str:
     pre, base, data = m["pretrain"], m["baseline"], m["data"]
     c = pre["config"]
     lines = [f"# codechat speedrun — `{m['preset']}` on {m['device']}", "",
@@ -202,10 +256,29 @@ def _report(m: dict[str, Any], samples: list[dict[str, Any]]) -> str:
                  ("codechat model", pre["val_bpb_final"]), ("gzip -9, per document", base["gzip_bpb"]),
                  ("gzip -9, whole split as one stream", base["gzip_concat_bpb"]),
                  ("xz -9, whole split as one stream", base["xz_concat_bpb"])]), "",
+             "## Chat SFT", markdown_table([
+                 ("examples seen / kept (preflight)", f"{m['sft']['examples_seen']:,} / {m['sft']['examples_kept']:,}"),
+                 ("prompt- / completion-truncated", f"{m['sft']['examples_prompt_truncated']} / "
+                                                    f"{m['sft']['examples_completion_truncated']}"),
+                 ("dropped", m["sft"]["examples_dropped"]),
+                 ("excluded as overlapping HumanEval/MBPP", m["sft"]["examples_decontaminated"]),
+                 ("supervised share of tokens", f"{m['sft']['supervised_token_share']:.1%}"),
+                 ("optimizer steps", m["sft"]["steps"]),
+                 ("train loss: first -> last logged", f"{_fmt_opt(m['sft']['loss_initial'])} -> "
+                                                      f"{_fmt_opt(m['sft']['loss_final'])}")]), "",
+             "## Data sources and licences", markdown_table(list(LICENSES.items())), "",
              "## Time per stage", markdown_table([(k, f"{m[k]['wall_s']:.1f} s") for k in
-                                                  ("tokenizer", "data", "baseline", "pretrain", "samples")]), "",
+                                                  ("tokenizer", "data", "baseline", "pretrain", "samples", "sft",
+                                                   "chat")]), "",
              f"## Completions ({m['samples']['parse_ok']} of {m['samples']['n']} parse with `ast.parse` once "
              "the last, unfinished line is dropped)", ""]
     for s in samples:
         lines += [f"**{'parses' if s['parses'] else 'does not parse'}**", "", "```python", s["text"], "```", ""]
+    lines += ["## Chat answers (after SFT)", ""]
+    for c in chats:
+        lines += [f"**user:** {c['prompt']}", "", "```", c["answer"], "```", ""]
     return "\n".join(lines)
+
+
+def _fmt_opt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"

@@ -12,13 +12,17 @@ def test_speedrun_smoke_writes_report_and_metrics(tmp_path):
                         "--max-files", "150", "--device", "cpu"], capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     m = json.loads((out / "metrics.json").read_text())
-    for stage in ("tokenizer", "data", "baseline", "pretrain", "samples"):
+    for stage in ("tokenizer", "data", "baseline", "pretrain", "samples", "sft", "chat"):
         assert m[stage]["wall_s"] > 0, stage
     pre, base = m["pretrain"], m["baseline"]
     assert pre["steps"] > 0 and pre["val_bpb_final"] < pre["val_bpb_initial"]
     assert 0.5 < base["xz_concat_bpb"] < base["gzip_concat_bpb"] <= base["gzip_bpb"] < 8
     assert m["samples"]["n"] == 5 and 0 <= m["samples"]["parse_ok"] <= 5
+    sft = m["sft"]
+    assert sft["steps"] > 0 and sft["examples_kept"] > 0 and 0 < sft["supervised_token_share"] < 1
+    assert sft["examples_kept"] + sft["examples_dropped"] == sft["examples_seen"]
     report = (out / "report.md").read_text()
     assert "gzip -9, per document" in report and report.count("```python") == 5
+    assert "## Chat answers (after SFT)" in report and "PSF License" in report
     assert (out / "loss.png").stat().st_size > 1000
-    assert {p.name for p in out.iterdir()} >= {"tokenizer", "data", "pretrain", "report.md", "metrics.json"}
+    assert {p.name for p in out.iterdir()} >= {"tokenizer", "data", "pretrain", "sft", "report.md", "metrics.json"}
