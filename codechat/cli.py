@@ -116,7 +116,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     device = resolve_device(args.device or "auto")
     model, tok, _ = load_model(args.model, device)
     cfg = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
-    prompt = [tok.bos_id] + tok.encode(args.prompt)
+    prompt = [tok.end_id] + tok.encode(args.prompt)  # documents follow an <|end|> in pretraining
     for i in range(args.num_samples):
         if args.num_samples > 1:
             print(f"--- sample {i + 1}")

@@ -208,7 +208,7 @@ def _samples(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> l
                          top_p=1.0)
     out = []
     for i, prompt in enumerate(p.sample_prompts):
-        ids = complete(model, [tok.bos_id] + tok.encode(prompt), cfg, stop_ids=[tok.end_id], seed=seed + i)[0]
+        ids = complete(model, [tok.end_id] + tok.encode(prompt), cfg, stop_ids=[tok.end_id], seed=seed + i)[0]
         text = prompt + tok.decode([t for t in ids if t != tok.end_id])
         out.append({"prompt": prompt, "text": text, "parses": parses_after_dropping_last_line(text)})
     return out

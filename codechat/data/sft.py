@@ -97,7 +97,7 @@ class SFTLoader:
         cfg: budgets, packing, chunk size, padding multiple.
         micro_batch_size: rows per micro-batch.
         rank, world_size: this rank takes micro-batches ``rank, rank + world_size, ...`` of each chunk.
-        counts: accumulates what rendering kept, truncated and dropped.
+        counts: accumulates what rendering kept, truncated and dropped (each distinct record once).
     """
 
     def __init__(self, mixture: Mixture, tok: Tokenizer, cfg: SFTConfig, micro_batch_size: int, *,
@@ -108,14 +108,18 @@ class SFTLoader:
         self.chunk, self.emitted = 0, 0
         self._chunk_start = mixture.state_dict()
         self._batches: list[list[list[RenderedExample]]] | None = None
+        self._rendered: dict[int, RenderedExample | None] = {}  # each record is rendered once per process
 
     def _render_chunk(self) -> list[RenderedExample]:
         out = []
         for _ in range(self.cfg.chunk_examples):
             rec = next(self.mixture)
-            ex = render_with_budget(self.tok, rec.conversation, self.cfg, self.counts, source=rec.source, line=rec.line)
-            if ex is not None:
-                out.append(ex)
+            key = id(rec)  # records live as long as the mixture, so their ids are stable keys
+            if key not in self._rendered:
+                self._rendered[key] = render_with_budget(self.tok, rec.conversation, self.cfg, self.counts,
+                                                         source=rec.source, line=rec.line)
+            if self._rendered[key] is not None:
+                out.append(self._rendered[key])
         return out
 
     def _build(self) -> list[list[list[RenderedExample]]]:
