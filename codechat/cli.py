@@ -178,6 +178,7 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="run directory (default runs/speedrun-<preset>)")
     p.add_argument("--time-budget-min", type=float, help="minutes of pretraining (default 8 on CPU, 30 on GPU)")
     p.add_argument("--max-files", type=int, default=0, help="read only the first N source files (a smoke run)")
+    p.add_argument("--eval-limit", type=int, help="HumanEval problems to evaluate (default 40 on CPU, all on GPU)")
     _add_common(p)
     p.set_defaults(func=_cmd_speedrun)
 
@@ -185,7 +186,7 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
 def _cmd_speedrun(args: argparse.Namespace) -> int:
     from .speedrun import run_speedrun
     run_speedrun(preset=args.preset, out=args.out, time_budget_min=args.time_budget_min, seed=args.seed,
-                 device=args.device or "auto", max_files=args.max_files)
+                 device=args.device or "auto", max_files=args.max_files, eval_limit=args.eval_limit)
     return 0
 
 

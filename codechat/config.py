@@ -112,7 +112,7 @@ class DataConfig:
     src: tuple[str, ...] = ()  # () -> default_corpus_dirs()
     extensions: tuple[str, ...] = (".py",)
     vocab_size: int = 32768  # only used when a tokenizer is trained
-    tokenizer_max_bytes: int = 200_000_000  # cap on the text a tokenizer is trained on; 0 -> the whole train split
+    tokenizer_max_bytes: int = 100_000_000  # cap on the text a tokenizer is trained on; 0 -> the whole train split
     val_fraction: float = 0.05
     max_files: int = 0  # 0 -> all files
     seq_len: int = 1024

@@ -1,4 +1,6 @@
-"""The speedrun: tokenizer -> corpus -> pretraining -> samples -> SFT -> chat -> ``report.md`` + ``metrics.json``.
+"""The speedrun: tokenizer -> corpus -> pretraining -> samples -> SFT -> chat -> HumanEval -> report.
+
+Writes ``report.md`` and ``metrics.json`` into the run directory.
 
 On a CPU it trains the ``tiny`` preset to a time budget sized so that the whole command ends
 within 15 minutes on 2 cores; on a GPU it picks a preset sized to ``--time-budget-min`` and
@@ -55,6 +57,10 @@ class SpeedrunPlan:
         "Write a Python function `reverse_words(s)` that reverses the order of the words in s.",
     )
     chat_tokens: int = 120
+    eval_limit: int = 40  # HumanEval problems (0: all 164)
+    eval_n: int = 2  # samples per problem
+    eval_tokens: int = 128
+    eval_temperature: float = 0.8
 
 
 #: Presets a GPU speedrun picks by time budget: (minutes at most, preset).
@@ -76,7 +82,8 @@ def plan(device: torch.device, preset: str | None, time_budget_min: float | None
         budget = time_budget_min or GPU_TIME_BUDGET_MIN
         chosen = preset or next(p for limit, p in GPU_PRESET_BY_BUDGET if budget <= limit)
         return SpeedrunPlan(chosen, budget, (stdlib, *site.getsitepackages()), max_files,
-                            sft_time_budget_min=budget * GPU_SFT_SHARE, sft_max_length=1024, sft_max_prompt_length=512)
+                            sft_time_budget_min=budget * GPU_SFT_SHARE, sft_max_length=1024, sft_max_prompt_length=512,
+                            eval_limit=0, eval_n=20, eval_tokens=512)
     budget = time_budget_min or CPU_TIME_BUDGET_MIN
     return SpeedrunPlan(preset or "tiny", budget, (stdlib,), max_files,
                         sft_time_budget_min=min(SpeedrunPlan.sft_time_budget_min, budget))
@@ -89,11 +96,14 @@ def _timed(fn, *args, **kwargs) -> tuple[Any, float]:
 
 
 def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_min: float | None = None,
-                 seed: int | None = None, device: str = "auto", max_files: int = 0) -> dict[str, Any]:
+                 seed: int | None = None, device: str = "auto", max_files: int = 0,
+                 eval_limit: int | None = None) -> dict[str, Any]:
     """Run every stage into ``out`` and write ``report.md`` and ``metrics.json``; returns the metrics."""
     t_start = time.perf_counter()
     dev = resolve_device(device)
     p = plan(dev, preset, time_budget_min, max_files)
+    if eval_limit is not None:
+        p = replace(p, eval_limit=eval_limit)
     run = Path(out or f"runs/speedrun-{p.preset}")
     run.mkdir(parents=True, exist_ok=True)
     base = pretrain_recipe(p.preset)
@@ -174,6 +184,13 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
                       "loss_final": sft_rows[-1]["loss"] if sft_rows else None}
     chats, wall = _timed(_chats, run / "sft", p, dev, seed)
     metrics["chat"] = {"wall_s": wall, "n": len(chats)}
+
+    # 7. HumanEval pass@1 of the chat model, and the verdict for RL
+    print(f"[7/7] HumanEval pass@1 ({p.eval_limit or 'all'} problems x {p.eval_n} samples)")
+    res, wall = _timed(_humaneval, run, p, dev, seed)
+    metrics["eval"] = {"wall_s": wall, "humaneval": {"pass@1": res["pass@1"], "pass@1_stderr": res["pass@1_stderr"],
+                                                     "problems": res["problems"], "n": res["n"]},
+                       "verdict": res["verdict_band"], "verdict_text": res["verdict"]}
     metrics["total_wall_s"] = time.perf_counter() - t_start
 
     write_atomic(run / "metrics.json", json.dumps(metrics, indent=1))
@@ -225,6 +242,17 @@ def _chats(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> lis
             for i, q in enumerate(p.chat_prompts)]
 
 
+def _humaneval(run: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> dict[str, Any]:
+    from .checkpoint import load_model
+    from .eval_suites import format_summary, run_suite
+    model, tok, state = load_model(run / "sft", device)
+    res = run_suite(model, tok, out_dir=run / "eval" / "humaneval", suite="humaneval", stage=state["meta"]["stage"],
+                    n=p.eval_n, ks=(1,), temperature=p.eval_temperature, max_new_tokens=p.eval_tokens,
+                    limit=p.eval_limit or None, seed=seed, progress=False, model_id=str(run / "sft"))
+    print(format_summary(res))
+    return res
+
+
 def _report(m: dict[str, Any], samples: list[dict[str, Any]], chats: list[dict[str, str]]) -> str:
     pre, base, data = m["pretrain"], m["baseline"], m["data"]
     c = pre["config"]
@@ -266,10 +294,14 @@ def _report(m: dict[str, Any], samples: list[dict[str, Any]], chats: list[dict[s
                  ("optimizer steps", m["sft"]["steps"]),
                  ("train loss: first -> last logged", f"{_fmt_opt(m['sft']['loss_initial'])} -> "
                                                       f"{_fmt_opt(m['sft']['loss_final'])}")]), "",
+             "## HumanEval (chat model, sandboxed execution)", markdown_table([
+                 ("problems x samples", f"{m['eval']['humaneval']['problems']} x {m['eval']['humaneval']['n']}"),
+                 ("pass@1", f"{m['eval']['humaneval']['pass@1']:.1%} ± {m['eval']['humaneval']['pass@1_stderr']:.1%}"),
+                 ("verdict for RL", m["eval"]["verdict_text"])]), "",
              "## Data sources and licences", markdown_table(list(LICENSES.items())), "",
              "## Time per stage", markdown_table([(k, f"{m[k]['wall_s']:.1f} s") for k in
                                                   ("tokenizer", "data", "baseline", "pretrain", "samples", "sft",
-                                                   "chat")]), "",
+                                                   "chat", "eval")]), "",
              f"## Completions ({m['samples']['parse_ok']} of {m['samples']['n']} parse with `ast.parse` once "
              "the last, unfinished line is dropped)", ""]
     for s in samples:

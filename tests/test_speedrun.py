@@ -9,10 +9,10 @@ import sys
 def test_speedrun_smoke_writes_report_and_metrics(tmp_path):
     out = tmp_path / "run"
     p = subprocess.run([sys.executable, "-m", "codechat", "speedrun", "--out", str(out), "--time-budget-min", "0.25",
-                        "--max-files", "150", "--device", "cpu"], capture_output=True, text=True, timeout=900)
+                        "--max-files", "150", "--eval-limit", "3", "--device", "cpu"], capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     m = json.loads((out / "metrics.json").read_text())
-    for stage in ("tokenizer", "data", "baseline", "pretrain", "samples", "sft", "chat"):
+    for stage in ("tokenizer", "data", "baseline", "pretrain", "samples", "sft", "chat", "eval"):
         assert m[stage]["wall_s"] > 0, stage
     pre, base = m["pretrain"], m["baseline"]
     assert pre["steps"] > 0 and pre["val_bpb_final"] < pre["val_bpb_initial"]
@@ -21,6 +21,8 @@ def test_speedrun_smoke_writes_report_and_metrics(tmp_path):
     sft = m["sft"]
     assert sft["steps"] > 0 and sft["examples_kept"] > 0 and 0 < sft["supervised_token_share"] < 1
     assert sft["examples_kept"] + sft["examples_dropped"] == sft["examples_seen"]
+    assert m["eval"]["verdict"] in ("stall", "tiered", "standard") and 0 <= m["eval"]["humaneval"]["pass@1"] <= 1
+    assert (out / "eval" / "humaneval" / "results.json").is_file()
     report = (out / "report.md").read_text()
     assert "gzip -9, per document" in report and report.count("```python") == 5
     assert "## Chat answers (after SFT)" in report and "PSF License" in report
