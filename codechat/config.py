@@ -263,7 +263,7 @@ class PretrainConfig:
 #: Per-preset defaults of the other sections, applied under a YAML file and CLI overrides.
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {"data": dict(vocab_size=4096, seq_len=256, tokenizer_max_bytes=8_000_000),
-             "optim": dict(lr=2e-3, warmup_steps=30, min_lr_ratio=0.05),
+             "optim": dict(lr=3e-3, warmup_steps=30, min_lr_ratio=0.05),
              "train": dict(micro_batch_size=16, eval_every=100, eval_tokens=32768, save_every=250)},
     "d12": {"data": dict(seq_len=1024), "optim": dict(lr=1e-3, warmup_steps=200),
             "train": dict(micro_batch_size=32, eval_every=250, compile=True)},
@@ -451,7 +451,7 @@ class SFTConfig:
     max_prompt_length: int = 768  # tokens of prompt, < max_length
     packing: bool = False  # best-fit pack examples into rows of max_length instead of padding
     chunk_examples: int = 2048  # records rendered, sorted or packed, and shuffled together
-    pad_to_multiple: int = 8  # rows are padded to a multiple of this many tokens (fewer distinct shapes)
+    pad_to_multiple: int = 8  # padded rows are padded to a multiple of this (packed rows: to max_length)
     preflight_examples: int = 2000  # records rendered before step 0 to count what the budgets keep
     skip_bad: bool = False  # skip (and count) records that fit no format instead of failing
     max_examples: int = 0  # > 0 -> a seeded subset of at most this many records (smoke tests)

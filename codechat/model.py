@@ -103,7 +103,7 @@ class Attention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if isinstance(mask, BlockMask):  # packed rows on CUDA: flex attention skips cross-document blocks
-            y = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
+            y = compiled_flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
         elif mask is not None:  # packed rows: causal within each document only
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         elif cache is None:
@@ -246,6 +246,10 @@ class GPT(nn.Module):
         t = seq_len or c.max_seq_len
         n = self.num_params() - c.vocab_size * c.n_embd * (0 if c.tie_embeddings else 1)
         return 6 * n + 12 * c.n_layer * c.n_head * c.head_dim * t
+
+
+#: flex attention is only fast compiled; inside an already compiled model this is inlined.
+compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
 
 
 @torch.compiler.disable

@@ -40,15 +40,15 @@ class SpeedrunPlan:
     max_files: int = 0
     sample_prompts: tuple[str, ...] = (
         "import os\nimport sys\n\n\ndef main():\n",
-        "def fibonacci(n):\n",
-        "class Stack:\n    \"\"\"A last-in, first-out stack.\"\"\"\n\n    def __init__(self):\n",
         "def read_lines(path):\n    \"\"\"Return the lines of a text file.\"\"\"\n",
+        "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+        "def count_words(text):\n    counts = {}\n    for word in text.split():\n",
         "import unittest\n\n\nclass TestMath(unittest.TestCase):\n",
     )
     sample_tokens: int = 120
-    sample_temperature: float = 0.5
+    sample_temperature: float = 0.0  # greedy: the report shows what the model finds most likely
     sample_top_k: int = 40
-    sft_time_budget_min: float = 1.5
+    sft_time_budget_min: float = 1.25
     sft_max_length: int = 384
     sft_max_prompt_length: int = 128
     chat_prompts: tuple[str, ...] = (
@@ -65,7 +65,7 @@ class SpeedrunPlan:
 
 #: Presets a GPU speedrun picks by time budget: (minutes at most, preset).
 GPU_PRESET_BY_BUDGET = ((45.0, "d12"), (240.0, "d20"), (float("inf"), "1b"))
-CPU_TIME_BUDGET_MIN = 8.0
+CPU_TIME_BUDGET_MIN = 9.0
 GPU_TIME_BUDGET_MIN = 30.0
 GPU_SFT_SHARE = 0.15  # SFT minutes per pretraining minute on a GPU
 #: Where the speedrun's data comes from, for the report.
@@ -81,7 +81,8 @@ def plan(device: torch.device, preset: str | None, time_budget_min: float | None
     if device.type == "cuda":
         budget = time_budget_min or GPU_TIME_BUDGET_MIN
         chosen = preset or next(p for limit, p in GPU_PRESET_BY_BUDGET if budget <= limit)
-        return SpeedrunPlan(chosen, budget, (stdlib, *site.getsitepackages()), max_files,
+        packages = tuple(d for d in site.getsitepackages() if Path(d).is_dir())
+        return SpeedrunPlan(chosen, budget, (stdlib, *packages), max_files,
                             sft_time_budget_min=budget * GPU_SFT_SHARE, sft_max_length=1024, sft_max_prompt_length=512,
                             eval_limit=0, eval_n=20, eval_tokens=512)
     budget = time_budget_min or CPU_TIME_BUDGET_MIN
@@ -135,6 +136,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
     docs = _val_documents(tok, data_dir)
     metrics["baseline"], wall = _timed(compression_baselines, docs)
     metrics["baseline"]["wall_s"] = wall
+    _save(run, metrics)
 
     # 4. pretraining to the time budget
     print(f"[4/7] pretraining {p.preset} for {p.time_budget_min:g} min on {dev}")
@@ -155,6 +157,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
         "val_loss_final": val[-1]["val_loss"], "train_loss_final": train_rows[-1]["loss"] if train_rows else None,
         "config": to_dict(cfg)}
     plot_loss(rows, run / "loss.png", f"{p.preset} pretraining on {dev.type}")
+    _save(run, metrics)
 
     # 5. samples
     print("[5/7] samples")
@@ -169,7 +172,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
         sft=SFTConfig(max_length=p.sft_max_length, max_prompt_length=p.sft_max_prompt_length, packing=True,
                       mine_src=p.sources[:1], mine_max_files=p.max_files, seed=seed),
         train=TrainConfig(time_budget_s=p.sft_time_budget_min * 60, micro_batch_size=cfg.train.micro_batch_size,
-                          log_every=10, eval_every=10**9, save_every=10**9),
+                          log_every=10, eval_every=10**9, save_every=10**9, compile=cfg.train.compile),
         optim=OptimConfig(lr=cfg.optim.lr / 2, warmup_steps=10, schedule="linear", min_lr_ratio=0.0, weight_decay=0.0),
         run=RunConfig(out=str(run / "sft"), seed=seed, device=device))
     sft, wall = _timed(run_sft, sft_cfg)
@@ -184,6 +187,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
                       "loss_final": sft_rows[-1]["loss"] if sft_rows else None}
     chats, wall = _timed(_chats, run / "sft", p, dev, seed)
     metrics["chat"] = {"wall_s": wall, "n": len(chats)}
+    _save(run, metrics)
 
     # 7. HumanEval pass@1 of the chat model, and the verdict for RL
     print(f"[7/7] HumanEval pass@1 ({p.eval_limit or 'all'} problems x {p.eval_n} samples)")
@@ -193,11 +197,16 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
                        "verdict": res["verdict_band"], "verdict_text": res["verdict"]}
     metrics["total_wall_s"] = time.perf_counter() - t_start
 
-    write_atomic(run / "metrics.json", json.dumps(metrics, indent=1))
+    _save(run, metrics)
     write_atomic(run / "report.md", _report(metrics, samples, chats))
     print(f"val_bpb {metrics['pretrain']['val_bpb_final']:.3f} vs gzip {metrics['baseline']['gzip_bpb']:.3f}; "
           f"report: {run / 'report.md'}")
     return metrics
+
+
+def _save(run: Path, metrics: dict[str, Any]) -> None:
+    """Write what is known so far, so a run that dies late still leaves its figures."""
+    write_atomic(run / "metrics.json", json.dumps(metrics, indent=1))
 
 
 def _median(xs: list[float]) -> float | None:

@@ -148,7 +148,9 @@ class SFTLoader:
             i = self.emitted + self.rank
             if i < len(self._batches):
                 self.emitted += self.world_size
-                return collate(self._batches[i], self.tok.end_id, self.cfg.pad_to_multiple, self.cfg.packing)
+                # packed rows are padded to the full row: one shape for every step (no recompiles)
+                multiple = self.cfg.max_length if self.cfg.packing else self.cfg.pad_to_multiple
+                return collate(self._batches[i], self.tok.end_id, multiple, self.cfg.packing)
             self.chunk, self.emitted, self._batches = self.chunk + 1, 0, None
         raise ValueError(f"a chunk of {self.cfg.chunk_examples} records gave no micro-batch for {self.world_size} "
                          f"rank(s): kept {self.counts.kept}, dropped {self.counts.dropped}; check the data and "
