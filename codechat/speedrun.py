@@ -9,6 +9,7 @@ adds the machine's installed Python packages to the corpus.
 from __future__ import annotations
 
 import json
+import re
 import site
 import sysconfig
 import time
@@ -235,9 +236,20 @@ def _samples(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> l
     out = []
     for i, prompt in enumerate(p.sample_prompts):
         ids = complete(model, [tok.end_id] + tok.encode(prompt), cfg, stop_ids=[tok.end_id], seed=seed + i)[0]
-        text = prompt + tok.decode([t for t in ids if t != tok.end_id])
+        text = prompt + end_of_block(tok.decode([t for t in ids if t != tok.end_id]))
         out.append({"prompt": prompt, "text": text, "parses": parses_after_dropping_last_line(text)})
     return out
+
+
+def end_of_block(completion: str) -> str:
+    """``completion`` up to (not including) its first non-blank line at column 0.
+
+    Every sample prompt ends inside an indented block, so a line back at column 0 means the
+    model has left the function or class it was asked to complete — the same idea as
+    HumanEval's stop sequences (``\ndef``, ``\nclass``, ``\nif``, ...), for any statement.
+    """
+    m = re.search(r"\n(?=\S)", completion)
+    return completion[:m.start() + 1] if m else completion
 
 
 def _chats(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> list[dict[str, str]]:
