@@ -91,14 +91,25 @@ def _descendants(root: int, table: dict[int, tuple[int, str]]) -> set[int]:
     return out
 
 
+_BEFORE_TEST: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _children_before_test():
+    """Children this process already had (e.g. multiprocessing's resource tracker from other tests)."""
+    _BEFORE_TEST.clear()
+    _BEFORE_TEST.update(_descendants(os.getpid(), _process_table()))
+    yield
+
+
 def _infrastructure() -> set[int]:
-    return {p for box in list(sb._SANDBOXES) for p in box.worker_pids()}
+    return {p for box in list(sb._SANDBOXES) for p in box.worker_pids()} | _BEFORE_TEST
 
 
 def assert_no_leftovers(marker: str | None = None, within_s: float = 2.0) -> None:
     """No process started by a program is alive ``within_s`` after its result came back:
-    nothing under this test process but the pools' own launcher and fork-server processes,
-    and (if given) no process anywhere whose command line holds ``marker``."""
+    nothing under this test process but the pools' own launcher and fork-server processes
+    and what it had before the test started, and (if given) no process anywhere whose command line holds ``marker``."""
     deadline = time.monotonic() + within_s
     while True:
         table = _process_table()
