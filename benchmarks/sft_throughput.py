@@ -24,23 +24,9 @@ from codechat.data.sft import SFTLoader, collate
 from codechat.model import build_model
 from codechat.tokenizer import Tokenizer
 from codechat.train.trainer import Trainer, resolve_device
+from pretrain_throughput import RandomTokens  # the script's own folder is on sys.path
 
 MBPP_TRAIN = range(601, 975)
-
-
-class RandomTokens:
-    def __init__(self, vocab: int, batch: int, seq_len: int) -> None:
-        self.vocab, self.batch, self.seq_len = vocab, batch, seq_len
-
-    def next_batch(self):
-        t = torch.randint(0, self.vocab, (self.batch, self.seq_len + 1))
-        return t[:, :-1], t[:, 1:]
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
 
 
 def measure(trainer: Trainer, warmup: int, steps: int) -> tuple[float, float]:

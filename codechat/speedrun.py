@@ -25,7 +25,7 @@ from .data.corpus import build_corpus, iter_split_texts, load_index, read_split
 from .engine import SamplingConfig, complete
 from .report import (compression_baselines, markdown_table, parses_after_dropping_last_line, plot_loss,
                      read_metrics, write_atomic)
-from .tokenizer import Tokenizer, bytes_per_token, train_tokenizer
+from .tokenizer import Tokenizer, train_tokenizer
 from .train.pretrain import run_pretrain
 from .train.sft import run_sft
 from .train.trainer import resolve_device

@@ -10,11 +10,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY="$ROOT/.venv/bin/python"
+# pip, quiet, without the local mirror's "Location ... is ignored" noise; pip's exit status is kept
+pipq() { "$VPY" -m pip install -q "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   echo "[setup] installing ${CODECHAT_TORCH:-torch==2.13.0}"
-  "$VPY" -m pip install -q "${CODECHAT_TORCH:-torch==2.13.0}"
+  pipq "${CODECHAT_TORCH:-torch==2.13.0}"
 fi
 EXTRA="${1:-}"
 echo "[setup] installing codechat${EXTRA:+[$EXTRA]}"
-"$VPY" -m pip install -q -e ".${EXTRA:+[$EXTRA]}" 2>&1 | grep -v "^WARNING: Location" || true
+pipq -e ".${EXTRA:+[$EXTRA]}"
 export PATH="$ROOT/.venv/bin:$PATH"
