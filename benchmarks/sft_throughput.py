@@ -20,7 +20,7 @@ import torch
 from codechat.chat import render_with_budget
 from codechat.config import OptimConfig, RunConfig, SFTConfig, TrainConfig, pretrain_recipe, replace
 from codechat.data.mixture import Mixture
-from codechat.data.sft import SFTLoader, collate
+from codechat.data.sft import SFTLoader, collate, pack_best_fit
 from codechat.model import build_model
 from codechat.tokenizer import Tokenizer
 from codechat.train.trainer import Trainer, resolve_device
@@ -89,7 +89,8 @@ def main() -> None:
         exs = [render_with_budget(tok, next(probe).conversation, sft_cfg) for _ in range(8)]
         model = sft.model.eval()
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            packed = collate([exs], tok.end_id, 128, packed=True)
+            packed = collate([[exs[i] for i in b] for b in pack_best_fit([len(e) - 1 for e in exs], seq)],
+                             tok.end_id, 1, packed=True)
             a = model(packed.inputs.to(device), packed.labels.to(device), doc_ids=packed.doc_ids.to(device))
             alone = sum(model(b.inputs.to(device), b.labels.to(device))
                         for b in (collate([[e]], tok.end_id, 1, packed=False) for e in exs))

@@ -206,3 +206,12 @@ def test_keep_last_prunes_old_checkpoints(tmp_path):
     t.fit()
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "checkpoints")] == ["step_000005", "step_000006"]
     assert math.isfinite(json.loads((tmp_path / "checkpoints/step_000006/state.json").read_text())["metrics"]["loss"])
+
+
+def test_eval_windows_spread_over_the_whole_split():
+    from codechat.data.windows import eval_windows
+    shards = [np.arange(0, 81, dtype=np.uint16), np.arange(100, 181, dtype=np.uint16)]  # 10 windows of 8 each
+    everything = eval_windows(shards, 8)
+    assert everything.shape == (20, 9) and everything[10, 0] == 100
+    picked = eval_windows(shards, 8, max_tokens=4 * 8)
+    assert picked[:, 0].tolist() == [0, 48, 124, 172]  # evenly spaced, both shards, first and last window

@@ -78,24 +78,25 @@ class WindowLoader:
         self.epoch, self.pos, self._order = state["epoch"], state["pos"], None
 
 
-def eval_windows(shards: Sequence[np.ndarray], seq_len: int, max_tokens: int) -> torch.Tensor:
-    """The first windows of the validation shards, in order, up to ``max_tokens`` targets.
+def eval_windows(shards: Sequence[np.ndarray], seq_len: int, max_tokens: int = 0) -> torch.Tensor:
+    """Validation windows spread evenly over the whole split, up to ``max_tokens`` targets (0: all).
 
-    Returns (N, seq_len + 1) int64; the same rows at every evaluation.
+    The split is cut into consecutive windows of ``seq_len`` targets; when there are more than
+    the budget allows, evenly spaced ones are kept, so a capped evaluation sees every part of
+    the split rather than its first files. Returns (N, seq_len + 1) int64, the same rows at
+    every evaluation.
 
     Raises:
         ValueError: the validation shards are shorter than one window.
     """
-    rows: list[np.ndarray] = []
-    budget = max(1, max_tokens // seq_len)
-    for s in shards:
-        for start in range(0, len(s) - seq_len, seq_len):
-            if len(rows) == budget:
-                break
-            rows.append(np.asarray(s[start:start + seq_len + 1]))
-    if not rows:
+    starts = [(i, s) for i, shard in enumerate(shards) for s in range(0, len(shard) - seq_len, seq_len)]
+    if not starts:
         raise ValueError(f"the validation split is shorter than one window of {seq_len + 1} tokens; "
                          "lower --data.seq_len or raise --data.val_fraction")
+    budget = max(1, max_tokens // seq_len) if max_tokens else len(starts)
+    if budget < len(starts):
+        starts = [starts[int(k)] for k in np.linspace(0, len(starts) - 1, budget).round()]
+    rows = [np.asarray(shards[i][s:s + seq_len + 1]) for i, s in starts]
     return torch.from_numpy(np.stack(rows).astype(np.int64))
 
 
