@@ -453,6 +453,7 @@ class SFTConfig:
     chunk_examples: int = 2048  # records rendered, sorted or packed, and shuffled together
     pad_to_multiple: int = 8  # padded rows are padded to a multiple of this (packed rows: to max_length)
     preflight_examples: int = 2000  # records rendered before step 0 to count what the budgets keep
+    eval_examples: int = 64  # first kept preflight examples whose loss is logged as eval_loss
     skip_bad: bool = False  # skip (and count) records that fit no format instead of failing
     max_examples: int = 0  # > 0 -> a seeded subset of at most this many records (smoke tests)
     seed: int = 1337  # mixture order and subsets
@@ -472,7 +473,7 @@ class SFTConfig:
                f"sft.max_prompt_length={self.max_prompt_length} >= sft.max_length={self.max_length} leaves no "
                "tokens for the completion, so every label would be masked; lower --sft.max_prompt_length below "
                "--sft.max_length")
-        for name in ("chunk_examples", "pad_to_multiple", "preflight_examples"):
+        for name in ("chunk_examples", "pad_to_multiple", "preflight_examples", "eval_examples"):
             _check(getattr(self, name) > 0, f"sft.{name} must be > 0, got {getattr(self, name)}")
         _check(self.max_examples >= 0, f"sft.max_examples must be >= 0 (0: all), got {self.max_examples}")
         _check(self.format in SFT_FORMATS, f"sft.format must be one of {', '.join(SFT_FORMATS)}, got {self.format!r}")

@@ -179,15 +179,14 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
         optim=OptimConfig(lr=cfg.optim.lr / 2, warmup_steps=10, schedule="linear", min_lr_ratio=0.0, weight_decay=0.0),
         run=RunConfig(out=str(run / "sft"), seed=seed, device=device))
     sft, wall = _timed(run_sft, sft_cfg)
-    sft_rows = [r for r in read_metrics(run / "sft" / "metrics.jsonl") if "loss" in r]
+    sft_evals = [r["eval_loss"] for r in read_metrics(run / "sft" / "metrics.jsonl") if "eval_loss" in r]
     pre_c, dec = sft["data"]["preflight"], sft["data"]["decontamination"] or {}
     metrics["sft"] = {"wall_s": wall, "steps": sft["step"], "examples_seen": pre_c["seen"],
                       "examples_kept": pre_c["kept"], "examples_prompt_truncated": pre_c["prompt_truncated"],
                       "examples_completion_truncated": pre_c["completion_truncated"],
                       "examples_dropped": sum(pre_c["dropped"].values()), "examples_decontaminated": dec.get("excluded", 0),
                       "supervised_token_share": sft["data"]["supervised_share"],
-                      "loss_initial": sft_rows[0]["loss"] if sft_rows else None,
-                      "loss_final": sft_rows[-1]["loss"] if sft_rows else None}
+                      "loss_initial": sft_evals[0], "loss_final": sft_evals[-1], "train_loss_final": sft.get("loss")}
     chats, wall = _timed(_chats, run / "sft", p, dev, seed)
     metrics["chat"] = {"wall_s": wall, "n": len(chats)}
     _save(run, metrics)
@@ -333,8 +332,8 @@ def _report(m: dict[str, Any], samples: list[dict[str, Any]], chats: list[dict[s
                  ("excluded as overlapping HumanEval/MBPP", m["sft"]["examples_decontaminated"]),
                  ("supervised share of tokens", f"{m['sft']['supervised_token_share']:.1%}"),
                  ("optimizer steps", m["sft"]["steps"]),
-                 ("train loss: first -> last logged", f"{_fmt_opt(m['sft']['loss_initial'])} -> "
-                                                      f"{_fmt_opt(m['sft']['loss_final'])}")]), "",
+                 ("loss on a fixed set of its examples: step 0 -> end",
+                  f"{m['sft']['loss_initial']:.3f} -> {m['sft']['loss_final']:.3f}")]), "",
              "## HumanEval (chat model, sandboxed execution)", markdown_table([
                  ("problems x samples", f"{m['eval']['humaneval']['problems']} x {m['eval']['humaneval']['n']}"),
                  ("pass@1", f"{m['eval']['humaneval']['pass@1']:.1%} ± {m['eval']['humaneval']['pass@1_stderr']:.1%}"),
@@ -352,6 +351,3 @@ def _report(m: dict[str, Any], samples: list[dict[str, Any]], chats: list[dict[s
         lines += [f"**user:** {c['prompt']}", "", "```", c["answer"], "```", ""]
     return "\n".join(lines)
 
-
-def _fmt_opt(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.3f}"

@@ -174,6 +174,8 @@ def test_sft_cli_trains_reports_and_resumes(tiny_ckpt, shared_dir, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(7))
+    evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
+    assert len(evals) == 3 and evals[-1] < evals[0]  # step 0, end of the first run, end of the resumed run
     assert json.loads((ckpt.resolve(out) / "state.json").read_text())["meta"]["stage"] == "sft"
 
 

@@ -21,6 +21,7 @@ def test_speedrun_smoke_writes_report_and_metrics(tmp_path):
     sft = m["sft"]
     assert sft["steps"] > 0 and sft["examples_kept"] > 0 and 0 < sft["supervised_token_share"] < 1
     assert sft["examples_kept"] + sft["examples_dropped"] == sft["examples_seen"]
+    assert sft["loss_initial"] > 0 and sft["loss_final"] > 0
     assert m["eval"]["verdict"] in ("stall", "tiered", "standard") and 0 <= m["eval"]["humaneval"]["pass@1"] <= 1
     assert (out / "eval" / "humaneval" / "results.json").is_file()
     report = (out / "report.md").read_text()

@@ -167,12 +167,16 @@ class SFTLoader:
         self._batches = self._build()
 
 
-def preflight(mixture: Mixture, tok: Tokenizer, cfg: SFTConfig, n: int) -> BudgetCounts:
-    """Render the first ``n`` records of ``mixture`` (left at its start) and count what budgets do to them."""
+def preflight(mixture: Mixture, tok: Tokenizer, cfg: SFTConfig, n: int
+              ) -> tuple[BudgetCounts, list[RenderedExample]]:
+    """Render the first ``n`` records of ``mixture`` (left at its start): what budgets do, and the kept examples."""
     start = mixture.state_dict()
     counts = BudgetCounts()
+    kept = []
     for _ in range(n):
         rec = next(mixture)
-        render_with_budget(tok, rec.conversation, cfg, counts, source=rec.source, line=rec.line)
+        ex = render_with_budget(tok, rec.conversation, cfg, counts, source=rec.source, line=rec.line)
+        if ex is not None:
+            kept.append(ex)
     mixture.load_state_dict(start)
-    return counts
+    return counts, kept

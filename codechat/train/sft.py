@@ -1,6 +1,7 @@
 """Chat SFT stage: a pretrained checkpoint + a data mixture -> the shared trainer, assistant-only loss.
 
-Before step 0 a preflight renders the first ``sft.preflight_examples`` records and prints how
+An ``eval_loss`` on the first ``sft.eval_examples`` kept examples is logged at step 0 and at
+the end (and every ``train.eval_every`` steps). Before step 0 a preflight renders the first ``sft.preflight_examples`` records and prints how
 many were kept, truncated and dropped and the share of supervised tokens; it refuses to start
 when nothing would be supervised. What the preflight found, the mixture's sources and the
 decontamination counts are written to ``DIR/data_report.json``.
@@ -10,14 +11,34 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import checkpoint as ckpt
 from ..config import ConfigError, SFTStageConfig, replace, save_yaml, to_dict
 from ..data.mixture import Mixture
-from ..data.sft import SFTLoader, preflight
+from ..chat import RenderedExample
+from ..data.sft import SFTLoader, collate, preflight
+from ..model import GPT, IGNORE_INDEX
 from ..report import write_atomic
 from .trainer import Trainer, resolve_device
+
+
+def fixed_examples_loss(examples: list[RenderedExample], pad_id: int, batch_size: int
+                        ) -> Callable[[GPT], dict[str, float]]:
+    """``eval_loss``: mean cross-entropy (nats) over the supervised tokens of a fixed set of examples.
+
+    The examples are the first ones the preflight kept, so they are training data: the figure
+    says whether the model fits what it is shown (it is logged at step 0 and at the end), not how
+    it generalises.
+    """
+    batches = [collate([[e] for e in examples[i:i + batch_size]], pad_id, 1, packed=False)
+               for i in range(0, len(examples), batch_size)]
+
+    def evaluate(model: GPT) -> dict[str, float]:
+        device = next(model.parameters()).device
+        total = sum(float(model(b.inputs.to(device), b.labels.to(device), reduction="sum")) for b in batches)
+        return {"eval_loss": total / sum(int((b.labels != IGNORE_INDEX).sum()) for b in batches)}
+    return evaluate
 
 
 def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
@@ -38,7 +59,7 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
                           f"({init_dir}); lower --sft.max_length")
 
     mixture = Mixture.from_config(cfg.sft, progress=print if show_progress else None)
-    counts = preflight(mixture, tok, cfg.sft, min(cfg.sft.preflight_examples, mixture.epoch_size))
+    counts, examples = preflight(mixture, tok, cfg.sft, min(cfg.sft.preflight_examples, mixture.epoch_size))
     print(f"preflight on {counts.seen} records: kept {counts.kept} ({counts.prompt_truncated} prompt-truncated, "
           f"{counts.completion_truncated} completion-truncated), dropped {counts.n_dropped} {counts.dropped or ''}; "
           f"supervised tokens {counts.supervised_share:.1%} of {counts.tokens}")
@@ -62,6 +83,8 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
 
     loader = SFTLoader(mixture, tok, cfg.sft, cfg.train.micro_batch_size)
     trainer = Trainer(model.train(), train=cfg.train, optim=cfg.optim, run=cfg.run, batches=loader, out_dir=out,
+                      evaluate=fixed_examples_loss(examples[:cfg.sft.eval_examples], tok.end_id,
+                                                   cfg.train.micro_batch_size),
                       meta={"stage": "sft", "model": state["meta"]["model"], "config": to_dict(cfg),
                             "init": str(init_dir)},
                       tokenizer_dir=init_dir / "tokenizer", show_progress=show_progress)
