@@ -263,7 +263,7 @@ class PretrainConfig:
 #: Per-preset defaults of the other sections, applied under a YAML file and CLI overrides.
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {"data": dict(vocab_size=4096, seq_len=256, tokenizer_max_bytes=8_000_000),
-             "optim": dict(lr=3e-3, warmup_steps=30, min_lr_ratio=0.05),
+             "optim": dict(lr=2e-3, warmup_steps=30, min_lr_ratio=0.05),
              "train": dict(micro_batch_size=16, eval_every=100, eval_tokens=32768, save_every=250)},
     "d12": {"data": dict(seq_len=1024), "optim": dict(lr=1e-3, warmup_steps=200),
             "train": dict(micro_batch_size=32, eval_every=250, compile=True)},
