@@ -47,9 +47,13 @@ class SpeedrunPlan:
         "def count_words(text):\n    counts = {}\n    for word in text.split():\n",
         "import unittest\n\n\nclass TestMath(unittest.TestCase):\n",
     )
-    sample_tokens: int = 120
-    sample_temperature: float = 0.0  # greedy: the report shows what the model finds most likely
-    sample_top_k: int = 40
+    # Completions stop at the end of the block they complete; 256 tokens lets most blocks end
+    # (cut at 120 tokens, even the stdlib's own function bodies parse only ~75% of the time).
+    sample_tokens: int = 256
+    # Low-temperature nucleus sampling, not greedy: greedy decoding of a small model falls into
+    # loops (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration", sec. 3).
+    sample_temperature: float = 0.3
+    sample_top_p: float = 0.95
     sft_time_budget_min: float = 1.25
     sft_max_length: int = 384
     sft_max_prompt_length: int = 128
@@ -166,7 +170,8 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
     print("[5/7] samples")
     seed = seed if seed is not None else base.run.seed
     samples, wall = _timed(_samples, run / "pretrain", p, dev, seed)
-    metrics["samples"] = {"wall_s": wall, "n": len(samples), "parse_ok": sum(s["parses"] for s in samples)}
+    metrics["samples"] = {"wall_s": wall, "n": len(samples), "parse_ok": sum(s["parses"] for s in samples),
+                          "temperature": p.sample_temperature, "top_p": p.sample_top_p, "max_new_tokens": p.sample_tokens}
 
     # 6. chat SFT on mined docstring -> function pairs
     print(f"[6/7] SFT for {p.sft_time_budget_min:g} min on mined docstring -> function pairs")
@@ -248,8 +253,7 @@ def _val_documents(tok: Tokenizer, data_dir: Path) -> list[bytes]:
 def _samples(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> list[dict[str, Any]]:
     from .checkpoint import load_model
     model, tok, _ = load_model(stage, device)
-    cfg = SamplingConfig(max_new_tokens=p.sample_tokens, temperature=p.sample_temperature, top_k=p.sample_top_k,
-                         top_p=1.0)
+    cfg = SamplingConfig(max_new_tokens=p.sample_tokens, temperature=p.sample_temperature, top_p=p.sample_top_p)
     out = []
     for i, prompt in enumerate(p.sample_prompts):
         ids = complete(model, [tok.end_id] + tok.encode(prompt), cfg, stop_ids=[tok.end_id], seed=seed + i)[0]
@@ -274,8 +278,7 @@ def _chats(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> lis
     from .chat_repl import reply
     from .checkpoint import load_model
     model, tok, _ = load_model(stage, device)
-    cfg = SamplingConfig(max_new_tokens=p.chat_tokens, temperature=p.sample_temperature, top_k=p.sample_top_k,
-                         top_p=1.0)
+    cfg = SamplingConfig(max_new_tokens=p.chat_tokens, temperature=p.sample_temperature, top_p=p.sample_top_p)
     return [{"prompt": q, "answer": reply(model, tok, Conversation([Message("user", q)]), cfg, seed=seed + i).content}
             for i, q in enumerate(p.chat_prompts)]
 
@@ -343,7 +346,8 @@ def _report(m: dict[str, Any], samples: list[dict[str, Any]], chats: list[dict[s
                                                   ("tokenizer", "data", "baseline", "pretrain", "samples", "sft",
                                                    "chat", "eval")]), "",
              f"## Completions ({m['samples']['parse_ok']} of {m['samples']['n']} parse with `ast.parse` once "
-             "the last, unfinished line is dropped)", ""]
+             "the last, unfinished line is dropped; temperature {temperature}, top-p {top_p}, at most "
+             "{max_new_tokens} new tokens, cut where the block being completed ends)".format(**m["samples"]), ""]
     for s in samples:
         lines += [f"**{'parses' if s['parses'] else 'does not parse'}**", "", "```python", s["text"], "```", ""]
     lines += ["## Chat answers (after SFT)", ""]
