@@ -74,7 +74,8 @@ class ModelConfig:
 #: Presets. ``tiny`` trains on a 2-core CPU in minutes: at a fixed 9 CPU minutes a narrow model
 #: that sees more tokens compresses better (validation bits/byte after the speedrun's budget:
 #: width 256 ~1.70, 192 ~1.62, 128 ~1.37-1.46, 96 ~1.30-1.52; see benchmarks/RESULTS.md).
-#: ``8b`` has the seed system's shape (40 layers, width 4096, 32 heads). ``vocab_size`` is set from the tokenizer at build time.
+#: ``8b`` has the seed system's shape (40 layers, width 4096, 32 heads). ``vocab_size`` is set
+#: from the tokenizer at build time.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(n_layer=4, n_embd=96, n_head=2, n_kv_head=2, max_seq_len=512, tie_embeddings=True),
     "d12": dict(n_layer=12, n_embd=768, n_head=6, n_kv_head=6, max_seq_len=2048),

@@ -51,7 +51,7 @@ class SpeedrunPlan:
     # (cut at 120 tokens, even the stdlib's own function bodies parse only ~75% of the time).
     sample_tokens: int = 256
     # Low-temperature nucleus sampling, not greedy: greedy decoding of a small model falls into
-    # loops (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration", sec. 3).
+    # loops (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration", ICLR).
     sample_temperature: float = 0.3
     sample_top_p: float = 0.95
     sft_time_budget_min: float = 1.25
