@@ -49,16 +49,23 @@ EXTRA_PROMPTS = (
 )
 
 
-def parse_rate(model, tok, prompts: list[str], cfg: SamplingConfig, seeds: int) -> tuple[int, int]:
-    """(completions that parse, completions) over ``prompts`` x ``seeds``."""
-    ok = 0
+def parses(model, tok, prompts: list[str], cfg: SamplingConfig, seeds: int) -> list[list[bool]]:
+    """Whether each completion parses: ``[seed][prompt]``."""
+    out = []
     for seed in range(seeds):
+        row = []
         for i, prompt in enumerate(prompts):
             ids = complete(model, [tok.end_id] + tok.encode(prompt), cfg, stop_ids=[tok.end_id],
                            seed=seed * 1000 + i)[0]
-            text = prompt + end_of_block(tok.decode([t for t in ids if t != tok.end_id]))
-            ok += parses_after_dropping_last_line(text)
-    return ok, seeds * len(prompts)
+            row.append(parses_after_dropping_last_line(prompt + end_of_block(prompt, tok.decode([t for t in ids if t != tok.end_id]))))
+        out.append(row)
+    return out
+
+
+def rate(rows: list[list[bool]], first: int | None = None) -> str:
+    """"parsed/total" over every seed's first ``first`` prompts (all when None)."""
+    cells = [ok for row in rows for ok in row[:first]]
+    return f"{sum(cells)}/{len(cells)}"
 
 
 def main() -> None:
@@ -76,11 +83,12 @@ def main() -> None:
     with torch.no_grad():
         bpb = bpb_evaluator(rows, torch.tensor(tok.token_byte_lengths(), dtype=torch.long), 16)(model)["val_bpb"]
     prompts = list(SpeedrunPlan("tiny", 1, ()).sample_prompts) + list(EXTRA_PROMPTS)
-    greedy = parse_rate(model, tok, prompts, SamplingConfig(max_new_tokens=120, temperature=0.0), 1)
-    nucleus = parse_rate(model, tok, prompts, SamplingConfig(max_new_tokens=args.max_new_tokens,
-                                                             temperature=args.temperature, top_p=0.95), args.seeds)
-    print(json.dumps({"model": args.model, "val_bpb": round(bpb, 4), "greedy_120": f"{greedy[0]}/{greedy[1]}",
-                      f"t{args.temperature}_{args.max_new_tokens}": f"{nucleus[0]}/{nucleus[1]}"}))
+    greedy = parses(model, tok, prompts, SamplingConfig(max_new_tokens=120, temperature=0.0), 1)
+    nucleus = parses(model, tok, prompts, SamplingConfig(max_new_tokens=args.max_new_tokens,
+                                                         temperature=args.temperature, top_p=0.95), args.seeds)
+    name = f"t{args.temperature}_{args.max_new_tokens}"
+    print(json.dumps({"model": args.model, "val_bpb": round(bpb, 4), "greedy_120": rate(greedy), name: rate(nucleus),
+                      f"{name}_report_5": rate(nucleus, 5)}))
 
 
 if __name__ == "__main__":

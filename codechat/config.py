@@ -140,12 +140,20 @@ class DataConfig:
 # ----------------------------------------------------------------------------- optim
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with decoupled weight decay on matrices only; warmup then decay to a floor.
+    """The optimizer and the learning-rate schedule; warmup then decay to a floor.
+
+    ``name``: ``adamw`` — AdamW on every parameter, decoupled weight decay on matrices only;
+    ``muon`` — Muon (momentum orthogonalised by Newton-Schulz; Jordan et al. 2024,
+    https://kellerjordan.github.io/posts/muon/) on the hidden matrices (attention and MLP
+    projections), AdamW on the embedding, the LM head and the norms. Muon's step is scaled by
+    ``0.2 * sqrt(max(rows, cols))`` to match AdamW's update RMS (Liu et al. 2025, "Muon is Scalable
+    for LLM Training", sec. 2.2), so one ``lr`` and ``weight_decay`` serve both.
 
     The LR at progress ``p`` in [0, 1] after warmup is ``min_lr + (lr - min_lr) * f(p)``,
     with ``f`` cosine (``0.5 * (1 + cos(pi p))``), linear (``1 - p``) or constant (1).
     """
 
+    name: str = "adamw"
     lr: float = 3e-4
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
@@ -155,8 +163,11 @@ class OptimConfig:
     warmup_steps: int = 100
     schedule: str = "cosine"
     grad_clip: float = 1.0  # 0 -> no clipping
+    muon_momentum: float = 0.95
 
     def __post_init__(self) -> None:
+        _check(self.name in ("adamw", "muon"), f"optim.name must be adamw or muon, got {self.name!r}")
+        _check(0 <= self.muon_momentum < 1, f"optim.muon_momentum must be in [0, 1), got {self.muon_momentum}")
         _check(self.lr > 0 and math.isfinite(self.lr), f"optim.lr must be a positive number, got {self.lr}")
         _check(0.0 <= self.min_lr_ratio <= 1.0, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         _check(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")

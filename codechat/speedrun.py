@@ -45,7 +45,7 @@ class SpeedrunPlan:
         "def read_lines(path):\n    \"\"\"Return the lines of a text file.\"\"\"\n",
         "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
         "def count_words(text):\n    counts = {}\n    for word in text.split():\n",
-        "import unittest\n\n\nclass TestMath(unittest.TestCase):\n",
+        "import unittest\n\n\nclass TestMath(unittest.TestCase):\n    def test_sum(self):\n",
     )
     # Completions stop at the end of the block they complete; 256 tokens lets most blocks end
     # (cut at 120 tokens, even the stdlib's own function bodies parse only ~75% of the time).
@@ -257,20 +257,38 @@ def _samples(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> l
     out = []
     for i, prompt in enumerate(p.sample_prompts):
         ids = complete(model, [tok.end_id] + tok.encode(prompt), cfg, stop_ids=[tok.end_id], seed=seed + i)[0]
-        text = prompt + end_of_block(tok.decode([t for t in ids if t != tok.end_id]))
+        text = prompt + end_of_block(prompt, tok.decode([t for t in ids if t != tok.end_id]))
         out.append({"prompt": prompt, "text": text, "parses": parses_after_dropping_last_line(text)})
     return out
 
 
-def end_of_block(completion: str) -> str:
-    """``completion`` up to (not including) its first non-blank line at column 0.
+def end_of_block(prompt: str, completion: str) -> str:
+    """``completion`` up to (not including) its first non-blank line that leaves the function or
+    class the prompt ends in: a line indented no deeper than that ``def``/``class`` header
+    (column 0 when the prompt's end is in no function or class).
 
-    Every sample prompt ends inside an indented block, so a line back at column 0 means the
-    model has left the function or class it was asked to complete — the same idea as
-    HumanEval's stop sequences (``\ndef``, ``\nclass``, ``\nif``, ...), for any statement.
+    The same idea as HumanEval's stop sequences (``\ndef``, ``\nclass``, ``\nif``, ...) for a
+    top-level function, extended to methods and nested functions and to any statement.
     """
-    m = re.search(r"\n(?=\S)", completion)
-    return completion[:m.start() + 1] if m else completion
+    lines = [ln for ln in prompt.splitlines() if ln.strip()]
+    stop = 0
+    if lines:
+        depth = _indent(lines[-1]) + (1 if lines[-1].rstrip().endswith(":") else 0)
+        for ln in reversed(lines):
+            if _indent(ln) < depth:
+                if re.match(r"\s*(async\s+def|def|class)\b", ln):
+                    stop = _indent(ln)
+                    break
+                depth = _indent(ln)
+    text = "\n" + completion  # the prompt ends with a newline: the completion starts a line
+    for m in re.finditer(r"\n(?=[ \t]*\S)", text):
+        if _indent(text[m.end():].split("\n", 1)[0]) <= stop:
+            return completion[:m.start()]
+    return completion
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
 
 
 def _chats(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> list[dict[str, str]]:

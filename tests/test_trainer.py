@@ -97,11 +97,11 @@ def window_shard(n_windows=24, seq_len=8):
     return np.concatenate([rows, [0]]).astype(np.uint16)
 
 
-def run_case08(tmp_path, crash_at_call=None, resume=False, keep=None, crash_with=KeyboardInterrupt):
+def run_case08(tmp_path, crash_at_call=None, resume=False, keep=None, crash_with=KeyboardInterrupt, optim_name="adamw"):
     loader = RecordingLoader([window_shard()], 8, 2, seed=1234, crash_at_call=crash_at_call, crash_with=crash_with)
     train = TrainConfig(micro_batch_size=2, grad_accum=2, max_steps=10, log_every=1, eval_every=100,
                         save_every=keep or 100)
-    optim = OptimConfig(lr=1e-2, warmup_steps=4, schedule="linear", min_lr_ratio=0.0)
+    optim = OptimConfig(name=optim_name, lr=1e-2, warmup_steps=4, schedule="linear", min_lr_ratio=0.0)
     t = make_trainer(tmp_path, loader, train=train, optim=optim, resume=resume)
     try:
         t.fit()
@@ -111,15 +111,15 @@ def run_case08(tmp_path, crash_at_call=None, resume=False, keep=None, crash_with
     return t, loader, {r["step"]: r for r in rows if "loss" in r}
 
 
-@pytest.mark.parametrize("stop_step", [5, 7])
-def test_stop_and_resume_equals_uninterrupted_run(tmp_path, stop_step):
+@pytest.mark.parametrize("stop_step,optim_name", [(5, "adamw"), (7, "adamw"), (5, "muon")])
+def test_stop_and_resume_equals_uninterrupted_run(tmp_path, stop_step, optim_name):
     """Case 08: same windows, LR and loss after resuming at step 5 (epoch 1) or 7 (inside epoch 2)."""
-    _, full_loader, full = run_case08(tmp_path / "full")
+    _, full_loader, full = run_case08(tmp_path / "full", optim_name=optim_name)
     # Ctrl-C while fetching step stop_step+1's first micro-batch: the checkpoint is at stop_step
-    _, _, part = run_case08(tmp_path / "cut", crash_at_call=2 * stop_step + 1)
+    _, _, part = run_case08(tmp_path / "cut", crash_at_call=2 * stop_step + 1, optim_name=optim_name)
     assert max(part) == stop_step
     assert ckpt.resolve(tmp_path / "cut").name == f"step_{stop_step:06d}"
-    t, resumed_loader, after = run_case08(tmp_path / "cut", resume=True)
+    t, resumed_loader, after = run_case08(tmp_path / "cut", resume=True, optim_name=optim_name)
     assert t.step == 10
     assert resumed_loader.seen == full_loader.seen[2 * stop_step:]  # micro-batches, not steps
     for step in range(stop_step + 1, 11):
@@ -197,6 +197,34 @@ def test_resume_with_another_model_config_is_refused(tmp_path):
     t2.meta = {"model": {"shape": "other"}}
     with pytest.raises(ckpt.CheckpointError, match="does not match"):
         t2.fit()
+
+
+def test_resume_with_another_optimizer_is_refused(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    make_trainer(tmp_path, ListBatches([padded(5, 5, g)]), train=TrainConfig(max_steps=1, log_every=1)).fit()
+    t2 = make_trainer(tmp_path, ListBatches([padded(5, 5, g)]), optim=OptimConfig(name="muon"), resume=True)
+    with pytest.raises(ckpt.CheckpointError, match="does not match this model/optimizer"):
+        t2.fit()
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(tie):
+    from dataclasses import replace
+    from codechat.train.optim import MuonAdamW, build_optimizer
+    model = build_model(replace(CFG, tie_embeddings=tie))
+    opt = build_optimizer(model, OptimConfig(name="muon"), torch.device("cpu"))
+    assert isinstance(opt, MuonAdamW) and isinstance(opt.muon, torch.optim.Muon)
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon = sorted(names[id(p)] for g in opt.muon.param_groups for p in g["params"])
+    adamw = sorted(names[id(p)] for g in opt.adamw.param_groups for p in g["params"])
+    per_layer = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert len(muon) == CFG.n_layer * len(per_layer) and all(n.split(".")[-2] in per_layer for n in muon)
+    assert "embed_tokens.weight" in adamw and ("lm_head.weight" in adamw) == (not tie)
+    assert sorted(muon + adamw) == sorted(names.values())  # every parameter exactly once
+    # one schedule reaches every group of both
+    for group in opt.param_groups:
+        group["lr"] = 0.5
+    assert {g["lr"] for g in opt.muon.param_groups + opt.adamw.param_groups} == {0.5}
 
 
 def test_keep_last_prunes_old_checkpoints(tmp_path):

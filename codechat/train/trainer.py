@@ -6,7 +6,7 @@ divided by the number of those tokens in the whole step — so (batch 2, accum 1
 (batch 1, accum 2) give the same gradient whatever the token counts (torchtitan's rule; a mean
 per micro-batch divided by ``grad_accum`` is wrong when counts differ).
 
-Around that: AdamW (fused on CUDA) with weight decay on matrices only, warmup then cosine or
+Around that: AdamW, or Muon on the hidden matrices (see :mod:`.optim`), warmup then cosine or
 linear decay to a floor, gradient clipping, bf16 autocast on CUDA, a step or time budget,
 validation every N steps, logging to stdout / TensorBoard / ``metrics.jsonl``, checkpoints
 every N steps, at the end and on Ctrl-C, exact resume, and a stop on a non-finite loss
@@ -28,6 +28,7 @@ from .. import checkpoint as ckpt
 from ..config import OptimConfig, RunConfig, TrainConfig
 from ..data.batch import Batch
 from ..model import GPT, IGNORE_INDEX
+from .optim import build_optimizer
 
 #: Dense bf16 peak FLOP/s by GPU name fragment (vendor datasheets), for MFU.
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12,
@@ -86,15 +87,6 @@ def lr_at(step: int, progress: float, cfg: OptimConfig) -> float:
     shape = {"cosine": 0.5 * (1.0 + math.cos(math.pi * p)), "linear": 1.0 - p, "constant": 1.0}[cfg.schedule]
     floor = cfg.lr * cfg.min_lr_ratio
     return floor + (cfg.lr - floor) * shape
-
-
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with decoupled weight decay on parameters of 2+ dims (matrices) only."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                             fused=device.type == "cuda")
 
 
 class MetricsLog:
