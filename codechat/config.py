@@ -72,12 +72,13 @@ class ModelConfig:
 
 
 #: Presets. ``tiny`` trains on a 2-core CPU in minutes: at a fixed 9 CPU minutes a narrow model
-#: that sees more tokens compresses better (validation bits/byte after the speedrun's budget:
-#: width 256 ~1.70, 192 ~1.62, 128 ~1.37-1.46, 96 ~1.30-1.52; see benchmarks/RESULTS.md).
+#: that sees more tokens compresses better (validation bits/byte after the speedrun's budget with
+#: AdamW: width 256 ~1.70, 192 ~1.62, 128 ~1.37-1.46, 96 ~1.30-1.52; with its recipe's Muon and
+#: 512-token windows ~1.20; see benchmarks/RESULTS.md).
 #: ``8b`` has the seed system's shape (40 layers, width 4096, 32 heads). ``vocab_size`` is set
 #: from the tokenizer at build time.
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(n_layer=4, n_embd=96, n_head=2, n_kv_head=2, max_seq_len=512, tie_embeddings=True),
+    "tiny": dict(n_layer=4, n_embd=96, n_head=4, n_kv_head=4, max_seq_len=512, tie_embeddings=True),
     "d12": dict(n_layer=12, n_embd=768, n_head=6, n_kv_head=6, max_seq_len=2048),
     "d20": dict(n_layer=20, n_embd=1280, n_head=10, n_kv_head=10, max_seq_len=2048),
     "1b": dict(n_layer=16, n_embd=2048, n_head=16, n_kv_head=8, max_seq_len=4096),
@@ -276,9 +277,9 @@ class PretrainConfig:
 
 #: Per-preset defaults of the other sections, applied under a YAML file and CLI overrides.
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
-    "tiny": {"data": dict(vocab_size=4096, seq_len=256, tokenizer_max_bytes=8_000_000),
-             "optim": dict(lr=5e-3, warmup_steps=50, min_lr_ratio=0.05),
-             "train": dict(micro_batch_size=8, eval_every=250, eval_tokens=32768, save_every=1000)},
+    "tiny": {"data": dict(vocab_size=4096, seq_len=512, tokenizer_max_bytes=8_000_000),
+             "optim": dict(name="muon", lr=5e-3, warmup_steps=50, min_lr_ratio=0.05),
+             "train": dict(micro_batch_size=4, eval_every=250, eval_tokens=32768, save_every=1000)},
     "d12": {"data": dict(seq_len=1024), "optim": dict(lr=1e-3, warmup_steps=200),
             "train": dict(micro_batch_size=32, eval_every=250, compile=True)},
     "d20": {"data": dict(seq_len=2048), "optim": dict(lr=6e-4, warmup_steps=300),

@@ -29,3 +29,17 @@ def test_speedrun_smoke_writes_report_and_metrics(tmp_path):
     assert "## Chat answers (after SFT)" in report and "PSF License" in report
     assert (out / "loss.png").stat().st_size > 1000
     assert {p.name for p in out.iterdir()} >= {"tokenizer", "data", "pretrain", "sft", "report.md", "metrics.json"}
+
+
+def test_completions_end_with_the_function_the_prompt_is_in():
+    from codechat.report import parses_after_dropping_last_line
+    from codechat.speedrun import end_of_block
+    method = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+    body = "        self.items.append(item)\n\n"
+    assert end_of_block(method, body + "    def pop(self):\n        return 1\n") == body
+    loop = "def count_words(text):\n    counts = {}\n    for word in text.split():\n"
+    rest = "        counts[word] = 1\n    return counts\n\n"
+    assert end_of_block(loop, rest + "print(count_words('a'))\n") == rest  # a dedent inside the function is kept
+    assert end_of_block("import os\n\n\ndef main():\n", "x = 1\n") == ""  # leaves at once: nothing
+    assert end_of_block("def f():\n", "    return 1") == "    return 1"  # still inside: all of it
+    assert parses_after_dropping_last_line(method + body) and not parses_after_dropping_last_line(method)
