@@ -2,9 +2,9 @@
 
 Completes 25 prompts (the speedrun's five plus twenty more, each ending inside an indented block)
 with greedy decoding (120 new tokens) and with nucleus sampling (``--temperature``, top-p 0.95,
-``--max-new-tokens``, ``--seeds`` seeds), cuts each completion where its block ends, and counts the
-ones that parse with ``ast.parse`` once the last, unfinished line is dropped — the speedrun report's
-check. Used to choose the ``tiny`` recipe (benchmarks/RESULTS.md).
+``--max-new-tokens``, ``--seeds`` seeds), ends each completion with the function or class its
+prompt ends in, and counts the ones that parse with ``ast.parse`` once the last, unfinished line is
+dropped — the speedrun report's check; ``report_5`` counts the speedrun's five prompts alone. Used to choose the ``tiny`` recipe (benchmarks/RESULTS.md).
 
     python benchmarks/completion_parse_rate.py runs/speedrun-tiny/pretrain --data runs/speedrun-tiny/data
 """

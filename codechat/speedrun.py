@@ -47,7 +47,7 @@ class SpeedrunPlan:
         "def count_words(text):\n    counts = {}\n    for word in text.split():\n",
         "import unittest\n\n\nclass TestMath(unittest.TestCase):\n    def test_sum(self):\n",
     )
-    # Completions stop at the end of the block they complete; 256 tokens lets most blocks end
+    # Completions stop where the function or class they complete ends; 256 tokens lets most end
     # (cut at 120 tokens, even the stdlib's own function bodies parse only ~75% of the time).
     sample_tokens: int = 256
     # Low-temperature nucleus sampling, not greedy: greedy decoding of a small model falls into
@@ -365,7 +365,8 @@ def _report(m: dict[str, Any], samples: list[dict[str, Any]], chats: list[dict[s
                                                    "chat", "eval")]), "",
              f"## Completions ({m['samples']['parse_ok']} of {m['samples']['n']} parse with `ast.parse` once "
              "the last, unfinished line is dropped; temperature {temperature}, top-p {top_p}, at most "
-             "{max_new_tokens} new tokens, cut where the block being completed ends)".format(**m["samples"]), ""]
+             "{max_new_tokens} new tokens, each ended with the function or class its prompt ends in)"
+             .format(**m["samples"]), ""]
     for s in samples:
         lines += [f"**{'parses' if s['parses'] else 'does not parse'}**", "", "```python", s["text"], "```", ""]
     lines += ["## Chat answers (after SFT)", ""]
