@@ -74,7 +74,8 @@ class ModelConfig:
 #: Presets. ``tiny`` trains on a 2-core CPU in minutes: at a fixed 9 CPU minutes a narrow model
 #: that sees more tokens compresses better (validation bits/byte after the speedrun's budget with
 #: AdamW: width 256 ~1.70, 192 ~1.62, 128 ~1.37-1.46, 96 ~1.30-1.52; with its recipe's Muon and
-#: 512-token windows ~1.20; see benchmarks/RESULTS.md).
+#: 512-token windows 1.19-1.22 over 7 seeds on a GPU at the matched step count, 1.29-1.31 in two
+#: real CPU speedruns; see benchmarks/RESULTS.md).
 #: ``8b`` has the seed system's shape (40 layers, width 4096, 32 heads). ``vocab_size`` is set
 #: from the tokenizer at build time.
 PRESETS: dict[str, dict[str, Any]] = {
