@@ -16,7 +16,7 @@ import sysconfig
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -53,6 +53,10 @@ class ModelConfig:
     tie_embeddings: bool = False
     init_std: float = 0.02
 
+    #: Fields derived from others when 0 (see :func:`load`: setting an input re-derives them).
+    DERIVED: ClassVar[dict[str, tuple[str, ...]]] = {"head_dim": ("n_embd", "n_head"),
+                                                     "intermediate_size": ("n_embd",)}
+
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "n_embd", "n_head", "n_kv_head", "max_seq_len"):
             _check(getattr(self, name) > 0, f"model.{name} must be > 0, got {getattr(self, name)}")
@@ -74,12 +78,12 @@ class ModelConfig:
 #: Presets. ``tiny`` trains on a 2-core CPU in minutes: at a fixed 9 CPU minutes a narrow model
 #: that sees more tokens compresses better (validation bits/byte after the speedrun's budget with
 #: AdamW: width 256 ~1.70, 192 ~1.62, 128 ~1.37-1.46, 96 ~1.30-1.52; with its recipe's Muon and
-#: 512-token windows 1.19-1.22 over 7 seeds on a GPU at the matched step count, 1.29-1.31 in two
-#: real CPU speedruns; see benchmarks/RESULTS.md).
+#: 512-token windows, on the same data at 2,121 steps: 2 heads of 48 1.21-1.25, 4 heads of 24
+#: 1.26-1.32; a CPU speedrun with 2 heads 1.27; see benchmarks/RESULTS.md).
 #: ``8b`` has the seed system's shape (40 layers, width 4096, 32 heads). ``vocab_size`` is set
 #: from the tokenizer at build time.
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(n_layer=4, n_embd=96, n_head=4, n_kv_head=4, max_seq_len=512, tie_embeddings=True),
+    "tiny": dict(n_layer=4, n_embd=96, n_head=2, n_kv_head=2, max_seq_len=512, tie_embeddings=True),
     "d12": dict(n_layer=12, n_embd=768, n_head=6, n_kv_head=6, max_seq_len=2048),
     "d20": dict(n_layer=20, n_embd=1280, n_head=10, n_kv_head=10, max_seq_len=2048),
     "1b": dict(n_layer=16, n_embd=2048, n_head=16, n_kv_head=8, max_seq_len=4096),
@@ -369,10 +373,16 @@ def load(cls: type, path: str | os.PathLike | None = None, overrides: dict[str, 
     ``overrides`` maps dotted names (``"optim.lr"``) to values (strings from the CLI are
     converted to the field's type).
 
+    A field that is derived from others (``model.head_dim`` from ``n_embd // n_head``, see
+    ``DERIVED`` on a config class) is derived again when one of its inputs is set in a later
+    layer than the field itself: ``--model.n_head 4`` on the ``tiny`` preset (2 heads of 48) gives
+    4 heads of 24, not 4 heads of a stale 48.
+
     Raises:
         ConfigError: missing/invalid YAML file, unknown setting or failed validation.
     """
     tree: dict[str, Any] = to_dict(base if base is not None else cls())
+    layer: dict[str, int] = {}  # dotted key -> 1 when set by the YAML file, 2 by an override
     if path:
         p = Path(path)
         _check(p.is_file(), f"--config {p}: file not found")
@@ -382,6 +392,8 @@ def load(cls: type, path: str | os.PathLike | None = None, overrides: dict[str, 
             raise ConfigError(f"--config {p}: not valid YAML ({e})") from None
         _check(isinstance(data, dict), f"--config {p}: expected a mapping of sections at the top level")
         _merge(tree, data, str(p))
+        layer.update(dict.fromkeys(_dotted_keys(data), 1))
+    layer.update(dict.fromkeys(overrides or {}, 2))
     for dotted, val in (overrides or {}).items():
         node = tree
         *parents, leaf = dotted.split(".")
@@ -390,7 +402,24 @@ def load(cls: type, path: str | os.PathLike | None = None, overrides: dict[str, 
             node = node[part]
         _check(leaf in node, f"unknown setting --{dotted}")
         node[leaf] = val
+    _rederive(cls, tree, layer)
     return build(cls, tree)
+
+
+def _dotted_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
+    return [k for key, v in data.items()
+            for k in (_dotted_keys(v, f"{prefix}{key}.") if isinstance(v, dict) else [f"{prefix}{key}"])]
+
+
+def _rederive(cls: type, tree: dict[str, Any], layer: dict[str, int], prefix: str = "") -> None:
+    """Reset to 0 (derive again) each derived field of ``tree`` whose inputs were set later than it."""
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]) and isinstance(tree.get(f.name), dict):
+            _rederive(hints[f.name], tree[f.name], layer, f"{prefix}{f.name}.")
+    for name, inputs in getattr(cls, "DERIVED", {}).items():
+        if max(layer.get(prefix + i, 0) for i in inputs) > layer.get(prefix + name, 0):
+            tree[name] = 0
 
 
 def _merge(dst: dict[str, Any], src: dict[str, Any], where: str) -> None:

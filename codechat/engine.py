@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .model import GPT, KVCache
+from .model import GPT, IGNORE_INDEX, KVCache
 
 
 @dataclass(frozen=True)
@@ -96,10 +96,9 @@ def generate(model: GPT, prompt: Sequence[int] | torch.Tensor, cfg: SamplingConf
     cache = KVCache.empty(model.cfg, B, total, device, dtype)
     stops = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     x = idx
     for _ in range(total - T):
-        with autocast:
+        with _autocast(device):
             logits = model(x, cache=cache)[:, -1, :]
         cache.pos += x.size(1)
         nxt = sample_next(logits.float(), cfg, gen)
@@ -111,6 +110,33 @@ def generate(model: GPT, prompt: Sequence[int] | torch.Tensor, cfg: SamplingConf
         if len(stops) and bool(finished.all()):
             return
         x = nxt.unsqueeze(1)
+
+
+def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA (generation and scoring), nothing elsewhere."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+
+@torch.inference_mode()
+def mean_logprob(model: GPT, prompt: Sequence[int], completion: Sequence[int]) -> float:
+    """Mean log-probability, in nats per token, of ``completion`` following ``prompt``.
+
+    Scored by one forward pass at temperature 1 (whatever the sampling settings were). Ranking
+    samples by it is the "mean log-probability" selection of Chen et al. 2021 (Codex, §3.3,
+    Fig. 7), and the ``best_of`` of OpenAI's completions API.
+
+    Raises:
+        ValueError: ``prompt`` or ``completion`` is empty, or together they exceed ``max_seq_len``.
+    """
+    if not prompt or not completion:
+        raise ValueError(f"need a non-empty prompt and completion, got {len(prompt)} and {len(completion)} tokens")
+    device = model.embed_tokens.weight.device
+    ids = torch.tensor([list(prompt) + list(completion)], dtype=torch.long, device=device)
+    labels = ids[:, 1:].clone()
+    labels[:, :len(prompt) - 1] = IGNORE_INDEX  # only the completion's tokens are scored
+    with _autocast(device):
+        nll = model(ids[:, :-1], labels)
+    return -float(nll) / len(completion)
 
 
 def complete(model: GPT, prompt: Sequence[int], cfg: SamplingConfig, *, stop_ids: Sequence[int] = (),

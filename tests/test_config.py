@@ -39,6 +39,21 @@ def test_yaml_then_cli_overrides_then_round_trip(tmp_path):
     assert load(PretrainConfig, tmp_path / "out.yaml") == cfg
 
 
+def test_overriding_a_shape_derives_head_dim_and_mlp_width_again(tmp_path):
+    base = pretrain_recipe("tiny")  # 2 heads of 48, MLP 256
+    assert (base.model.head_dim, base.model.intermediate_size) == (48, 256)
+    heads = load(PretrainConfig, None, {"model.n_head": "4", "model.n_kv_head": "4"}, base=base).model
+    assert heads.head_dim == 24  # not the preset's stale 48 (4 heads of 48: a bigger model than asked for)
+    wide = load(PretrainConfig, None, {"model.n_embd": "128"}, base=base).model
+    assert (wide.head_dim, wide.intermediate_size) == (64, 384)
+    both = load(PretrainConfig, None, {"model.n_head": "4", "model.head_dim": "48"}, base=base).model
+    assert both.head_dim == 48  # set together: kept
+    save_yaml(base, tmp_path / "saved.yaml")  # a saved config lists the derived values
+    assert load(PretrainConfig, tmp_path / "saved.yaml", base=base).model.head_dim == 48
+    assert load(PretrainConfig, tmp_path / "saved.yaml", {"model.n_head": "4", "model.n_kv_head": "4"},
+                base=base).model.head_dim == 24
+
+
 @pytest.mark.parametrize("over,match", [
     ({"optim.lrr": "1"}, "unknown setting --optim.lrr"),
     ({"train.max_steps": "ten"}, "train.max_steps: cannot read 'ten'"),
