@@ -81,8 +81,8 @@ def sample_completions(model: GPT, tok: Tokenizer, prompt: str, cfg: SamplingCon
 
 def best_completion(completions: list[Completion]) -> Completion:
     """The finished completion with the highest mean log-probability; when none finished, the
-    unfinished one with the highest (Chen et al. 2021, Codex, §3.3: ranking samples by mean
-    token log-probability beats picking one at random).
+    unfinished one with the highest (Chen et al. 2021, arXiv:2107.03374: ranking samples by
+    mean token log-probability beats picking one at random).
 
     Raises:
         ValueError: ``completions`` is empty.

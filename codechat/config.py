@@ -283,7 +283,7 @@ class PretrainConfig:
 #: Per-preset defaults of the other sections, applied under a YAML file and CLI overrides.
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {"data": dict(vocab_size=4096, seq_len=512, tokenizer_max_bytes=8_000_000),
-             "optim": dict(name="muon", lr=5e-3, warmup_steps=50, min_lr_ratio=0.05),
+             "optim": dict(name="muon", lr=1e-2, warmup_steps=50, min_lr_ratio=0.05),
              "train": dict(micro_batch_size=4, eval_every=250, eval_tokens=32768, save_every=1000)},
     "d12": {"data": dict(seq_len=1024), "optim": dict(lr=1e-3, warmup_steps=200),
             "train": dict(micro_batch_size=32, eval_every=250, compile=True)},

@@ -122,8 +122,9 @@ def mean_logprob(model: GPT, prompt: Sequence[int], completion: Sequence[int]) -
     """Mean log-probability, in nats per token, of ``completion`` following ``prompt``.
 
     Scored by one forward pass at temperature 1 (whatever the sampling settings were). Ranking
-    samples by it is the "mean log-probability" selection of Chen et al. 2021 (Codex, §3.3,
-    Fig. 7), and the ``best_of`` of OpenAI's completions API.
+    samples by it is the "mean log-probability" selection of Chen et al. 2021 ("Evaluating Large
+    Language Models Trained on Code", arXiv:2107.03374) and the ``best_of`` of OpenAI's
+    completions API.
 
     Raises:
         ValueError: ``prompt`` or ``completion`` is empty, or together they exceed ``max_seq_len``.

@@ -54,8 +54,9 @@ class SpeedrunPlan:
     # loops (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration", ICLR).
     sample_temperature: float = 0.3
     sample_top_p: float = 0.95
-    # Samples per prompt; the report shows the best (completion.best_completion): of the tiny
-    # model's samples only ~55-80% end their function within the budget, and those nearly all parse.
+    # Samples per prompt; the report shows the best (completion.best_completion): most of the tiny
+    # model's samples loop until the token budget cuts them, and one that ended its function is
+    # the model's own answer (benchmarks/RESULTS.md: +0 to +7 of 15 completions parse).
     sample_best_of: int = 8
     sft_time_budget_min: float = 1.25
     sft_max_length: int = 384
