@@ -79,7 +79,7 @@ class ModelConfig:
 #: that sees more tokens compresses better (validation bits/byte after the speedrun's budget with
 #: AdamW: width 256 ~1.70, 192 ~1.62, 128 ~1.37-1.46, 96 ~1.30-1.52; with its recipe's Muon and
 #: 512-token windows, on the same data at 2,121 steps: 2 heads of 48 1.21-1.25, 4 heads of 24
-#: 1.26-1.32; a CPU speedrun with 2 heads 1.27; see benchmarks/RESULTS.md).
+#: 1.26-1.32; with lr 1e-2 at 2,384 steps 1.19-1.20; see benchmarks/RESULTS.md).
 #: ``8b`` has the seed system's shape (40 layers, width 4096, 32 heads). ``vocab_size`` is set
 #: from the tokenizer at build time.
 PRESETS: dict[str, dict[str, Any]] = {
