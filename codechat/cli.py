@@ -170,13 +170,19 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 def _add_speedrun(sub: argparse._SubParsersAction) -> None:
     from .config import PRESETS
-    p = sub.add_parser("speedrun", help="tokenizer -> corpus -> pretraining -> samples -> report, in one go",
+    p = sub.add_parser("speedrun", help="tokenizer -> corpus -> pretraining -> SFT -> HumanEval -> report, in one go",
                        description="The whole pipeline on the default corpus (this Python's standard library), "
-                                   "written to --out with report.md and metrics.json.")
+                                   "written to --out with report.md and metrics.json after every stage. A stage "
+                                   "that fails leaves the finished ones in the report and exits non-zero; "
+                                   "--resume continues from the first unfinished stage.")
     p.add_argument("--preset", choices=list(PRESETS), help="model preset (default: tiny on CPU, sized to the "
                                                           "time budget on a GPU)")
     p.add_argument("--out", help="run directory (default runs/speedrun-<preset>)")
-    p.add_argument("--time-budget-min", type=float, help="minutes of pretraining (default 8 on CPU, 30 on GPU)")
+    p.add_argument("--time-budget-min", type=float,
+                   help="the whole run's wall-clock minutes, setup excluded, shared out among the stages up front "
+                        "(default 12 on CPU, 30 on GPU)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its first unfinished stage (its plan and budget are kept)")
     p.add_argument("--max-files", type=int, default=0, help="read only the first N source files (a smoke run)")
     p.add_argument("--eval-limit", type=int, help="HumanEval problems to evaluate (default 40 on CPU, all on GPU)")
     _add_common(p)
@@ -184,9 +190,14 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_speedrun(args: argparse.Namespace) -> int:
-    from .speedrun import run_speedrun
-    run_speedrun(preset=args.preset, out=args.out, time_budget_min=args.time_budget_min, seed=args.seed,
-                 device=args.device or "auto", max_files=args.max_files, eval_limit=args.eval_limit)
+    from .speedrun import SpeedrunFailed, run_speedrun
+    try:
+        run_speedrun(preset=args.preset, out=args.out, time_budget_min=args.time_budget_min, seed=args.seed,
+                     device=args.device or "auto", max_files=args.max_files, eval_limit=args.eval_limit,
+                     resume=args.resume)
+    except SpeedrunFailed as e:
+        print(f"codechat speedrun: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -153,7 +153,9 @@ class OptimConfig:
     https://kellerjordan.github.io/posts/muon/) on the hidden matrices (attention and MLP
     projections), AdamW on the embedding, the LM head and the norms. Muon's step is scaled by
     ``0.2 * sqrt(max(rows, cols))`` to match AdamW's update RMS (Liu et al. 2025, "Muon is Scalable
-    for LLM Training", sec. 2.2), so one ``lr`` and ``weight_decay`` serve both.
+    for LLM Training", sec. 2.2), so one ``lr`` and ``weight_decay`` serve both. Its Newton-Schulz
+    iteration runs in ``muon_ns_dtype``: ``auto`` is bf16 on CUDA (as in torch's own Muon) and fp32
+    elsewhere, since a CPU without native bf16 runs bf16 matmuls ~100x slower than fp32.
 
     The LR at progress ``p`` in [0, 1] after warmup is ``min_lr + (lr - min_lr) * f(p)``,
     with ``f`` cosine (``0.5 * (1 + cos(pi p))``), linear (``1 - p``) or constant (1).
@@ -170,10 +172,13 @@ class OptimConfig:
     schedule: str = "cosine"
     grad_clip: float = 1.0  # 0 -> no clipping
     muon_momentum: float = 0.95
+    muon_ns_dtype: str = "auto"  # auto | fp32 | bf16: dtype of Muon's Newton-Schulz iteration
 
     def __post_init__(self) -> None:
         _check(self.name in ("adamw", "muon"), f"optim.name must be adamw or muon, got {self.name!r}")
         _check(0 <= self.muon_momentum < 1, f"optim.muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        _check(self.muon_ns_dtype in ("auto", "fp32", "bf16"),
+               f"optim.muon_ns_dtype must be auto, fp32 or bf16, got {self.muon_ns_dtype!r}")
         _check(self.lr > 0 and math.isfinite(self.lr), f"optim.lr must be a positive number, got {self.lr}")
         _check(0.0 <= self.min_lr_ratio <= 1.0, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         _check(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
@@ -204,6 +209,7 @@ class TrainConfig:
     eval_tokens: int = 65536  # validation tokens per evaluation (capped)
     log_every: int = 10
     save_every: int = 500
+    save_every_s: float = 0.0  # also save after this many seconds of training since the last save; 0 -> off
     keep_last: int = 2
     dtype: str = "auto"  # auto -> bf16 autocast on CUDA, fp32 elsewhere
     compile: bool = False
@@ -222,6 +228,7 @@ class TrainConfig:
         for name in ("eval_every", "log_every", "save_every", "keep_last"):
             _check(getattr(self, name) > 0, f"train.{name} must be > 0, got {getattr(self, name)}")
         _check(self.eval_tokens > 0, f"train.eval_tokens must be > 0, got {self.eval_tokens}")
+        _check(self.save_every_s >= 0, f"train.save_every_s must be >= 0 (0: by steps only), got {self.save_every_s}")
         _check(self.dtype in ("auto", "bf16", "fp32"), f"train.dtype must be auto, bf16 or fp32, got {self.dtype!r}")
 
     def with_epochs(self, steps_per_epoch: float) -> "TrainConfig":

@@ -391,7 +391,7 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
               max_new_tokens: int = 512, limit: int | None = None, seed: int = 0, shots: int = 3,
               batch_size: int = 0, workers: int = 2, timeout_s: float = 10.0, memory_mb: int = 1024,
               model_id: str | None = None, progress: bool = True, sampler: Sampler | None = None,
-              box: sandbox.Sandbox | None = None) -> dict[str, Any]:
+              box: sandbox.Sandbox | None = None, deadline_s: float | None = None) -> dict[str, Any]:
     """Sample, judge and score one suite into ``out_dir``; returns what ``results.json`` holds.
 
     Args:
@@ -407,6 +407,9 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
         model_id: recorded, and compared on resume (e.g. the checkpoint path and step).
         sampler: replaces the model (tests feed known completions through the same path).
         box: a sandbox pool to reuse (default: one of ``workers`` fork servers, closed after).
+        deadline_s: seconds after which no new problem is started (None: no limit); the results
+            cover the problems whose ``n`` samples were all judged (``problems``), out of
+            ``problems_planned``.
 
     Raises:
         ValueError: bad settings (k > n first, before anything is loaded or generated), or an
@@ -472,10 +475,14 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
         f = stack.enter_context(open(samples_path, "a", encoding="utf-8"))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge")
         futures: list[Future] = []
+        started = bool(done)
         try:
             for p, missing in todo:
                 if not missing:
                     continue
+                if deadline_s is not None and time.perf_counter() - t0 >= deadline_s and started:
+                    break  # out of time, with at least one problem sampled (here or in an earlier run)
+                started = True
                 ids = prompt_ids(tok, p, mode)
                 for start in range(0, n, bs):
                     rows = range(start, min(n, start + bs))
@@ -501,7 +508,10 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
             raise
         pool.shutdown(wait=True)
     bar.close()
-    results = summarise(read_samples(samples_path), problems, n, ks)
+    judged = read_samples(samples_path)
+    finished = [p for p in problems if all(_key(p.task_id, i) in judged for i in range(n))]
+    results = summarise(judged, finished, n, ks)
+    results["problems_planned"] = len(problems)
     results.update(suite=name, suite_spec=spec, split=split, mode=mode, stage=stage, model=model_id, settings=settings)
     results["timing"] = {"wall_s": time.perf_counter() - t0, "generate_s": stats["generate_s"],
                          "samples_new": stats["new"], "samples_resumed": len(problems) * n - n_todo,

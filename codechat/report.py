@@ -1,4 +1,4 @@
-"""The run's report card: compression baselines, the loss-curve plot and ``report.md``."""
+"""The run's report card: compression baselines, the loss-curve plot and the speedrun's ``report.md``."""
 from __future__ import annotations
 
 import ast
@@ -88,3 +88,124 @@ def _fmt(v: Any) -> str:
 
 def markdown_table(rows: Sequence[tuple[str, Any]]) -> str:
     return "| | |\n|---|---|\n" + "".join(f"| {k} | {_fmt(v)} |\n" for k, v in rows)
+
+
+def _section(m: dict[str, Any], stage: str) -> bool:
+    return m.get("stages", {}).get(stage, {}).get("status") == "done" and stage in m
+
+
+def speedrun_report(m: dict[str, Any]) -> str:
+    """``report.md`` of a speedrun from its ``metrics.json`` (:mod:`codechat.speedrun`).
+
+    Works on a partial run: each stage's section appears once the stage is done, and a stage
+    that failed shows its error; the time table shows every stage planned vs actual.
+    """
+    stages = m["stages"]
+    order = list(stages)
+    failed = [s for s in order if stages[s]["status"] == "failed"]
+    done = [s for s in order if stages[s]["status"] == "done"]
+    head = f"# codechat speedrun — `{m['preset']}` on {m['device']}"
+    lines = [head, ""]
+    if failed:
+        s = failed[0]
+        lines += [f"**The run stopped at stage `{s}`**: `{stages[s]['error']}`. Finished: "
+                  f"{', '.join(done) or 'none'}. Continue it with `codechat speedrun --out DIR --resume` "
+                  "(finished stages are not redone).", ""]
+        if stages[s].get("traceback"):
+            lines += ["<details><summary>traceback</summary>", "", "```", stages[s]["traceback"].rstrip(), "```",
+                      "", "</details>", ""]
+    elif len(done) < len(order):
+        lines += [f"**Run in progress or stopped**: finished {', '.join(done) or 'none'}.", ""]
+    if _section(m, "pretrain") and _section(m, "baseline"):
+        lines += [f"Total wall time {m['total_wall_s'] / 60:.1f} min of a {m['time_budget_min']:g}-minute budget. "
+                  f"The model compresses unseen Python to **{m['pretrain']['val_bpb_final']:.3f} bits/byte** "
+                  f"against gzip -9's {m['baseline']['gzip_bpb']:.3f} (each validation document compressed on "
+                  "its own).", ""]
+    if _section(m, "data") and _section(m, "tokenizer"):
+        d = m["data"]
+        lines += ["## Data", markdown_table([
+            ("corpus", ", ".join(m["plan"].get("sources", [])) or "see pretrain config"),
+            ("files seen", d["files_seen"]),
+            ("skipped", ", ".join(f"{k} {v}" for k, v in d["skipped"].items())),
+            ("train documents / tokens / bytes", f"{d['train_documents']:,} / {d['train_tokens']:,} / "
+                                                 f"{d['train_bytes']:,}"),
+            ("val documents / tokens / bytes", f"{d['val_documents']:,} / {d['val_tokens']:,} / {d['val_bytes']:,}"),
+            ("vocabulary", m["tokenizer"]["vocab_size"]), ("val bytes per token", d["val_bytes_per_token"])]), ""]
+    if _section(m, "pretrain"):
+        pre = m["pretrain"]
+        c = pre["config"]
+        lines += ["## Model and training", markdown_table([
+            ("preset", m["preset"]), ("parameters", pre["params"]),
+            ("layers / width / heads / kv heads", f"{c['model']['n_layer']} / {c['model']['n_embd']} / "
+                                                  f"{c['model']['n_head']} / {c['model']['n_kv_head']}"),
+            ("sequence length", c["data"]["seq_len"]),
+            ("batch (rows x accum)", f"{c['train']['micro_batch_size']} x {c['train']['grad_accum']}"),
+            ("training time budget", f"{pre['train_budget_s']:.0f} s ({'compiled' if pre['compiled'] else 'eager'})"),
+            ("optimizer steps", pre["steps"]), ("tokens seen", pre["tokens_seen"]),
+            ("tokens/s (median)", pre["tokens_per_s"]),
+            ("MFU", f"{pre['mfu']:.1%}" if pre["mfu"] is not None else "n/a (no known peak on this device)"),
+            ("val bits/byte, evenly spread sample: initial -> final",
+             f"{pre['val_bpb_initial']:.3f} -> {pre['val_bpb_final_sampled']:.3f}"),
+            ("val bits/byte, whole split (final model)", f"{pre['val_bpb_final']:.3f}")]),
+            "", "![loss curve](loss.png)", ""]
+    if _section(m, "baseline"):
+        b = m["baseline"]
+        rows = [("gzip -9, per document", b["gzip_bpb"]), ("gzip -9, whole split as one stream", b["gzip_concat_bpb"]),
+                ("xz -9, whole split as one stream", b["xz_concat_bpb"])]
+        if _section(m, "pretrain"):
+            rows.insert(0, ("codechat model (whole split)", m["pretrain"]["val_bpb_final"]))
+        lines += ["## Baselines (bits per byte on the validation split)", markdown_table(rows), ""]
+    if _section(m, "sft"):
+        t = m["sft"]
+        lines += ["## Chat SFT", markdown_table([
+            ("examples seen / kept (preflight)", f"{t['examples_seen']:,} / {t['examples_kept']:,}"),
+            ("prompt- / completion-truncated", f"{t['examples_prompt_truncated']} / {t['examples_completion_truncated']}"),
+            ("dropped", t["examples_dropped"]), ("excluded as overlapping HumanEval/MBPP", t["examples_decontaminated"]),
+            ("supervised share of tokens", f"{t['supervised_token_share']:.1%}"),
+            ("training time budget", f"{t['train_budget_s']:.0f} s ({'compiled' if t['compiled'] else 'eager'})"),
+            ("optimizer steps", t["steps"]),
+            ("loss on a fixed set of its examples: step 0 -> end", f"{t['loss_initial']:.3f} -> {t['loss_final']:.3f}")]),
+            ""]
+    if _section(m, "eval"):
+        h = m["eval"]["humaneval"]
+        lines += ["## HumanEval (chat model, sandboxed execution)", markdown_table([
+            ("problems x samples", f"{h['problems']} x {h['n']}" + (
+                f" (of {h['problems_planned']} planned: the stage's time ran out)"
+                if h["problems"] < h["problems_planned"] else "")),
+            ("pass@1", f"{h['pass@1']:.1%}" + (f" ± {h['pass@1_stderr']:.1%}" if h["pass@1_stderr"] is not None
+                                                else "")),
+            ("verdict for RL", m["eval"]["verdict_text"])]), ""]
+    lines += ["## Data sources and licences", markdown_table(list(m.get("licenses", {}).items())), ""]
+    lines += [_time_table(stages), ""]
+    if _section(m, "samples"):
+        smp = m["samples"]
+        lines += ["## Completions ({parse_ok} of {n} parse with `ast.parse` once the last, unfinished line is "
+                  "dropped)".format(**smp), "",
+                  "Each is the best of {best_of} samples (temperature {temperature}, top-p {top_p}, at most "
+                  "{max_new_tokens} new tokens, ended with the function or class its prompt ends in): of those that "
+                  "finished — ended their function before the budget — the one with the highest mean token "
+                  "log-probability. Of all {total} samples, {finished_all_samples} finished and "
+                  "{parse_ok_all_samples} parse; the first sample of each prompt alone: {parse_ok_first_sample} of "
+                  "{n}.".format(total=smp["n"] * smp["best_of"], **smp), ""]
+        for s in smp["completions"]:
+            verdict = ("parses" if s["parses"] else "does not parse") + ("" if s["finished"] else ", cut by the budget")
+            lines += [f"**{verdict}** (mean log-prob {s['mean_logprob']:.2f} nats/token)", "", "```python",
+                      s["text"], "```", ""]
+    if _section(m, "chat"):
+        lines += ["## Chat answers (after SFT)", ""]
+        for c in m["chat"]["answers"]:
+            lines += [f"**user:** {c['prompt']}", "", "```", c["answer"], "```", ""]
+    return "\n".join(lines)
+
+
+def _time_table(stages: dict[str, dict[str, Any]]) -> str:
+    rows = []
+    for s, st in stages.items():
+        granted = f"{st['granted_s']:.0f} s" if st.get("granted_s") is not None else "-"
+        actual = f"{st['wall_s']:.1f} s" if st.get("wall_s") is not None else "-"
+        rows.append(f"| {s} | {st['status']} | {st['planned_s']:.0f} s | {granted} | {actual} |")
+    total = sum(st.get("wall_s", 0.0) for st in stages.values())
+    planned = sum(st["planned_s"] for st in stages.values())
+    rows.append(f"| **total** | | {planned:.0f} s | | {total:.1f} s |")
+    return ("## Time per stage (planned up front vs actual)\n\n| stage | status | planned | granted at start | actual |\n"
+            "|---|---|---|---|---|\n" + "\n".join(rows))

@@ -1,10 +1,20 @@
-"""The speedrun: tokenizer -> corpus -> pretraining -> samples -> SFT -> chat -> HumanEval -> report.
+"""The speedrun: tokenizer -> corpus -> baselines -> pretraining -> samples -> SFT -> chat -> HumanEval.
 
-Writes ``report.md`` and ``metrics.json`` into the run directory.
+Writes ``metrics.json`` and ``report.md`` into the run directory after every stage, so a run that
+fails or is killed keeps what finished: the report shows the finished stages, the failing one
+and its error, and the command exits non-zero. ``--resume`` continues from the first unfinished
+stage (a half-done training stage from its newest checkpoint; a half-done evaluation from its
+``samples.jsonl``) without redoing the finished ones.
 
-On a CPU it trains the ``tiny`` preset to a time budget sized so that the whole command ends
-within 15 minutes on 2 cores; on a GPU it picks a preset sized to ``--time-budget-min`` and
-adds the machine's installed Python packages to the corpus.
+``--time-budget-min`` is the whole run's wall clock. :func:`plan` gives every stage a share of
+it up front (printed, and in the report as planned vs actual); when a stage starts it is granted
+the time left times its share of the stages still to run, so a stage that ran long shrinks the
+ones after it. Training stages train for their grant less what the stage spends around its
+steps (loading, evaluation); the evaluation stops sampling new problems at its grant. A training
+stage whose compile would eat too much of its grant (``compile_max_share``) runs eager.
+
+On a CPU it trains the ``tiny`` preset (12 minutes in all by default, within 15 on 2 cores);
+on a GPU a preset sized to the budget, on the standard library plus the installed packages.
 """
 from __future__ import annotations
 
@@ -12,24 +22,37 @@ import json
 import site
 import sysconfig
 import time
-from dataclasses import dataclass
+import traceback
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .config import (OptimConfig, PretrainConfig, RunConfig, SFTConfig, SFTStageConfig, TrainConfig, load,
-                     pretrain_recipe, replace, to_dict)
+from .config import (ConfigError, OptimConfig, PretrainConfig, RunConfig, SFTConfig, SFTStageConfig, TrainConfig,
+                     load, pretrain_recipe, replace, to_dict)
 from .data.corpus import build_corpus, iter_split_texts, load_index, read_split
 from .completion import best_completion, sample_completions
 from .engine import SamplingConfig
-from .report import (compression_baselines, markdown_table, parses_after_dropping_last_line, plot_loss,
-                     read_metrics, write_atomic)
+from .report import (compression_baselines, parses_after_dropping_last_line, plot_loss, read_metrics,
+                     speedrun_report, write_atomic)
 from .tokenizer import Tokenizer, train_tokenizer
 from .data.windows import eval_windows
 from .train.pretrain import bpb_evaluator, run_pretrain
 from .train.sft import run_sft
 from .train.trainer import autocast_for, resolve_device
+
+#: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``).
+STAGES = ("tokenizer", "data", "baseline", "pretrain", "samples", "sft", "chat", "eval")
+
+#: Shares of the whole budget per stage. CPU: the 2-core recorded runs (tokenizer ~35 s, corpus
+#: ~25 s, baselines ~5 s, pretraining 9 min + ~25 s of evaluation, samples ~20 s, SFT 1.25 min,
+#: chat ~5 s, HumanEval ~20 s of 12 min). GPU: the H200 runs of ``benchmarks/RESULTS.md``, with
+#: sampling and HumanEval slow until the generation engine is fast (2026-11-29: 124 s for 5 x 20).
+CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.785, "samples": 0.025,
+              "sft": 0.06, "chat": 0.01, "eval": 0.025}
+GPU_SHARES = {"tokenizer": 0.03, "data": 0.04, "baseline": 0.01, "pretrain": 0.47, "samples": 0.09,
+              "sft": 0.15, "chat": 0.05, "eval": 0.16}
 
 
 @dataclass(frozen=True)
@@ -37,9 +60,19 @@ class SpeedrunPlan:
     """What a speedrun does on this machine (every number a field, chosen by :func:`plan`)."""
 
     preset: str
-    time_budget_min: float
+    time_budget_min: float  # the whole run's wall clock (setup excluded)
     sources: tuple[str, ...]
+    shares: dict[str, float]  # fraction of the budget per stage (STAGES), summing to 1
     max_files: int = 0
+    compile: bool = False  # the preset's recipe; a stage still runs eager under compile_max_share
+    # Seconds torch.compile adds to a stage's first step (H200, d12: 37 s; CPU tiny: 46 s); the SFT
+    # stage uses the figure measured in pretraining instead when there is one.
+    compile_estimate_s: float = 40.0
+    # A stage compiles only if the compile is at most this share of its training time: eager runs
+    # at ~0.7x compiled speed, so compiling pays back only when it costs under ~30% of the budget.
+    compile_max_share: float = 0.3
+    min_train_s: float = 5.0  # a training stage's time budget never goes below this
+    checkpoint_every_s: float = 60.0  # training stages save this often too, so a killed run resumes
     sample_prompts: tuple[str, ...] = (
         "import os\nimport sys\n\n\ndef main():\n",
         "def read_lines(path):\n    \"\"\"Return the lines of a text file.\"\"\"\n",
@@ -58,7 +91,6 @@ class SpeedrunPlan:
     # model's samples loop until the token budget cuts them, and one that ended its function is
     # the model's own answer (benchmarks/RESULTS.md: +0 to +7 of 15 completions parse).
     sample_best_of: int = 8
-    sft_time_budget_min: float = 1.25
     sft_max_length: int = 384
     sft_max_prompt_length: int = 128
     chat_prompts: tuple[str, ...] = (
@@ -67,156 +99,307 @@ class SpeedrunPlan:
         "Write a Python function `reverse_words(s)` that reverses the order of the words in s.",
     )
     chat_tokens: int = 120
-    eval_limit: int = 40  # HumanEval problems (0: all 164)
+    eval_limit: int = 40  # HumanEval problems (0: all 164); the stage's grant may stop it sooner
     eval_n: int = 2  # samples per problem
     eval_tokens: int = 128
     eval_temperature: float = 0.8
 
+    def __post_init__(self) -> None:
+        if set(self.shares) != set(STAGES) or abs(sum(self.shares.values()) - 1) > 1e-6 or \
+                min(self.shares.values()) <= 0:
+            raise ConfigError(f"speedrun shares must give every stage of {STAGES} a positive share summing to 1, "
+                              f"got {self.shares}")
+        if self.time_budget_min <= 0:
+            raise ConfigError(f"--time-budget-min must be > 0, got {self.time_budget_min}")
 
-#: Presets a GPU speedrun picks by time budget: (minutes at most, preset).
-GPU_PRESET_BY_BUDGET = ((45.0, "d12"), (240.0, "d20"), (float("inf"), "1b"))
-CPU_TIME_BUDGET_MIN = 9.0
+    def planned_s(self) -> dict[str, float]:
+        """Seconds per stage as planned up front."""
+        return {s: self.shares[s] * self.time_budget_min * 60 for s in STAGES}
+
+
+#: Presets a GPU speedrun picks by whole-run budget: (minutes at most, preset).
+GPU_PRESET_BY_BUDGET = ((60.0, "d12"), (300.0, "d20"), (float("inf"), "1b"))
+CPU_TIME_BUDGET_MIN = 12.0
 GPU_TIME_BUDGET_MIN = 30.0
-GPU_SFT_SHARE = 0.15  # SFT minutes per pretraining minute on a GPU
 #: Where the speedrun's data comes from, for the report.
 LICENSES = {"pretraining corpus": "this Python's standard library (PSF License)"
                                   " [+ installed site-packages on GPU: each package's own licence]",
-            "SFT data": "docstring -> function pairs mined from the same standard library (PSF License)"}
+            "SFT data": "docstring -> function pairs mined from the same standard library (PSF License)",
+            "HumanEval (evaluation only)": "OpenAI's HumanEval, MIT License, shipped in codechat/eval/data"}
 
 
 def plan(device: torch.device, preset: str | None, time_budget_min: float | None, max_files: int = 0
          ) -> SpeedrunPlan:
-    """Preset, budget and corpus for ``device`` (explicit arguments win)."""
+    """Preset, budget, shares and corpus for ``device`` (explicit arguments win)."""
     stdlib = sysconfig.get_paths()["stdlib"]
     if device.type == "cuda":
         budget = time_budget_min or GPU_TIME_BUDGET_MIN
         chosen = preset or next(p for limit, p in GPU_PRESET_BY_BUDGET if budget <= limit)
         packages = tuple(d for d in site.getsitepackages() if Path(d).is_dir())
-        return SpeedrunPlan(chosen, budget, (stdlib, *packages), max_files,
-                            sft_time_budget_min=budget * GPU_SFT_SHARE, sft_max_length=1024, sft_max_prompt_length=512,
-                            eval_limit=0, eval_n=20, eval_tokens=512)
-    budget = time_budget_min or CPU_TIME_BUDGET_MIN
-    return SpeedrunPlan(preset or "tiny", budget, (stdlib,), max_files,
-                        sft_time_budget_min=min(SpeedrunPlan.sft_time_budget_min, budget))
+        return SpeedrunPlan(chosen, budget, (stdlib, *packages), dict(GPU_SHARES), max_files,
+                            compile=pretrain_recipe(chosen).train.compile, sft_max_length=1024,
+                            sft_max_prompt_length=512, eval_limit=0, eval_n=20, eval_tokens=512)
+    chosen = preset or "tiny"
+    return SpeedrunPlan(chosen, time_budget_min or CPU_TIME_BUDGET_MIN, (stdlib,), dict(CPU_SHARES), max_files,
+                        compile=pretrain_recipe(chosen).train.compile, compile_estimate_s=46.0)
 
 
-def _timed(fn, *args, **kwargs) -> tuple[Any, float]:
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t0
+class SpeedrunFailed(RuntimeError):
+    """A stage raised; ``metrics.json`` and ``report.md`` hold the finished stages and the error."""
+
+
+class Speedrun:
+    """One run directory's stages, their grants, and the metrics/report written after each.
+
+    ``metrics["stages"][name]`` is ``{"status": "running"|"done"|"failed", "planned_s",
+    "granted_s", "wall_s", "error"}``; ``wall_s`` adds up over attempts when a run is resumed.
+    """
+
+    def __init__(self, p: SpeedrunPlan, run: Path, device: torch.device, device_arg: str, seed: int,
+                 resume: bool) -> None:
+        self.p, self.run, self.dev, self.device_arg, self.seed = p, run, device, device_arg, seed
+        self.base = pretrain_recipe(p.preset)
+        self.data_cfg = replace(self.base.data, src=p.sources, max_files=p.max_files)
+        path = run / "metrics.json"
+        if resume:
+            if not path.is_file():
+                raise ConfigError(f"--resume: {path} does not exist; start the run without --resume")
+            self.m = json.loads(path.read_text())
+            if self.m.get("preset") != p.preset or self.m.get("device_type") != device.type:
+                raise ConfigError(f"--resume: {path} is a {self.m.get('preset')} run on "
+                                  f"{self.m.get('device_type')}, not {p.preset} on {device.type}; resume with "
+                                  "the same --preset and --device, or use a new --out")
+            self.p = p = replace(p, **{k: v for k, v in self.m["plan"].items()
+                                       if k in ("time_budget_min", "shares", "eval_limit")})
+        else:
+            if path.is_file():
+                raise ConfigError(f"{run} already holds a speedrun (metrics.json): add --resume to continue it, "
+                                  "or choose another --out")
+            self.m = {"preset": p.preset, "device": str(device), "device_type": device.type,
+                      "time_budget_min": p.time_budget_min, "licenses": LICENSES,
+                      "plan": {k: v for k, v in asdict(p).items() if k in
+                               ("time_budget_min", "shares", "eval_limit", "max_files", "compile", "sources")},
+                      "stages": {s: {"status": "pending", "planned_s": t} for s, t in p.planned_s().items()}}
+        self.resume = resume
+
+    # ------------------------------------------------------------------ the loop
+    def execute(self) -> dict[str, Any]:
+        """Run every unfinished stage in order; returns the metrics.
+
+        Raises:
+            SpeedrunFailed: a stage raised (its error is in the metrics and the report).
+        """
+        t_invocation = time.perf_counter()
+        self._print_plan()
+        for i, name in enumerate(STAGES):
+            st = self.m["stages"][name]
+            if st["status"] == "done":
+                print(f"[{i + 1}/{len(STAGES)}] {name}: done in an earlier attempt, skipped")
+                continue
+            grant = st.get("granted_s") if st["status"] in ("running", "failed") else None
+            st.update(status="running", granted_s=grant or self._grant(name), error=None)
+            self._write()
+            t0 = time.perf_counter()
+            try:
+                self.m[name] = getattr(self, f"_{name}")(st["granted_s"], f"[{i + 1}/{len(STAGES)}]")
+            except BaseException as e:
+                st["wall_s"] = st.get("wall_s", 0.0) + time.perf_counter() - t0
+                interrupted = isinstance(e, KeyboardInterrupt)
+                st.update(status="failed", error="interrupted (Ctrl-C)" if interrupted else
+                          f"{type(e).__name__}: {e}", traceback=None if interrupted else traceback.format_exc())
+                self._write()
+                if interrupted:
+                    raise
+                raise SpeedrunFailed(f"stage {name} failed: {type(e).__name__}: {e}\n"
+                                     f"finished stages are in {self.run / 'report.md'}; after fixing the cause, "
+                                     f"continue with --out {self.run} --resume") from e
+            st["wall_s"] = st.get("wall_s", 0.0) + time.perf_counter() - t0
+            self.m[name]["wall_s"] = st["wall_s"]
+            st["status"] = "done"
+            self._write()
+        self.m["total_wall_s"] = sum(self.m["stages"][s]["wall_s"] for s in STAGES)
+        self.m["invocation_wall_s"] = time.perf_counter() - t_invocation
+        self._write()
+        print(f"val_bpb {self.m['pretrain']['val_bpb_final']:.3f} vs gzip {self.m['baseline']['gzip_bpb']:.3f}; "
+              f"{self.m['total_wall_s'] / 60:.1f} min; report: {self.run / 'report.md'}")
+        return self.m
+
+    def _grant(self, name: str) -> float:
+        """Seconds for stage ``name``: the budget left times its share of the stages still to run."""
+        spent = sum(self.m["stages"][s].get("wall_s", 0.0) for s in STAGES)
+        rest = [s for s in STAGES[STAGES.index(name):] if self.m["stages"][s]["status"] != "done"]
+        left = self.p.time_budget_min * 60 - spent
+        return max(0.0, left) * self.p.shares[name] / sum(self.p.shares[s] for s in rest)
+
+    def _print_plan(self) -> None:
+        st = self.m["stages"]
+        print(f"speedrun {self.p.preset} on {self.dev}: {self.p.time_budget_min:g} min in all, planned as "
+              + ", ".join(f"{s} {st[s]['planned_s']:.0f} s" for s in STAGES))
+
+    def _write(self) -> None:
+        """``metrics.json`` and ``report.md`` as they stand (both written atomically)."""
+        self.m["total_wall_s"] = sum(self.m["stages"][s].get("wall_s", 0.0) for s in STAGES)
+        write_atomic(self.run / "metrics.json", json.dumps(self.m, indent=1))
+        write_atomic(self.run / "report.md", speedrun_report(self.m))
+
+    def _compile_for(self, train_s: float, estimate_s: float) -> bool:
+        return self.p.compile and estimate_s <= self.p.compile_max_share * train_s
+
+    # ------------------------------------------------------------------ stages
+    def _tokenizer(self, grant: float, tag: str) -> dict[str, Any]:
+        d = self.data_cfg
+        print(f"{tag} tokenizer: vocab {d.vocab_size} on {', '.join(self.p.sources)}")
+        texts = iter_split_texts(self.p.sources, "train", extensions=d.extensions, val_fraction=d.val_fraction,
+                                 max_bytes=d.tokenizer_max_bytes, max_files=self.p.max_files)
+        tok = train_tokenizer(texts, d.vocab_size)
+        tok.save(self.run / "tokenizer")
+        return {"vocab_size": tok.vocab_size}
+
+    def _data(self, grant: float, tag: str) -> dict[str, Any]:
+        data_dir, d = self.run / "data", self.data_cfg
+        print(f"{tag} corpus -> {data_dir}")
+        build_corpus(self.p.sources, self.run / "tokenizer", data_dir, extensions=d.extensions,
+                     val_fraction=d.val_fraction, max_files=self.p.max_files)
+        index = load_index(data_dir)
+        sp = index["splits"]
+        return {"files_seen": index["files_seen"], "skipped": index["skipped"],
+                "val_bytes_per_token": sp["val"]["bytes"] / max(1, sp["val"]["tokens"] - sp["val"]["documents"]),
+                **{f"{s}_{k}": sp[s][k] for s in ("train", "val") for k in ("documents", "tokens", "bytes")}}
+
+    def _baseline(self, grant: float, tag: str) -> dict[str, Any]:
+        print(f"{tag} compression baselines on the validation split")
+        return compression_baselines(_val_documents(Tokenizer.load(self.run / "tokenizer"), self.run / "data"))
+
+    def _pretrain(self, grant: float, tag: str) -> dict[str, Any]:
+        # The stage spends ~8% of its time around the steps (evaluations, the whole-split figure).
+        train_s = max(self.p.min_train_s, 0.92 * grant)
+        compile_on = self._compile_for(train_s, self.p.compile_estimate_s)
+        print(f"{tag} pretraining {self.p.preset} for {train_s:.0f} s of {grant:.0f} s on {self.dev}"
+              f"{' (compiled)' if compile_on else ' (eager)'}")
+        overrides = {"train.max_steps": 0, "train.time_budget_s": train_s, "train.compile": compile_on,
+                     "train.save_every_s": self.p.checkpoint_every_s}
+        base = self.base
+        cfg = load(PretrainConfig, None, overrides, base=replace(
+            base, data=replace(self.data_cfg, data_dir=str(self.run / "data"), tokenizer_dir=str(self.run / "tokenizer")),
+            run=RunConfig(out=str(self.run / "pretrain"), seed=self.seed, device=self.device_arg, resume=self.resume)))
+        result = run_pretrain(cfg)
+        t0 = time.perf_counter()
+        full = _full_split_bpb(self.run / "pretrain", self.run / "data", cfg, self.dev)
+        full_wall = time.perf_counter() - t0
+        rows = read_metrics(self.run / "pretrain" / "metrics.jsonl")
+        val = [r for r in rows if "val_bpb" in r]
+        train_rows = [r for r in rows if "tokens_per_s" in r]
+        mfus = [r["mfu"] for r in train_rows if "mfu" in r]
+        plot_loss(rows, self.run / "loss.png", f"{self.p.preset} pretraining on {self.dev.type}")
+        return {"steps": result["step"], "params": result["params"], "train_time_s": result["elapsed_s"],
+                "train_budget_s": train_s, "compiled": compile_on, "first_step_s": result.get("first_step_s"),
+                "tokens_seen": result["step"] * cfg.train.micro_batch_size * cfg.train.accum_steps(1) * cfg.data.seq_len,
+                "tokens_per_s": _median([r["tokens_per_s"] for r in train_rows]), "mfu": _median(mfus),
+                "val_bpb_initial": val[0]["val_bpb"], "val_bpb_final": full["val_bpb"],
+                "val_loss_final": full["val_loss"], "val_bpb_final_sampled": val[-1]["val_bpb"],
+                "full_split_eval_s": full_wall, "train_loss_final": train_rows[-1]["loss"] if train_rows else None,
+                "config": to_dict(cfg)}
+
+    def _samples(self, grant: float, tag: str) -> dict[str, Any]:
+        print(f"{tag} samples")
+        from .checkpoint import load_model
+        p = self.p
+        model, tok, _ = load_model(self.run / "pretrain", self.dev)
+        cfg = SamplingConfig(max_new_tokens=p.sample_tokens, temperature=p.sample_temperature, top_p=p.sample_top_p)
+        out = []
+        for i, prompt in enumerate(p.sample_prompts):
+            cands = sample_completions(model, tok, prompt, cfg, p.sample_best_of, seed=self.seed + i)
+            best = best_completion(cands)
+            out.append({"prompt": prompt, "text": prompt + best.text, "finished": best.finished,
+                        "mean_logprob": best.mean_logprob,
+                        "parses": parses_after_dropping_last_line(prompt + best.text),
+                        "parses_each": [parses_after_dropping_last_line(prompt + c.text) for c in cands],
+                        "finished_each": [c.finished for c in cands]})
+        return {"n": len(out), "parse_ok": sum(s["parses"] for s in out), "best_of": p.sample_best_of,
+                "parse_ok_first_sample": sum(s["parses_each"][0] for s in out),
+                "parse_ok_all_samples": sum(sum(s["parses_each"]) for s in out),
+                "finished_all_samples": sum(sum(s["finished_each"]) for s in out),
+                "temperature": p.sample_temperature, "top_p": p.sample_top_p, "max_new_tokens": p.sample_tokens,
+                "completions": out}
+
+    def _sft(self, grant: float, tag: str) -> dict[str, Any]:
+        pre = self.m["pretrain"]
+        cfg = pre["config"]
+        measured = pre.get("first_step_s") if pre.get("compiled") else None
+        # SFT spends ~15% of its stage mining, loading and on its two evaluations
+        train_s = max(self.p.min_train_s, 0.85 * grant)
+        compile_on = self._compile_for(train_s, measured or self.p.compile_estimate_s)
+        print(f"{tag} SFT for {train_s:.0f} s of {grant:.0f} s on mined docstring -> function pairs"
+              f"{' (compiled)' if compile_on else ' (eager)'}")
+        sft_cfg = SFTStageConfig(
+            init=str(self.run / "pretrain"),
+            sft=SFTConfig(max_length=self.p.sft_max_length, max_prompt_length=self.p.sft_max_prompt_length,
+                          packing=True, mine_src=self.p.sources[:1], mine_max_files=self.p.max_files, seed=self.seed),
+            train=TrainConfig(time_budget_s=train_s, micro_batch_size=cfg["train"]["micro_batch_size"],
+                              log_every=10, eval_every=10**9, save_every=10**9,
+                              save_every_s=self.p.checkpoint_every_s, compile=compile_on),
+            optim=OptimConfig(lr=cfg["optim"]["lr"] / 2, warmup_steps=10, schedule="linear", min_lr_ratio=0.0,
+                              weight_decay=0.0),
+            run=RunConfig(out=str(self.run / "sft"), seed=self.seed, device=self.device_arg, resume=self.resume))
+        sft = run_sft(sft_cfg)
+        evals = [r["eval_loss"] for r in read_metrics(self.run / "sft" / "metrics.jsonl") if "eval_loss" in r]
+        pre_c, dec = sft["data"]["preflight"], sft["data"]["decontamination"] or {}
+        return {"steps": sft["step"], "train_budget_s": train_s, "compiled": compile_on,
+                "examples_seen": pre_c["seen"], "examples_kept": pre_c["kept"],
+                "examples_prompt_truncated": pre_c["prompt_truncated"],
+                "examples_completion_truncated": pre_c["completion_truncated"],
+                "examples_dropped": sum(pre_c["dropped"].values()), "examples_decontaminated": dec.get("excluded", 0),
+                "supervised_token_share": sft["data"]["supervised_share"],
+                "loss_initial": evals[0], "loss_final": evals[-1], "train_loss_final": sft.get("loss")}
+
+    def _chat(self, grant: float, tag: str) -> dict[str, Any]:
+        print(f"{tag} chat")
+        from .chat import Conversation, Message
+        from .chat_repl import reply
+        from .checkpoint import load_model
+        model, tok, _ = load_model(self.run / "sft", self.dev)
+        cfg = SamplingConfig(max_new_tokens=self.p.chat_tokens, temperature=self.p.sample_temperature,
+                             top_p=self.p.sample_top_p)
+        answers = [{"prompt": q, "answer": reply(model, tok, Conversation([Message("user", q)]), cfg,
+                                                 seed=self.seed + i).content}
+                   for i, q in enumerate(self.p.chat_prompts)]
+        return {"n": len(answers), "answers": answers}
+
+    def _eval(self, grant: float, tag: str) -> dict[str, Any]:
+        p = self.p
+        print(f"{tag} HumanEval pass@1 ({p.eval_limit or 'all'} problems x {p.eval_n} samples, "
+              f"stopping at {grant:.0f} s)")
+        from .checkpoint import load_model
+        from .eval_suites import format_summary, run_suite
+        model, tok, state = load_model(self.run / "sft", self.dev)
+        res = run_suite(model, tok, out_dir=self.run / "eval" / "humaneval", suite="humaneval",
+                        stage=state["meta"]["stage"], n=p.eval_n, ks=(1,), temperature=p.eval_temperature,
+                        max_new_tokens=p.eval_tokens, limit=p.eval_limit or None, seed=self.seed, progress=False,
+                        model_id=str(self.run / "sft"), deadline_s=grant)
+        print(format_summary(res))
+        return {"humaneval": {"pass@1": res["pass@1"], "pass@1_stderr": res["pass@1_stderr"],
+                              "problems": res["problems"], "problems_planned": res["problems_planned"],
+                              "n": res["n"]},
+                "verdict": res["verdict_band"], "verdict_text": res["verdict"]}
 
 
 def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_min: float | None = None,
                  seed: int | None = None, device: str = "auto", max_files: int = 0,
-                 eval_limit: int | None = None) -> dict[str, Any]:
-    """Run every stage into ``out`` and write ``report.md`` and ``metrics.json``; returns the metrics."""
-    t_start = time.perf_counter()
+                 eval_limit: int | None = None, resume: bool = False) -> dict[str, Any]:
+    """Run every stage into ``out`` (``report.md``, ``metrics.json`` after each); returns the metrics.
+
+    Raises:
+        ConfigError: a bad setting, ``--resume`` without a run to resume, or a new run over an old one.
+        SpeedrunFailed: a stage raised; the finished ones are kept and ``resume=True`` continues.
+    """
     dev = resolve_device(device)
     p = plan(dev, preset, time_budget_min, max_files)
     if eval_limit is not None:
         p = replace(p, eval_limit=eval_limit)
     run = Path(out or f"runs/speedrun-{p.preset}")
     run.mkdir(parents=True, exist_ok=True)
-    base = pretrain_recipe(p.preset)
-    data_cfg = replace(base.data, src=p.sources, max_files=p.max_files)
-    metrics: dict[str, Any] = {"preset": p.preset, "device": str(dev), "time_budget_min": p.time_budget_min}
-
-    # 1. tokenizer (trained on the train split only)
-    tok_dir = run / "tokenizer"
-    print(f"[1/7] tokenizer: vocab {data_cfg.vocab_size} on {', '.join(p.sources)}")
-    texts = iter_split_texts(p.sources, "train", extensions=data_cfg.extensions, val_fraction=data_cfg.val_fraction,
-                             max_bytes=data_cfg.tokenizer_max_bytes, max_files=p.max_files)
-    tok, wall = _timed(train_tokenizer, texts, data_cfg.vocab_size)
-    tok.save(tok_dir)
-    metrics["tokenizer"] = {"wall_s": wall, "vocab_size": tok.vocab_size}
-
-    # 2. corpus -> token shards
-    data_dir = run / "data"
-    print(f"[2/7] corpus -> {data_dir}")
-    index, wall = _timed(build_corpus, p.sources, tok_dir, data_dir, extensions=data_cfg.extensions,
-                         val_fraction=data_cfg.val_fraction, max_files=p.max_files)
-    index = load_index(data_dir)
-    sp = index["splits"]
-    metrics["data"] = {"wall_s": wall, "files_seen": index["files_seen"], "skipped": index["skipped"],
-                       **{f"{s}_{k}": sp[s][k] for s in ("train", "val") for k in ("documents", "tokens", "bytes")}}
-    metrics["tokenizer"]["val_bytes_per_token"] = sp["val"]["bytes"] / max(1, sp["val"]["tokens"] - sp["val"]["documents"])
-
-    # 3. baselines on the validation documents
-    print("[3/7] compression baselines on the validation split")
-    docs = _val_documents(tok, data_dir)
-    metrics["baseline"], wall = _timed(compression_baselines, docs)
-    metrics["baseline"]["wall_s"] = wall
-    _save(run, metrics)
-
-    # 4. pretraining to the time budget
-    print(f"[4/7] pretraining {p.preset} for {p.time_budget_min:g} min on {dev}")
-    overrides = {"train.max_steps": 0, "train.time_budget_s": p.time_budget_min * 60}
-    cfg = load(PretrainConfig, None, overrides, base=replace(
-        base, data=replace(data_cfg, data_dir=str(data_dir), tokenizer_dir=str(tok_dir)),
-        run=RunConfig(out=str(run / "pretrain"), seed=seed if seed is not None else base.run.seed, device=device)))
-    result, wall = _timed(run_pretrain, cfg)
-    full, full_wall = _timed(_full_split_bpb, run / "pretrain", data_dir, cfg, dev)
-    rows = read_metrics(run / "pretrain" / "metrics.jsonl")
-    val = [r for r in rows if "val_bpb" in r]
-    train_rows = [r for r in rows if "tokens_per_s" in r]
-    metrics["pretrain"] = {
-        "wall_s": wall, "steps": result["step"], "params": result["params"], "train_time_s": result["elapsed_s"],
-        "tokens_seen": result["step"] * cfg.train.micro_batch_size * cfg.train.accum_steps(1) * cfg.data.seq_len,
-        "tokens_per_s": _median([r["tokens_per_s"] for r in train_rows]),
-        "mfu": _median([r["mfu"] for r in train_rows if "mfu" in r]) if any("mfu" in r for r in train_rows) else None,
-        "val_bpb_initial": val[0]["val_bpb"], "val_bpb_final": full["val_bpb"], "val_loss_final": full["val_loss"],
-        "val_bpb_final_sampled": val[-1]["val_bpb"], "full_split_eval_s": full_wall, "train_loss_final": train_rows[-1]["loss"] if train_rows else None,
-        "config": to_dict(cfg)}
-    plot_loss(rows, run / "loss.png", f"{p.preset} pretraining on {dev.type}")
-    _save(run, metrics)
-
-    # 5. samples
-    print("[5/7] samples")
-    seed = seed if seed is not None else base.run.seed
-    samples, wall = _timed(_samples, run / "pretrain", p, dev, seed)
-    metrics["samples"] = {"wall_s": wall, "n": len(samples), "parse_ok": sum(s["parses"] for s in samples),
-                          "best_of": p.sample_best_of,
-                          "parse_ok_first_sample": sum(s["parses_each"][0] for s in samples),
-                          "parse_ok_all_samples": sum(sum(s["parses_each"]) for s in samples),
-                          "finished_all_samples": sum(sum(s["finished_each"]) for s in samples),
-                          "temperature": p.sample_temperature, "top_p": p.sample_top_p, "max_new_tokens": p.sample_tokens}
-
-    # 6. chat SFT on mined docstring -> function pairs
-    print(f"[6/7] SFT for {p.sft_time_budget_min:g} min on mined docstring -> function pairs")
-    sft_cfg = SFTStageConfig(
-        init=str(run / "pretrain"),
-        sft=SFTConfig(max_length=p.sft_max_length, max_prompt_length=p.sft_max_prompt_length, packing=True,
-                      mine_src=p.sources[:1], mine_max_files=p.max_files, seed=seed),
-        train=TrainConfig(time_budget_s=p.sft_time_budget_min * 60, micro_batch_size=cfg.train.micro_batch_size,
-                          log_every=10, eval_every=10**9, save_every=10**9, compile=cfg.train.compile),
-        optim=OptimConfig(lr=cfg.optim.lr / 2, warmup_steps=10, schedule="linear", min_lr_ratio=0.0, weight_decay=0.0),
-        run=RunConfig(out=str(run / "sft"), seed=seed, device=device))
-    sft, wall = _timed(run_sft, sft_cfg)
-    sft_evals = [r["eval_loss"] for r in read_metrics(run / "sft" / "metrics.jsonl") if "eval_loss" in r]
-    pre_c, dec = sft["data"]["preflight"], sft["data"]["decontamination"] or {}
-    metrics["sft"] = {"wall_s": wall, "steps": sft["step"], "examples_seen": pre_c["seen"],
-                      "examples_kept": pre_c["kept"], "examples_prompt_truncated": pre_c["prompt_truncated"],
-                      "examples_completion_truncated": pre_c["completion_truncated"],
-                      "examples_dropped": sum(pre_c["dropped"].values()), "examples_decontaminated": dec.get("excluded", 0),
-                      "supervised_token_share": sft["data"]["supervised_share"],
-                      "loss_initial": sft_evals[0], "loss_final": sft_evals[-1], "train_loss_final": sft.get("loss")}
-    chats, wall = _timed(_chats, run / "sft", p, dev, seed)
-    metrics["chat"] = {"wall_s": wall, "n": len(chats)}
-    _save(run, metrics)
-
-    # 7. HumanEval pass@1 of the chat model, and the verdict for RL
-    print(f"[7/7] HumanEval pass@1 ({p.eval_limit or 'all'} problems x {p.eval_n} samples)")
-    res, wall = _timed(_humaneval, run, p, dev, seed)
-    metrics["eval"] = {"wall_s": wall, "humaneval": {"pass@1": res["pass@1"], "pass@1_stderr": res["pass@1_stderr"],
-                                                     "problems": res["problems"], "n": res["n"]},
-                       "verdict": res["verdict_band"], "verdict_text": res["verdict"]}
-    metrics["total_wall_s"] = time.perf_counter() - t_start
-
-    _save(run, metrics)
-    write_atomic(run / "report.md", _report(metrics, samples, chats))
-    print(f"val_bpb {metrics['pretrain']['val_bpb_final']:.3f} vs gzip {metrics['baseline']['gzip_bpb']:.3f}; "
-          f"report: {run / 'report.md'}")
-    return metrics
+    seed = seed if seed is not None else pretrain_recipe(p.preset).run.seed
+    return Speedrun(p, run, dev, device, seed, resume).execute()
 
 
 def _full_split_bpb(stage: Path, data_dir: Path, cfg: PretrainConfig, device: torch.device) -> dict[str, float]:
@@ -235,11 +418,6 @@ def _full_split_bpb(stage: Path, data_dir: Path, cfg: PretrainConfig, device: to
         return evaluate(model)
 
 
-def _save(run: Path, metrics: dict[str, Any]) -> None:
-    """Write what is known so far, so a run that dies late still leaves its figures."""
-    write_atomic(run / "metrics.json", json.dumps(metrics, indent=1))
-
-
 def _median(xs: list[float]) -> float | None:
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else None
@@ -256,110 +434,3 @@ def _val_documents(tok: Tokenizer, data_dir: Path) -> list[bytes]:
                 docs.append(tok.decode(ids[start:i]).encode("utf-8"))
                 start = i + 1
     return docs
-
-
-def _samples(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> list[dict[str, Any]]:
-    """Per prompt: the best of ``p.sample_best_of`` completions, and whether each sample parses."""
-    from .checkpoint import load_model
-    model, tok, _ = load_model(stage, device)
-    cfg = SamplingConfig(max_new_tokens=p.sample_tokens, temperature=p.sample_temperature, top_p=p.sample_top_p)
-    out = []
-    for i, prompt in enumerate(p.sample_prompts):
-        cands = sample_completions(model, tok, prompt, cfg, p.sample_best_of, seed=seed + i)
-        best = best_completion(cands)
-        out.append({"prompt": prompt, "text": prompt + best.text, "finished": best.finished,
-                    "mean_logprob": best.mean_logprob, "parses": parses_after_dropping_last_line(prompt + best.text),
-                    "parses_each": [parses_after_dropping_last_line(prompt + c.text) for c in cands],
-                    "finished_each": [c.finished for c in cands]})
-    return out
-
-
-def _chats(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> list[dict[str, str]]:
-    from .chat import Conversation, Message
-    from .chat_repl import reply
-    from .checkpoint import load_model
-    model, tok, _ = load_model(stage, device)
-    cfg = SamplingConfig(max_new_tokens=p.chat_tokens, temperature=p.sample_temperature, top_p=p.sample_top_p)
-    return [{"prompt": q, "answer": reply(model, tok, Conversation([Message("user", q)]), cfg, seed=seed + i).content}
-            for i, q in enumerate(p.chat_prompts)]
-
-
-def _humaneval(run: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> dict[str, Any]:
-    from .checkpoint import load_model
-    from .eval_suites import format_summary, run_suite
-    model, tok, state = load_model(run / "sft", device)
-    res = run_suite(model, tok, out_dir=run / "eval" / "humaneval", suite="humaneval", stage=state["meta"]["stage"],
-                    n=p.eval_n, ks=(1,), temperature=p.eval_temperature, max_new_tokens=p.eval_tokens,
-                    limit=p.eval_limit or None, seed=seed, progress=False, model_id=str(run / "sft"))
-    print(format_summary(res))
-    return res
-
-
-def _report(m: dict[str, Any], samples: list[dict[str, Any]], chats: list[dict[str, str]]) -> str:
-    pre, base, data = m["pretrain"], m["baseline"], m["data"]
-    c = pre["config"]
-    lines = [f"# codechat speedrun — `{m['preset']}` on {m['device']}", "",
-             f"Total wall time {m['total_wall_s'] / 60:.1f} min. The model compresses unseen Python to "
-             f"**{pre['val_bpb_final']:.3f} bits/byte** against gzip -9's {base['gzip_bpb']:.3f} "
-             f"(each validation document compressed on its own).", "",
-             "## Data", markdown_table([
-                 ("corpus", ", ".join(c["data"]["src"])), ("files seen", data["files_seen"]),
-                 ("skipped", ", ".join(f"{k} {v}" for k, v in data["skipped"].items())),
-                 ("train documents / tokens / bytes", f"{data['train_documents']:,} / {data['train_tokens']:,} / "
-                                                      f"{data['train_bytes']:,}"),
-                 ("val documents / tokens / bytes", f"{data['val_documents']:,} / {data['val_tokens']:,} / "
-                                                    f"{data['val_bytes']:,}"),
-                 ("vocabulary", m["tokenizer"]["vocab_size"]),
-                 ("val bytes per token", m["tokenizer"]["val_bytes_per_token"])]), "",
-             "## Model and training", markdown_table([
-                 ("preset", m["preset"]), ("parameters", pre["params"]),
-                 ("layers / width / heads / kv heads", f"{c['model']['n_layer']} / {c['model']['n_embd']} / "
-                                                       f"{c['model']['n_head']} / {c['model']['n_kv_head']}"),
-                 ("sequence length", c["data"]["seq_len"]),
-                 ("batch (rows x accum)", f"{c['train']['micro_batch_size']} x {c['train']['grad_accum']}"),
-                 ("optimizer steps", pre["steps"]), ("tokens seen", pre["tokens_seen"]),
-                 ("tokens/s (median)", pre["tokens_per_s"]),
-                 ("MFU", f"{pre['mfu']:.1%}" if pre["mfu"] is not None else "n/a (no known peak on this device)"),
-                 ("val bits/byte, evenly spread sample: initial -> final",
-                  f"{pre['val_bpb_initial']:.3f} -> {pre['val_bpb_final_sampled']:.3f}"),
-                 ("val bits/byte, whole split (final model)", f"{pre['val_bpb_final']:.3f}")]),
-             "", "![loss curve](loss.png)", "",
-             "## Baselines (bits per byte on the validation split)", markdown_table([
-                 ("codechat model (whole split)", pre["val_bpb_final"]), ("gzip -9, per document", base["gzip_bpb"]),
-                 ("gzip -9, whole split as one stream", base["gzip_concat_bpb"]),
-                 ("xz -9, whole split as one stream", base["xz_concat_bpb"])]), "",
-             "## Chat SFT", markdown_table([
-                 ("examples seen / kept (preflight)", f"{m['sft']['examples_seen']:,} / {m['sft']['examples_kept']:,}"),
-                 ("prompt- / completion-truncated", f"{m['sft']['examples_prompt_truncated']} / "
-                                                    f"{m['sft']['examples_completion_truncated']}"),
-                 ("dropped", m["sft"]["examples_dropped"]),
-                 ("excluded as overlapping HumanEval/MBPP", m["sft"]["examples_decontaminated"]),
-                 ("supervised share of tokens", f"{m['sft']['supervised_token_share']:.1%}"),
-                 ("optimizer steps", m["sft"]["steps"]),
-                 ("loss on a fixed set of its examples: step 0 -> end",
-                  f"{m['sft']['loss_initial']:.3f} -> {m['sft']['loss_final']:.3f}")]), "",
-             "## HumanEval (chat model, sandboxed execution)", markdown_table([
-                 ("problems x samples", f"{m['eval']['humaneval']['problems']} x {m['eval']['humaneval']['n']}"),
-                 ("pass@1", f"{m['eval']['humaneval']['pass@1']:.1%} ± {m['eval']['humaneval']['pass@1_stderr']:.1%}"),
-                 ("verdict for RL", m["eval"]["verdict_text"])]), "",
-             "## Data sources and licences", markdown_table(list(LICENSES.items())), "",
-             "## Time per stage", markdown_table([(k, f"{m[k]['wall_s']:.1f} s") for k in
-                                                  ("tokenizer", "data", "baseline", "pretrain", "samples", "sft",
-                                                   "chat", "eval")]), "",
-             "## Completions ({parse_ok} of {n} parse with `ast.parse` once the last, unfinished line is dropped)"
-             .format(**m["samples"]), "",
-             "Each is the best of {best_of} samples (temperature {temperature}, top-p {top_p}, at most "
-             "{max_new_tokens} new tokens, ended with the function or class its prompt ends in): of those that "
-             "finished — ended their function before the budget — the one with the highest mean token "
-             "log-probability. Of all {total} samples, {finished_all_samples} finished and "
-             "{parse_ok_all_samples} parse; the first sample of each prompt alone: {parse_ok_first_sample} of {n}."
-             .format(total=m["samples"]["n"] * m["samples"]["best_of"], **m["samples"]), ""]
-    for s in samples:
-        verdict = ("parses" if s["parses"] else "does not parse") + ("" if s["finished"] else ", cut by the budget")
-        lines += [f"**{verdict}** (mean log-prob {s['mean_logprob']:.2f} nats/token)", "", "```python", s["text"],
-                  "```", ""]
-    lines += ["## Chat answers (after SFT)", ""]
-    for c in chats:
-        lines += [f"**user:** {c['prompt']}", "", "```", c["answer"], "```", ""]
-    return "\n".join(lines)
-

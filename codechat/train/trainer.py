@@ -246,6 +246,10 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train until the budget is spent; returns the last logged metrics plus totals.
 
+        ``first_step_s`` is the wall time of this call's first step (``torch.compile``'s compile
+        and the first-use warm-up included; ``None`` if no step ran), so a caller can tell the
+        compile cost from the steady step time.
+
         Raises:
             TrainingDiverged: see :meth:`train_step`.
         """
@@ -257,6 +261,8 @@ class Trainer:
         echo = bar.write if self.show_progress else print
         window_tokens, window_t0 = 0, time.perf_counter()
         loader_state = self.batches.state_dict()
+        first_step_s, elapsed_at_start = None, self.elapsed_s
+        saved_at_s = self.elapsed_s
         try:
             if self.step == 0:
                 self._log(log, echo, {"step": 0, **self.run_eval()})
@@ -286,8 +292,12 @@ class Trainer:
                         row.update(self.run_eval())
                     self._log(log, echo, row)
                     window_tokens, window_t0 = 0, time.perf_counter()
-                if self.step % self.tcfg.save_every == 0 or last:
+                if first_step_s is None:
+                    first_step_s = self.elapsed_s - elapsed_at_start
+                if (self.step % self.tcfg.save_every == 0 or last
+                        or (self.tcfg.save_every_s and self.elapsed_s - saved_at_s >= self.tcfg.save_every_s)):
                     self.save(loader_state)
+                    saved_at_s = self.elapsed_s
         except KeyboardInterrupt:
             echo(f"interrupted at step {self.step}: saving a checkpoint, resume with --resume")
             self.save(loader_state)
@@ -295,7 +305,7 @@ class Trainer:
         finally:
             bar.close()
             log.close()
-        return {"step": self.step, "elapsed_s": self.elapsed_s, **self.last}
+        return {"step": self.step, "elapsed_s": self.elapsed_s, "first_step_s": first_step_s, **self.last}
 
     def _log(self, log: MetricsLog, echo: Callable[[str], None], row: dict[str, Any]) -> None:
         row = {k: v for k, v in row.items() if v is not None}
