@@ -260,6 +260,12 @@ def test_extract_code_picks_the_function_the_tests_call_among_several():
     assert extract_code("I cannot solve this.", "add") == ""
 
 
+def test_extract_code_prefers_a_later_block_that_parses_over_a_broken_first_draft():
+    broken = "def add(a, b):\n    return a +"
+    assert extract_code(f"A first try:\n```python\n{broken}\n```\nFixed:\n```python\n{ADD}\n```", "add") == ADD
+    assert extract_code(f"```python\n{broken}\n```", "add") == broken  # alone, the broken one is still the answer
+
+
 def test_solution_code_puts_a_bare_humaneval_body_under_the_signature_and_keeps_imports():
     he = es.load_humaneval()[0]
     body = canonical_body(he)

@@ -28,11 +28,24 @@ def draws(m: Mixture, n: int) -> list[tuple[str, int]]:
     return [(Path(r.source).name, r.line) for r in (next(m) for _ in range(n))]
 
 
-def test_case21_specs_file_lists_the_cases_tested_here(case21):
+#: what each spec of case 21's specs.json gives: sampling probabilities, or the ConfigError's text
+CASE21_OUTCOMES = {"a.jsonl:1.0,b.jsonl:0": [1.0, 0.0], "a.jsonl:0.5,b.jsonl:1.5": [0.25, 0.75],
+                   "a.jsonl:1.0,empty.jsonl:1.0": "data source 'empty.jsonl' is empty",
+                   "empty.jsonl:1.0,a.jsonl:1.0": "data source 'empty.jsonl' is empty",
+                   "a.jsonl:0,b.jsonl:0": "all weights are zero", "a.jsonl:-1,b.jsonl:1": "negative weight",
+                   "a.jsonl:nan,b.jsonl:1": "non-finite weight", "a.jsonl,b.jsonl:2": [1 / 3, 2 / 3],
+                   "a.jsonl:1.0,b.jsonl:1.0": [0.5, 0.5]}
+
+
+def test_case21_every_spec_of_the_specs_file_gives_its_outcome(case21):
     specs = [s["spec"].split(" ")[0] for s in json.loads((case21 / "specs.json").read_text())["specs"]]
-    assert specs == ["a.jsonl:1.0,b.jsonl:0", "a.jsonl:0.5,b.jsonl:1.5", "a.jsonl:1.0,empty.jsonl:1.0",
-                     "empty.jsonl:1.0,a.jsonl:1.0", "a.jsonl:0,b.jsonl:0", "a.jsonl:-1,b.jsonl:1",
-                     "a.jsonl:nan,b.jsonl:1", "a.jsonl,b.jsonl:2", "a.jsonl:1.0,b.jsonl:1.0"]
+    assert specs == list(CASE21_OUTCOMES)  # a spec added to the case needs an outcome here
+    for spec, expected in CASE21_OUTCOMES.items():
+        if isinstance(expected, str):
+            with pytest.raises(ConfigError, match=expected):
+                mix(spec, case21)
+        else:
+            assert mix(spec, case21).probabilities == pytest.approx(expected, abs=1e-12), spec
 
 
 def test_case21_zero_weight_is_never_drawn_and_the_epoch_ends(case21):

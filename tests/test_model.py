@@ -76,6 +76,19 @@ def test_top_k_and_top_p_only_draw_allowed_tokens():
     assert sample_next(logits[:1], SamplingConfig(temperature=0.0)).item() == 0
 
 
+def test_top_p_draws_exactly_the_nucleus_in_any_vocabulary_order():
+    # four tokens hold 0.3, 0.25, 0.2, 0.1 of the mass, twelve share the rest; with top_p 0.8 the
+    # nucleus is those four (0.75 before the fourth, < 0.8). Each row hides them at other ids.
+    g = torch.Generator().manual_seed(0)
+    probs = torch.tensor([0.3, 0.25, 0.2, 0.1] + [0.15 / 12] * 12)
+    orders = torch.stack([torch.randperm(16, generator=g) for _ in range(8)])  # row r: rank k -> id orders[r, k]
+    logits = torch.full((8, 16), float("nan")).scatter(1, orders, probs.log().expand(8, 16))
+    assert not torch.equal(orders, torch.arange(16).expand(8, 16))
+    got = sample_next(logits.repeat(250, 1), SamplingConfig(temperature=1.0, top_p=0.8), g).view(250, 8)
+    for r in range(8):
+        assert set(got[:, r].tolist()) == set(orders[r, :4].tolist()), r
+
+
 def test_sequence_over_the_limit_is_a_clear_error():
     m = build_model(small(max_seq_len=8))
     with pytest.raises(ValueError, match="max_seq_len=8"):

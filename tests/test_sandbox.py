@@ -197,10 +197,15 @@ def test_printed_or_forged_reports_do_not_pass(auto_box):
     assert r.status == "error" and r.tests_passed == 0, r
 
 
-def test_forked_copy_of_the_harness_does_not_count(auto_box):
-    # the parent exits; the child copy runs the tests and reports under another pid
-    r = auto_box.run("import os\nif os.fork() > 0:\n    os._exit(0)\n", ["assert True"])
-    assert r.status == "error" and r.tests_passed == 0, r
+@pytest.mark.parametrize("parent", ["waits for the copy", "exits first"])
+def test_forked_copy_of_the_harness_does_not_count(box, parent):
+    # the copy runs the tests and reports with the same nonce under its own pid; the watched
+    # parent never reports. Waiting keeps the parent alive while the copy reports, so its lines
+    # reach the evaluator for sure and only the pid check keeps them out.
+    wait = "    os.waitpid(pid, 0)\n" if parent == "waits for the copy" else ""
+    r = box.run(f"import os\npid = os.fork()\nif pid > 0:\n{wait}    os._exit(0)\n", ["assert True"], timeout_s=5)
+    assert r.status == "error" and not r.definitions_ok and r.tests_passed == 0, r
+    assert r.error.startswith("exited with status 0 before finishing"), r
     assert_no_leftovers()
 
 

@@ -75,6 +75,30 @@ def test_grad_accumulation_is_token_normalised(tmp_path):
     assert (ga - grads(tc)).norm() / ga.norm() > 1e-2
 
 
+def step_grads(trainer, micro_batches):
+    """``train_step`` on ``micro_batches``; returns its stats and the gradient the optimizer stepped on."""
+    seen = []
+    step = trainer.optimizer.step
+    trainer.optimizer.step = lambda *a, **kw: (seen.append(grads(trainer).clone()), step(*a, **kw))[1]
+    out = trainer.train_step(micro_batches)
+    trainer.optimizer.step = step
+    return out, seen[0]
+
+
+def test_train_step_counts_the_supervised_tokens_of_every_micro_batch(tmp_path):
+    """Case 05 through ``train_step``: micro-batches of 11 and 101 supervised tokens == one batch of both."""
+    g = torch.Generator().manual_seed(0)
+    (x1, y1), (x2, y2) = padded(11, 101, g), padded(101, 101, g)
+    no_clip = OptimConfig(lr=1e-2, warmup_steps=2, grad_clip=0.0)  # the gradient reaches the optimizer as is
+    whole, gw = step_grads(make_trainer(tmp_path / "a", ListBatches([]), optim=no_clip),
+                           [(torch.cat([x1, x2]), torch.cat([y1, y2]))])
+    split, gs = step_grads(make_trainer(tmp_path / "b", ListBatches([]), optim=no_clip), [(x1, y1), (x2, y2)])
+    assert (gw - gs).norm() / gw.norm() < 1e-5
+    assert split["loss"] == pytest.approx(whole["loss"], rel=1e-6)
+    assert split["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-5)
+    assert whole["supervised"] == split["supervised"] == 112
+
+
 class RecordingLoader(WindowLoader):
     """Window loader that records the global window ids it hands out, and can crash on cue."""
 
@@ -148,6 +172,17 @@ def test_lr_schedule_warmup_then_decay_to_floor():
     assert lr_at(10, 0.5, OptimConfig(lr=1.0, warmup_steps=0, min_lr_ratio=0.0, schedule="linear")) == 0.5
 
 
+def test_logged_lr_peaks_right_after_warmup_and_ends_on_the_floor(tmp_path):
+    """A 10-step budget, 4 warmup steps, linear decay to 0.1 x lr: the LR of each logged step."""
+    g = torch.Generator().manual_seed(0)
+    optim = OptimConfig(lr=1e-2, warmup_steps=4, schedule="linear", min_lr_ratio=0.1)
+    make_trainer(tmp_path, ListBatches([padded(5, 5, g)]), optim=optim).fit()
+    rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = [r["lr"] / 1e-2 for r in rows if "lr" in r]
+    # warmup 1/4 .. 4/4, then the peak at the first step after warmup down to the floor at step 10
+    assert logged == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 0.82, 0.64, 0.46, 0.28, 0.1], abs=1e-12)
+
+
 def test_non_finite_loss_stops_without_touching_weights_or_checkpoint(tmp_path):
     g = torch.Generator().manual_seed(0)
     batch = padded(20, 20, g)
@@ -165,6 +200,29 @@ def test_non_finite_loss_stops_without_touching_weights_or_checkpoint(tmp_path):
     for k, v in t.model.state_dict().items():
         if k != "norm.weight":
             assert torch.equal(v, before[k]), k
+
+
+def test_non_finite_gradient_with_a_finite_loss_stops_before_the_update(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    batch = padded(20, 20, g)
+    t = make_trainer(tmp_path, ListBatches([batch]))
+    t.train_step([batch])  # one good step, so the optimizer has state an update would change
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    moments = [s["exp_avg"].clone() for s in t.optimizer.state.values()]
+
+    def poison(grad):  # one inf entry in one gradient; the forward pass (the loss) is untouched
+        grad = grad.clone()
+        grad.view(-1)[0] = float("inf")
+        return grad
+
+    hook = t.model.norm.weight.register_hook(poison)
+    with pytest.raises(TrainingDiverged, match=r"step 0: loss=\d[^ ]* grad_norm=(inf|nan)"):
+        t.train_step([batch])
+    hook.remove()
+    for k, v in t.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(torch.equal(s["exp_avg"], m) for s, m in zip(t.optimizer.state.values(), moments))
+    assert all(p.grad is None for p in t.model.parameters())  # the poisoned gradient is not kept
 
 
 def test_batch_without_supervised_tokens_never_reaches_the_loss(tmp_path):

@@ -146,11 +146,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ budget
     def progress(self) -> float:
-        """Fraction of the budget used after warmup (step budget, time budget, whichever is further)."""
+        """Fraction of the budget used after warmup (step budget, time budget, whichever is further).
+
+        With ``max_steps``, step ``warmup_steps`` (0-based) is at 0 (the peak LR) and the last
+        step, ``max_steps - 1``, at 1 (the floor).
+        """
         t, w = self.tcfg, self.ocfg.warmup_steps
         p = 0.0
         if t.max_steps:
-            p = max(p, (self.step - w) / max(1, t.max_steps - w))
+            p = max(p, (self.step - w) / max(1, t.max_steps - 1 - w))
         if t.time_budget_s:
             p = max(p, self.elapsed_s / t.time_budget_s)
         return p
