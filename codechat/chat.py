@@ -560,7 +560,12 @@ def render_with_budget(tok: Tokenizer, conv: Conversation, cfg: BudgetConfig, co
     Returns:
         The example, or ``None`` when it is dropped (counted in ``counts.dropped`` by reason:
         ``no_assistant_turn``, ``no_supervised_tokens``).
+
+    Raises:
+        ValueError: ``cfg.max_length`` is 0, i.e. not yet resolved by :meth:`~codechat.config.SFTConfig.for_model`.
     """
+    if cfg.max_length <= 0:
+        raise ValueError("max_length is 0 (follow the model) and was never resolved: use SFTConfig.for_model()")
     counts = counts if counts is not None else BudgetCounts()
     counts.seen += 1
     turns = render_turns(tok, conv)

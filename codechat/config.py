@@ -494,13 +494,19 @@ class SFTConfig:
     turn is the completion and everything before it the prompt. ``max_prompt_length`` bounds the
     prompt (``<|bos|>`` through the final ``<|assistant|>`` header) and ``max_length`` the whole row,
     so the completion always keeps at least ``max_length - max_prompt_length`` >= 1 tokens.
+
+    Unless set, the budgets follow the model: ``max_length`` 0 becomes the model's
+    ``max_seq_len`` (:meth:`for_model`, called by the SFT stage once the checkpoint is loaded) and
+    ``max_prompt_length`` 0 becomes ``prompt_share`` of ``max_length``. An explicit
+    ``max_length`` wins, and :meth:`for_model` refuses one over the model's limit.
     """
 
     data: str = ""  # mixture spec SOURCE[:WEIGHT],...; "" -> docstring->function pairs mined from mine_src
     format: str = "auto"  # record format of every source; auto -> detected per file from its first record
     mix_mode: str = "sample"  # see SFT_MIX_MODES
-    max_length: int = 1024  # tokens per example, prompt + completion
-    max_prompt_length: int = 768  # tokens of prompt, < max_length
+    max_length: int = 0  # tokens per example, prompt + completion; 0 -> the model's max_seq_len
+    max_prompt_length: int = 0  # tokens of prompt, < max_length; 0 -> prompt_share x max_length
+    prompt_share: float = 0.75  # share of max_length the prompt may take when max_prompt_length is 0
     packing: bool = False  # best-fit pack examples into rows of max_length instead of padding
     chunk_examples: int = 2048  # records rendered, sorted or packed, and shuffled together
     pad_to_multiple: int = 8  # padded rows are padded to a multiple of this (packed rows: to max_length)
@@ -509,19 +515,29 @@ class SFTConfig:
     skip_bad: bool = False  # skip (and count) records that fit no format instead of failing
     max_examples: int = 0  # > 0 -> a seeded subset of at most this many records (smoke tests)
     seed: int = 1337  # mixture order and subsets
-    decontaminate: bool = True  # drop examples overlapping HumanEval / MBPP test problems
-    decontam_mbpp: str = ""  # MBPP .jsonl whose test problems are checked too; "" -> HumanEval only
+    decontaminate: bool = True  # drop examples overlapping HumanEval / MBPP test problems (codechat.data.mining)
+    decontam_mbpp: str = ""  # MBPP .jsonl whose test problems are checked too; "" -> HumanEval, plus the held-out
+    #                          tasks of MBPP files among the sources (an MBPP source keeps only train and prompt)
     decontam_ngram: int = 10  # n of the normalised token n-grams compared
     decontam_threshold: float = 0.5  # share of a benchmark text's n-grams found in an example that excludes it
     mine_src: tuple[str, ...] = ()  # sources mined when data is ""; () -> default_corpus_dirs()
     mine_max_files: int = 0  # 0 -> every file
     mine_max_examples: int = 0  # 0 -> every mined pair
 
+    #: Fields derived from others when 0 (see :func:`load`: setting an input re-derives them).
+    DERIVED: ClassVar[dict[str, tuple[str, ...]]] = {"max_prompt_length": ("max_length", "prompt_share")}
+
     def __post_init__(self) -> None:
-        _check(self.max_prompt_length >= MIN_PROMPT_TOKENS,
+        _check(self.max_length == 0 or self.max_length > MIN_PROMPT_TOKENS,
+               f"sft.max_length must be > {MIN_PROMPT_TOKENS} (or 0: the model's max_seq_len), got {self.max_length}")
+        _check(0.0 < self.prompt_share < 1.0, f"sft.prompt_share must be in (0, 1), got {self.prompt_share}")
+        if self.max_length and not self.max_prompt_length:
+            object.__setattr__(self, "max_prompt_length",
+                               max(MIN_PROMPT_TOKENS, int(self.max_length * self.prompt_share)))
+        _check(self.max_prompt_length == 0 or self.max_prompt_length >= MIN_PROMPT_TOKENS,
                f"sft.max_prompt_length must be >= {MIN_PROMPT_TOKENS} (<|bos|> and the <|assistant|> header), "
                f"got {self.max_prompt_length}")
-        _check(self.max_prompt_length < self.max_length,
+        _check(not self.max_length or self.max_prompt_length < self.max_length,
                f"sft.max_prompt_length={self.max_prompt_length} >= sft.max_length={self.max_length} leaves no "
                "tokens for the completion, so every label would be masked; lower --sft.max_prompt_length below "
                "--sft.max_length")
@@ -538,6 +554,22 @@ class SFTConfig:
                "sft.mine_max_files and sft.mine_max_examples must be >= 0 (0: all)")
         for p in (self.decontam_mbpp, *self.mine_src):
             _check(not p or Path(p).exists(), f"path {p!r} (sft.*) does not exist; fix the path or leave it empty")
+
+    def for_model(self, max_seq_len: int, where: str = "") -> "SFTConfig":
+        """This config with the budgets left at 0 taken from a model of context ``max_seq_len`` (``where``: its path).
+
+        Raises:
+            ConfigError: an explicit ``max_length`` over ``max_seq_len``, or an explicit
+                ``max_prompt_length`` that leaves no completion within it.
+        """
+        _check(self.max_length <= max_seq_len,
+               f"sft.max_length={self.max_length} is over the model's limit max_seq_len={max_seq_len}"
+               f"{f' ({where})' if where else ''}; lower --sft.max_length to at most {max_seq_len}, or leave it "
+               "unset to follow the model")
+        _check(self.max_length or self.max_prompt_length < max_seq_len,
+               f"sft.max_prompt_length={self.max_prompt_length} leaves no tokens for the completion within the "
+               f"model's max_seq_len={max_seq_len}{f' ({where})' if where else ''}; lower --sft.max_prompt_length")
+        return self if self.max_length else replace(self, max_length=max_seq_len)
 
 
 __all__ += ["SFTConfig", "SFT_FORMATS", "SFT_MIX_MODES", "MIN_PROMPT_TOKENS"]

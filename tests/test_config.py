@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from codechat.config import (ConfigError, DataConfig, ModelConfig, OptimConfig, PretrainConfig, TrainConfig, load,
-                             parse_overrides, pretrain_recipe, save_yaml)
+from codechat.config import (ConfigError, DataConfig, ModelConfig, OptimConfig, PretrainConfig, SFTConfig,
+                             SFTStageConfig, TrainConfig, load, parse_overrides, preset, pretrain_recipe, save_yaml)
 
 
 @pytest.mark.parametrize("make,match", [
@@ -79,3 +79,26 @@ def test_batch_size_sets_grad_accum_per_rank():
     assert (t.accum_steps(1), t.accum_steps(2), t.accum_steps(8)) == (8, 4, 1)
     with pytest.raises(ConfigError, match="multiple of 12"):
         t.accum_steps(3)
+
+
+def budgets(cfg: SFTConfig) -> tuple[int, int]:
+    return cfg.max_length, cfg.max_prompt_length
+
+
+def test_sft_budgets_follow_the_model_unless_set(tmp_path):
+    tiny = preset("tiny").max_seq_len  # 512: the default no longer asks for 1024
+    assert budgets(SFTConfig().for_model(tiny)) == (512, 384)  # the prompt gets prompt_share (0.75)
+    assert budgets(SFTConfig(prompt_share=0.5).for_model(tiny)) == (512, 256)
+    assert budgets(SFTConfig(max_prompt_length=100).for_model(tiny)) == (512, 100)
+    assert budgets(SFTConfig(max_length=256).for_model(tiny)) == (256, 192)  # an explicit length wins
+    with pytest.raises(ConfigError, match=r"sft.max_length=1024 is over the model's limit max_seq_len=512 "
+                                          r"\(runs/x\); lower --sft.max_length to at most 512"):
+        SFTConfig(max_length=1024).for_model(tiny, "runs/x")
+    with pytest.raises(ConfigError, match="max_prompt_length=600 leaves no tokens .* max_seq_len=512"):
+        SFTConfig(max_prompt_length=600).for_model(tiny)
+    with pytest.raises(ConfigError, match="sft.prompt_share must be in"):
+        SFTConfig(prompt_share=1.0)
+    cfg = load(SFTStageConfig, None, {"sft.max_length": "256"})  # --sft.max_length alone derives the prompt budget
+    assert budgets(cfg.sft) == (256, 192)
+    save_yaml(cfg, tmp_path / "sft.yaml")  # a saved config lists both; a new length derives the prompt again
+    assert budgets(load(SFTStageConfig, tmp_path / "sft.yaml", {"sft.max_length": "128"}).sft) == (128, 96)

@@ -46,6 +46,7 @@ def test_sanitized_mbpp_json_array(shared_dir):
     records = load_records(shared_dir / "data/mbpp/sanitized-mbpp.json")
     assert len(records) == 427 and {r.format for r in records} == {"mbpp"}
     assert [r.line for r in records[:3]] == [1, 2, 3]  # record index in the array
+    assert [r.task_id for r in records[:3]] == ["2", "3", "4"]  # the task identity decontamination keys on
 
 
 def test_glaive_sharegpt_sample_keeps_calls_responses_and_tools(tok, shared_dir):

@@ -4,13 +4,15 @@ from __future__ import annotations
 import json
 import sys
 import types
+import warnings
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from codechat.config import ConfigError, SFTConfig
-from codechat.data.mixture import BLOCK, Mixture, SourceSpec, parse_spec
+from codechat.data.mixture import BLOCK, Mixture, SourceSpec, missing_sources, parse_spec
+from codechat.evaluate import mbpp_split
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sft"
 
@@ -207,3 +209,43 @@ def test_from_config_decontaminates_and_counts(shared_dir):
     assert row["excluded"] == m.decontaminator.report()["excluded"] and row["excluded"] >= 500  # the whole test split
     assert row["records"] + row["excluded"] == 974
     assert m.decontaminator.report()["by_benchmark"]["MBPP"] >= 500
+
+
+def test_realised_proportions_are_not_reported_as_zeros_before_any_draw(case21):
+    m = mix("a.jsonl:0.5,b.jsonl:1.5", case21, seed=0)
+    assert [set(r) & {"drawn", "share"} for r in m.report(realised=False)] == [set(), set()]
+    line = m.format_report(realised=False).splitlines()[0]
+    assert line == "a.jsonl: weight 0.5, target 0.250 (3 records; 0 skipped, 0 excluded)"
+    draws(m, 100)
+    assert sum(r["drawn"] for r in m.report()) == 100 and "realised" in m.format_report()
+
+
+def test_an_mbpp_source_keeps_only_its_train_and_prompt_tasks(shared_dir, tmp_path):
+    mbpp = shared_dir / "data/mbpp/mbpp.jsonl"
+    task11 = json.loads(mbpp.read_text().splitlines()[10])  # a test task, copied into a chat-format source
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": u}, {"role": "assistant",
+                                                                                        "content": a}]})
+                              for u, a in [(task11["text"], task11["code"]), ("Say hi.", "hi")]) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = Mixture.from_config(SFTConfig(data=f"{mbpp},{chat}", seed=0))
+    assert not [w for w in caught if "MBPP" in str(w.message)]  # no "does not check MBPP"
+    kept = {int(r.task_id) for r in m.sources[0].records}
+    assert set(range(1, 11)) <= kept and {mbpp_split(t) for t in kept} == {"prompt", "train"}
+    rep = m.decontaminator.report()
+    assert rep["by_rule"]["task_id"] == 500 + 90  # every test and validation task, by its identity
+    assert m.sources[0].excluded == 974 - len(kept) >= 590  # (plus train near-duplicates of held-out tasks)
+    assert [r.conversation.messages[0].content for r in m.sources[1].records] == ["Say hi."]
+    assert m.sources[1].excluded == 1 and rep["excluded"] == m.sources[0].excluded + 1
+    assert "held-out MBPP tasks by task_id 590" in m.decontaminator.format_report()
+    s = Mixture.from_config(SFTConfig(data=str(shared_dir / "data/mbpp/sanitized-mbpp.json"), seed=0))
+    assert {mbpp_split(int(r.task_id)) for r in s.sources[0].records} == {"prompt", "train"}
+    assert s.decontaminator.report()["by_rule"]["task_id"] == 257 + 43
+
+
+def test_missing_sources_are_named_without_reading_records(case21):
+    assert missing_sources("a.jsonl,hf:org/ds,b.jsonl:0", case21) == []
+    assert missing_sources("a.jsonl,nope.jsonl:0,mine:/no/dir", case21) == [
+        "data source '" + str(case21 / "nope.jsonl") + "' does not exist (--data); fix the path or remove it from "
+        "the spec", "data source 'mine:/no/dir' (--data): directory '/no/dir' does not exist; fix the path"]

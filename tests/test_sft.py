@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from codechat.data.sft import SFTLoader, collate, pack_best_fit
 from codechat.engine import SamplingConfig, complete
 from codechat.model import IGNORE_INDEX, build_model
 from codechat.train.trainer import Trainer
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sft"
 
 
 def tiny_model(tok, **kw):
@@ -160,16 +163,21 @@ def sft_cli(*args):
 
 def test_sft_cli_trains_reports_and_resumes(tiny_ckpt, shared_dir, tmp_path):
     out = tmp_path / "sft"
+    # no --sft.max_length: the budgets follow the model (max_seq_len 256, prompt 0.75 of it)
     common = ["--init", str(tiny_ckpt), "--data", str(shared_dir / "data/mbpp/mbpp.jsonl"), "--out", str(out),
-              "--sft.max_length", "256", "--sft.max_prompt_length", "192", "--train.micro_batch_size", "4",
-              "--train.log_every", "1", "--train.save_every", "3", "--optim.lr", "3e-3",
-              "--sft.decontam_mbpp", str(shared_dir / "data/mbpp/mbpp.jsonl")]
+              "--train.micro_batch_size", "4", "--train.log_every", "1", "--train.save_every", "3",
+              "--optim.lr", "3e-3"]
     p = sft_cli(*common, "--max-steps", "3")
     assert p.returncode == 0, p.stderr[-2000:]
-    assert "preflight on" in p.stdout and "supervised tokens" in p.stdout
+    assert "preflight on" in p.stdout and "supervised tokens" in p.stdout and "max_length 256" in p.stdout
+    assert "does not check MBPP" not in p.stderr and "held-out MBPP tasks by task_id 590" in p.stdout
+    assert "realised 0.000" not in p.stdout and p.stdout.index("preflight on") < p.stdout.index("realised 1.000")
     report = json.loads((out / "data_report.json").read_text())
     assert report["preflight"]["kept"] > 0 and 0 < report["supervised_share"] < 1
-    assert report["decontamination"]  # test problems were checked and excluded
+    assert (report["max_length"], report["max_prompt_length"]) == (256, 192)
+    assert report["decontamination"]["by_rule"]["task_id"] == 590  # MBPP test + validation tasks, counted
+    [src] = report["sources"]
+    assert report["realised_at_step"] == 3 and src["drawn"] > 0 and src["share"] == 1.0  # written after training
     p = sft_cli(*common, "--max-steps", "6", "--resume")
     assert p.returncode == 0, p.stderr[-2000:]
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
@@ -188,3 +196,15 @@ def test_sft_refuses_to_start_when_nothing_is_supervised(tiny_ckpt, tmp_path):
     p = sft_cli("--init", str(tiny_ckpt), "--data", str(data), "--out", str(tmp_path / "sft"),
                 "--sft.max_length", "64", "--sft.max_prompt_length", "64")
     assert p.returncode == 2 and "leaves no tokens for the completion" in p.stderr, p.stderr
+
+
+def test_missing_inputs_are_reported_before_the_budgets(tiny_ckpt, tmp_path, capsys):
+    from codechat.cli import main
+    common = ["sft", "--device", "cpu", "--out", str(tmp_path / "sft"), "--max-steps", "1"]
+    # an explicit length over the model's 256 would be a budget error; the missing file is reported first
+    assert main([*common, "--init", str(tiny_ckpt), "--data", "/nope.jsonl", "--sft.max_length", "1024"]) == 2
+    err = capsys.readouterr().err
+    assert "data source '/nope.jsonl' does not exist (--data); fix the path" in err and "max_seq_len" not in err
+    assert main([*common, "--init", str(tmp_path / "none"), "--data", f"{FIXTURES / 'messages.jsonl'},/nope.jsonl:0.5"]) == 2
+    err = capsys.readouterr().err  # every missing input at once
+    assert f"--init {tmp_path / 'none'}: no such run directory" in err and "'/nope.jsonl' does not exist" in err

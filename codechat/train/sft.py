@@ -1,10 +1,19 @@
 """Chat SFT stage: a pretrained checkpoint + a data mixture -> the shared trainer, assistant-only loss.
 
+Inputs that do not exist (``--init``, local ``--data`` sources) are reported first, all at once,
+before the model is loaded. Budgets left unset follow the model (:meth:`SFTConfig.for_model`).
+
 An ``eval_loss`` on the first ``sft.eval_examples`` kept examples is logged at step 0 and at
 the end (and every ``train.eval_every`` steps). Before step 0 a preflight renders the first ``sft.preflight_examples`` records and prints how
 many were kept, truncated and dropped and the share of supervised tokens; it refuses to start
-when nothing would be supervised. What the preflight found, the mixture's sources and the
-decontamination counts are written to ``DIR/data_report.json``.
+when nothing would be supervised. ``DIR/data_report.json`` holds ``preflight`` (those counts),
+``supervised_share``, ``examples_per_epoch``, ``max_steps``, ``max_length`` / ``max_prompt_length``
+(the budgets used), ``decontamination`` (:meth:`Decontaminator.report
+<codechat.data.mining.Decontaminator.report>`: excluded per benchmark and per rule) and ``sources``
+(per source: weight, target share, records, skipped, excluded). After training (also on Ctrl-C)
+the realised proportions are logged and added to ``sources`` (``drawn``: records the loader drew,
+a chunk at a time; ``share``: of all draws), with ``realised_at_step``; before training there
+are none to report.
 """
 from __future__ import annotations
 
@@ -15,7 +24,7 @@ from typing import Any, Callable
 
 from .. import checkpoint as ckpt
 from ..config import ConfigError, SFTStageConfig, replace, save_yaml, to_dict
-from ..data.mixture import Mixture
+from ..data.mixture import Mixture, missing_sources
 from ..chat import RenderedExample
 from ..data.sft import SFTLoader, collate, preflight
 from ..model import GPT, IGNORE_INDEX
@@ -45,24 +54,31 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
     """Fine-tune ``cfg.init`` on ``cfg.sft.data``; returns the final metrics and the data report.
 
     Raises:
-        ConfigError: no/unknown --init, max_length over the model's limit, or nothing supervised.
+        ConfigError: missing inputs (--init, --data sources, all named at once), max_length over the
+            model's limit, or nothing supervised.
         CheckpointError: the init checkpoint cannot be read.
     """
-    cfg.check_init()
+    missing = missing_sources(cfg.sft.data) if cfg.sft.data else []
+    try:
+        cfg.check_init()
+    except ConfigError as e:
+        missing.insert(0, str(e))
+    if missing:
+        raise ConfigError("; ".join(missing))
     out = Path(cfg.run.out)
     device = resolve_device(cfg.run.device)
     init_dir = ckpt.resolve(cfg.init)
     model, tok, state = ckpt.load_model(init_dir, device)
-    limit = model.cfg.max_seq_len
-    if cfg.sft.max_length > limit:
-        raise ConfigError(f"sft.max_length={cfg.sft.max_length} is over the model's limit max_seq_len={limit} "
-                          f"({init_dir}); lower --sft.max_length")
+    cfg = replace(cfg, sft=cfg.sft.for_model(model.cfg.max_seq_len, str(init_dir)))
 
     mixture = Mixture.from_config(cfg.sft, progress=print if show_progress else None)
     counts, examples = preflight(mixture, tok, cfg.sft, min(cfg.sft.preflight_examples, mixture.epoch_size))
     print(f"preflight on {counts.seen} records: kept {counts.kept} ({counts.prompt_truncated} prompt-truncated, "
           f"{counts.completion_truncated} completion-truncated), dropped {counts.n_dropped} {counts.dropped or ''}; "
-          f"supervised tokens {counts.supervised_share:.1%} of {counts.tokens}")
+          f"supervised tokens {counts.supervised_share:.1%} of {counts.tokens} (max_length {cfg.sft.max_length}, "
+          f"max_prompt_length {cfg.sft.max_prompt_length})")
+    if mixture.decontaminator:
+        print(mixture.decontaminator.format_report())
     if counts.kept == 0 or counts.supervised_tokens == 0:
         raise ConfigError(f"nothing to train on: every one of {counts.seen} records was dropped ({counts.dropped}); "
                           "raise --sft.max_length / lower --sft.max_prompt_length or check the data format "
@@ -75,11 +91,12 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
     save_yaml(cfg, out / "config.yaml")
     data_report = {"preflight": counts.as_dict(), "supervised_share": counts.supervised_share,
                    "examples_per_epoch": examples_per_epoch, "max_steps": cfg.train.max_steps,
-                   "sources": mixture.report(),
+                   "max_length": cfg.sft.max_length, "max_prompt_length": cfg.sft.max_prompt_length,
+                   "sources": mixture.report(realised=False),
                    "decontamination": mixture.decontaminator.report() if mixture.decontaminator else None}
     write_atomic(out / "data_report.json", json.dumps(data_report, indent=1, default=str))
     if show_progress:
-        print(mixture.format_report())
+        print(mixture.format_report(realised=False))
 
     loader = SFTLoader(mixture, tok, cfg.sft, cfg.train.micro_batch_size)
     trainer = Trainer(model.train(), train=cfg.train, optim=cfg.optim, run=cfg.run, batches=loader, out_dir=out,
@@ -88,7 +105,13 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
                       meta={"stage": "sft", "model": state["meta"]["model"], "config": to_dict(cfg),
                             "init": str(init_dir)},
                       tokenizer_dir=init_dir / "tokenizer", show_progress=show_progress)
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    finally:  # the realised proportions exist only now (also after Ctrl-C)
+        data_report.update(sources=mixture.report(), realised_at_step=trainer.step)
+        write_atomic(out / "data_report.json", json.dumps(data_report, indent=1, default=str))
+        if show_progress:
+            print(f"realised mixture after step {trainer.step}:\n{mixture.format_report()}")
     return {**result, "data": data_report, "rendered": loader.counts.as_dict(),
             "realised_sources": mixture.report(), "epochs": cfg.train.epochs or None,
             "steps_per_epoch": math.ceil(examples_per_epoch * rows_per_example / rows_per_step)}
