@@ -25,6 +25,9 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-steps", type=int, help="optimizer steps (train.max_steps)")
     p.add_argument("--time-budget-min", type=float, help="stop after this many minutes of training")
     p.add_argument("--out", help="stage directory (default runs/default/pretrain)")
+    p.add_argument("--checkpoint-every-s", type=float,
+                   help="training stages also save a checkpoint after this many seconds of training (default 60), "
+                        "so a killed run resumes close to where it stopped")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     _add_common(p)
     p.set_defaults(func=_cmd_pretrain, accepts_overrides=True)
@@ -72,6 +75,9 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-examples", type=int, help="a seeded subset of N records (smoke runs)")
     p.add_argument("--skip-bad", action="store_true", help="skip and count records that fit no format")
     p.add_argument("--out", help="stage directory (default runs/default/sft)")
+    p.add_argument("--checkpoint-every-s", type=float,
+                   help="training stages also save a checkpoint after this many seconds of training (default 60), "
+                        "so a killed run resumes close to where it stopped")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     _add_common(p)
     p.set_defaults(func=_cmd_sft, accepts_overrides=True)
@@ -181,6 +187,9 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-budget-min", type=float,
                    help="the whole run's wall-clock minutes, setup excluded, shared out among the stages up front "
                         "(default 12 on CPU, 30 on GPU)")
+    p.add_argument("--checkpoint-every-s", type=float,
+                   help="training stages also save a checkpoint after this many seconds of training (default 60), "
+                        "so a killed run resumes close to where it stopped")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its first unfinished stage (its plan and budget are kept)")
     p.add_argument("--max-files", type=int, default=0, help="read only the first N source files (a smoke run)")
@@ -194,7 +203,7 @@ def _cmd_speedrun(args: argparse.Namespace) -> int:
     try:
         run_speedrun(preset=args.preset, out=args.out, time_budget_min=args.time_budget_min, seed=args.seed,
                      device=args.device or "auto", max_files=args.max_files, eval_limit=args.eval_limit,
-                     resume=args.resume)
+                     checkpoint_every_s=args.checkpoint_every_s, resume=args.resume)
     except SpeedrunFailed as e:
         print(f"codechat speedrun: error: {e}", file=sys.stderr)
         return 1

@@ -111,6 +111,8 @@ class SpeedrunPlan:
                               f"got {self.shares}")
         if self.time_budget_min <= 0:
             raise ConfigError(f"--time-budget-min must be > 0, got {self.time_budget_min}")
+        if self.checkpoint_every_s <= 0:
+            raise ConfigError(f"--checkpoint-every-s must be > 0, got {self.checkpoint_every_s}")
 
     def planned_s(self) -> dict[str, float]:
         """Seconds per stage as planned up front."""
@@ -385,7 +387,8 @@ class Speedrun:
 
 def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_min: float | None = None,
                  seed: int | None = None, device: str = "auto", max_files: int = 0,
-                 eval_limit: int | None = None, resume: bool = False) -> dict[str, Any]:
+                 eval_limit: int | None = None, checkpoint_every_s: float | None = None,
+                 resume: bool = False) -> dict[str, Any]:
     """Run every stage into ``out`` (``report.md``, ``metrics.json`` after each); returns the metrics.
 
     Raises:
@@ -396,6 +399,8 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
     p = plan(dev, preset, time_budget_min, max_files)
     if eval_limit is not None:
         p = replace(p, eval_limit=eval_limit)
+    if checkpoint_every_s is not None:
+        p = replace(p, checkpoint_every_s=checkpoint_every_s)
     run = Path(out or f"runs/speedrun-{p.preset}")
     run.mkdir(parents=True, exist_ok=True)
     seed = seed if seed is not None else pretrain_recipe(p.preset).run.seed

@@ -1,10 +1,33 @@
-# Sourced by speedrun.sh and test.sh: create .venv if missing and install codechat into it.
+# Sourced by speedrun.sh and test.sh: create .venv if missing and install codechat into it; sets VPY.
 # CODECHAT_TORCH (default "torch==2.13.0" when no torch is importable) picks the torch build;
 # set it to e.g. "torch>=2.11" on a CUDA machine with internet.
+# CODECHAT_NO_INSTALL=1 installs nothing: it runs from the checkout with $PYTHON (default python3),
+# for a machine without network whose Python already has every runtime dependency (a GPU box).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3}"
+EXTRA="${1:-}"
+if [ "${CODECHAT_NO_INSTALL:-0}" = 1 ]; then
+  VPY="$(command -v "$PY")"
+  "$VPY" - "$EXTRA" <<'PY'
+import importlib.metadata as md, re, sys, tomllib
+meta = tomllib.load(open("pyproject.toml", "rb"))["project"]
+reqs = meta["dependencies"] + (meta["optional-dependencies"].get(sys.argv[1], []) if sys.argv[1] else [])
+missing = []
+for r in reqs:
+    name = re.match(r"[A-Za-z0-9_.-]+", r).group(0)
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        missing.append(r)
+if missing:
+    sys.exit(f"[setup] CODECHAT_NO_INSTALL=1, but {sys.executable} lacks: {', '.join(missing)}")
+print(f"[setup] CODECHAT_NO_INSTALL=1: running from the checkout with {sys.executable}")
+PY
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+  return 0 2>/dev/null || exit 0
+fi
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $($PY --version)"
   "$PY" -m venv .venv
@@ -16,7 +39,6 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
   echo "[setup] installing ${CODECHAT_TORCH:-torch==2.13.0}"
   pipq "${CODECHAT_TORCH:-torch==2.13.0}"
 fi
-EXTRA="${1:-}"
 echo "[setup] installing codechat${EXTRA:+[$EXTRA]}"
 pipq -e ".${EXTRA:+[$EXTRA]}"
 export PATH="$ROOT/.venv/bin:$PATH"
