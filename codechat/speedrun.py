@@ -27,9 +27,9 @@ from .report import (compression_baselines, markdown_table, parses_after_droppin
                      read_metrics, write_atomic)
 from .tokenizer import Tokenizer, train_tokenizer
 from .data.windows import eval_windows
+from .device import autocast_for, resolve_device
 from .train.pretrain import bpb_evaluator, run_pretrain
 from .train.sft import run_sft
-from .train.trainer import autocast_for, resolve_device
 
 
 @dataclass(frozen=True)
@@ -286,7 +286,7 @@ def _chats(stage: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> lis
 
 def _humaneval(run: Path, p: SpeedrunPlan, device: torch.device, seed: int) -> dict[str, Any]:
     from .checkpoint import load_model
-    from .eval_suites import format_summary, run_suite
+    from .eval.suites import format_summary, run_suite
     model, tok, state = load_model(run / "sft", device)
     res = run_suite(model, tok, out_dir=run / "eval" / "humaneval", suite="humaneval", stage=state["meta"]["stage"],
                     n=p.eval_n, ks=(1,), temperature=p.eval_temperature, max_new_tokens=p.eval_tokens,
