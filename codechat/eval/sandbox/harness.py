@@ -72,6 +72,7 @@ def run_and_report(program: str, tests: Sequence[str], nonce: str) -> None:
             send(line("syntax", 0, "syntax", describe(e)))
             _exit(0)
         del tree
+        # the builtins module itself, as a script's globals hold it
         env: dict[str, Any] = {"__name__": "__sandbox__", "__builtins__": builtins}
         try:
             _exec(code, env)
