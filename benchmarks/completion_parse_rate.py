@@ -23,11 +23,11 @@ from codechat.checkpoint import load_model
 from codechat.data.corpus import read_split
 from codechat.data.windows import eval_windows
 from codechat.completion import best_completion, sample_completions
+from codechat.device import resolve_device
 from codechat.engine import SamplingConfig
 from codechat.report import parses_after_dropping_last_line
 from codechat.speedrun import SpeedrunPlan
 from codechat.train.pretrain import bpb_evaluator
-from codechat.train.trainer import resolve_device
 
 EXTRA_PROMPTS = (
     "def fibonacci(n):\n    if n < 2:\n        return n\n",

@@ -21,7 +21,8 @@ import torch
 
 from codechat.config import RunConfig, TrainConfig, pretrain_recipe, replace
 from codechat.model import build_model
-from codechat.train.trainer import Trainer, resolve_device
+from codechat.device import resolve_device
+from codechat.train.trainer import Trainer
 from pretrain_throughput import RandomTokens
 
 VARIANTS = {"adamw": dict(name="adamw"), "muon_fp32": dict(name="muon", muon_ns_dtype="fp32"),

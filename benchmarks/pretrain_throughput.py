@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from codechat.config import OptimConfig, RunConfig, TrainConfig, pretrain_recipe, replace
+from codechat.device import peak_flops, resolve_device
 from codechat.model import build_model
-from codechat.train.trainer import Trainer, peak_flops, resolve_device
+from codechat.train.trainer import Trainer
 
 
 class RandomTokens:

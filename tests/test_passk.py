@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from codechat import evaluate as ev
+from codechat.eval import cli as eval_cli
+from codechat.eval import passk
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 CASE = json.loads((SHARED / "cases" / "10-passk-n-lt-k.json").read_text())
@@ -23,53 +24,53 @@ def exact_pass_at_k(n: int, c: int, k: int) -> Fraction:
 
 @pytest.mark.parametrize("row", CASE["valid"], ids=lambda r: f"n{r['n']}-c{r['c']}-k{r['k']}")
 def test_case_10_valid_values(row):
-    assert ev.pass_at_k(row["n"], row["c"], row["k"]) == pytest.approx(row["expected"], abs=1e-9)
+    assert passk.pass_at_k(row["n"], row["c"], row["k"]) == pytest.approx(row["expected"], abs=1e-9)
 
 
 @pytest.mark.parametrize("row", CASE["degenerate"], ids=lambda r: f"n{r['n']}-c{r['c']}-k{r['k']}")
 def test_case_10_degenerate_inputs_raise(row):
     with pytest.raises(ValueError):
-        ev.pass_at_k(row["n"], row["c"], row["k"])
+        passk.pass_at_k(row["n"], row["c"], row["k"])
 
 
 def test_k_larger_than_n_is_never_one():
     # the shortcut `if n - c < k: return 1.0` before validation would give 1.0 here
     with pytest.raises(ValueError, match="undefined"):
-        ev.pass_at_k(2, 0, 5)
+        passk.pass_at_k(2, 0, 5)
 
 
 def test_non_integers_are_rejected():
     with pytest.raises(TypeError):
-        ev.pass_at_k(10.0, 3, 1)  # type: ignore[arg-type]
+        passk.pass_at_k(10.0, 3, 1)  # type: ignore[arg-type]
 
 
 @given(st.integers(1, 400).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n),
                                                        st.integers(1, n))))
 def test_matches_the_exact_binomial_formula(nck):
     n, c, k = nck
-    assert ev.pass_at_k(n, c, k) == pytest.approx(float(exact_pass_at_k(n, c, k)), abs=1e-12)
+    assert passk.pass_at_k(n, c, k) == pytest.approx(float(exact_pass_at_k(n, c, k)), abs=1e-12)
 
 
 def test_stable_for_large_n():
     # C(2000, 1000) overflows a float; the product form does not
-    assert ev.pass_at_k(2000, 10, 1000) == pytest.approx(
+    assert passk.pass_at_k(2000, 10, 1000) == pytest.approx(
         float(exact_pass_at_k(2000, 10, 1000)), abs=1e-12)
-    assert ev.pass_at_k(100000, 1, 1) == pytest.approx(1e-5, rel=1e-12)
+    assert passk.pass_at_k(100000, 1, 1) == pytest.approx(1e-5, rel=1e-12)
 
 
 def test_mean_over_problems():
-    assert ev.mean_pass_at_k([(10, 3), (10, 0), (10, 10)], 1) == pytest.approx((0.3 + 0 + 1) / 3)
+    assert passk.mean_pass_at_k([(10, 3), (10, 0), (10, 10)], 1) == pytest.approx((0.3 + 0 + 1) / 3)
     with pytest.raises(ValueError):
-        ev.mean_pass_at_k([], 1)
+        passk.mean_pass_at_k([], 1)
     with pytest.raises(ValueError):
-        ev.mean_pass_at_k([(10, 3), (2, 0)], 5)
+        passk.mean_pass_at_k([(10, 3), (2, 0)], 5)
 
 
 @pytest.mark.parametrize("p,band", [(0.0, "stall"), (0.0099, "stall"), (0.01, "tiered"),
                                     (0.0499, "tiered"), (0.05, "standard"), (1.0, "standard")])
 def test_verdict_bands(p, band):
-    assert ev.verdict_band(p) == band
-    text = ev.verdict(p)
+    assert passk.verdict_band(p) == band
+    text = passk.verdict(p)
     assert text.startswith(f"pass@1 = {p:.2%}")
     assert {"stall": "GRPO will stall", "tiered": "tiered reward",
             "standard": "standard GRPO should converge"}[band] in text
@@ -78,7 +79,7 @@ def test_verdict_bands(p, band):
 @pytest.mark.parametrize("p", [-0.01, 1.01, float("nan")])
 def test_verdict_rejects_non_fractions(p):
     with pytest.raises(ValueError):
-        ev.verdict(p)
+        passk.verdict(p)
 
 
 def _write_samples(path: Path, passes: dict[str, list[bool]]) -> Path:
@@ -94,7 +95,7 @@ def test_filter_keeps_problems_with_reward_variance(tmp_path):
     samples = _write_samples(tmp_path / "samples.jsonl", {
         "never": [False] * 10, "once": [True] + [False] * 19, "half": [True, False] * 5,
         "always": [True] * 10})
-    kept = ev.filter_by_pass_rate(samples, 0.05, 0.95)
+    kept = passk.filter_by_pass_rate(samples, 0.05, 0.95)
     assert [(k["task_id"], k["n"], k["c"], k["pass_rate"]) for k in kept] == [
         ("once", 20, 1, 0.05), ("half", 10, 5, 0.5)]
     assert kept[0]["prompt"] == "solve once" and "completion" not in kept[0]
@@ -104,13 +105,13 @@ def test_filter_accepts_status_fields(tmp_path):
     path = tmp_path / "s.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in [
         {"task_id": 1, "status": "passed"}, {"task_id": 1, "result": {"status": "failed"}}]))
-    assert ev.filter_by_pass_rate(path, 0.5, 0.5)[0]["c"] == 1
+    assert passk.filter_by_pass_rate(path, 0.5, 0.5)[0]["c"] == 1
 
 
 def test_empty_filter_is_an_error_pointing_at_the_verdict(tmp_path):
     samples = _write_samples(tmp_path / "samples.jsonl", {"a": [False] * 8, "b": [False] * 8})
-    with pytest.raises(ev.EmptyFilterError) as e:
-        ev.filter_by_pass_rate(samples, 0.05, 0.95)
+    with pytest.raises(passk.EmptyFilterError) as e:
+        passk.filter_by_pass_rate(samples, 0.05, 0.95)
     msg = str(e.value)
     assert "2 problems, 2 never solved" in msg
     assert "verdict" in msg and "GRPO will stall" in msg
@@ -120,13 +121,13 @@ def test_filter_rejects_bad_ranges(tmp_path):
     samples = _write_samples(tmp_path / "s.jsonl", {"a": [True]})
     for lo, hi in [(0.5, 0.4), (-0.1, 0.5), (0.1, 1.5)]:
         with pytest.raises(ValueError):
-            ev.filter_by_pass_rate(samples, lo, hi)
+            passk.filter_by_pass_rate(samples, lo, hi)
 
 
 def test_cli_filter(tmp_path, capsys):
     samples = _write_samples(tmp_path / "samples.jsonl", {"x": [True, False], "y": [False] * 2})
     parser = argparse.ArgumentParser()
-    ev.add_cli(parser.add_subparsers(dest="command"))
+    eval_cli.add_cli(parser.add_subparsers(dest="command"))
     out = tmp_path / "tasks.jsonl"
     args = parser.parse_args(["eval", "filter", "--samples", str(samples), "--out", str(out)])
     assert args.func(args) == 0

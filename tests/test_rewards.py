@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from codechat import rewards, sandbox
+from codechat.eval import rewards, sandbox
 
 TESTS = ["assert f(1) == 1", "assert f(2) == 2", "assert f(3) == 3", "assert f(4) == 4"]
 

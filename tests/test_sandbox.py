@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from codechat import sandbox as sb
+from codechat.eval import sandbox as sb
+from codechat.eval.sandbox import pool
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 CASES = SHARED / "cases"
@@ -103,7 +104,7 @@ def _children_before_test():
 
 
 def _infrastructure() -> set[int]:
-    return {p for box in list(sb._SANDBOXES) for p in box.worker_pids()} | _BEFORE_TEST
+    return {p for box in list(pool._SANDBOXES) for p in box.worker_pids()} | _BEFORE_TEST
 
 
 def assert_no_leftovers(marker: str | None = None, within_s: float = 2.0) -> None:
@@ -286,7 +287,7 @@ def test_module_level_run_and_run_many():
 
 
 def test_missing_isolation_warns_once_listing_what_is_unprotected(monkeypatch):
-    monkeypatch.setattr(sb, "_WARNED", set())
+    monkeypatch.setattr(pool, "_WARNED", set())
     with pytest.warns(sb.SandboxWarning) as rec:
         first = sb.Sandbox(1, isolation="none")
     text = str(rec[0].message)
@@ -581,9 +582,9 @@ def test_readonly_fallback_for_kernels_without_mount_setattr(tmp_path):
     target = tmp_path / "written"
     script = ("import sys\n"
               f"sys.path.insert(0, {repo!r})\n"
-              "from codechat import sandbox as sb\n"
-              "srv = sb._Server.__new__(sb._Server)\n"
-              "srv.libc = sb._Libc()\n"
+              "from codechat.eval.sandbox import linux, server\n"
+              "srv = server._Server.__new__(server._Server)\n"
+              "srv.libc = linux.Libc()\n"
               "srv._remount_all_readonly()\n"
               "try:\n"
               f"    open({str(target)!r}, 'w')\n"

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from codechat.config import ConfigError
 from codechat.data.corpus import build_corpus, read_split
-from codechat.tokenizer import SPECIAL_TOKENS, Tokenizer, add_cli, train_tokenizer
+from codechat.data.tokenizer_cli import add_cli
+from codechat.tokenizer import SPECIAL_TOKENS, Tokenizer, train_tokenizer
 
 #: Control-token spellings of codechat and of other toolkits, typed as ordinary text.
 LITERALS = (*SPECIAL_TOKENS, "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|user_start|>", "<|assistant_end|>")

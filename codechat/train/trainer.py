@@ -14,7 +14,6 @@ that leaves the last good checkpoint intact.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
@@ -27,12 +26,9 @@ from tqdm.auto import tqdm
 from .. import checkpoint as ckpt
 from ..config import OptimConfig, RunConfig, TrainConfig
 from ..data.batch import Batch
+from ..device import autocast_for, peak_flops
 from ..model import GPT, IGNORE_INDEX
 from .optim import build_optimizer
-
-#: Dense bf16 peak FLOP/s by GPU name fragment (vendor datasheets), for MFU.
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12,
-                   "RTX 4090": 165e12, "RTX 3090": 71e12}
 
 
 class BatchSource(Protocol):
@@ -45,34 +41,6 @@ class BatchSource(Protocol):
 
 class TrainingDiverged(RuntimeError):
     """The loss or gradient became NaN/inf; the newest checkpoint on disk is the last good one."""
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda if available, else mps, else cpu."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"--device {name}: CUDA is not available on this machine; use --device cpu or auto")
-    return torch.device(name)
-
-
-def autocast_for(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA (``auto``/``bf16``) or when asked; fp32 (no autocast) otherwise."""
-    if dtype == "bf16" or (dtype == "auto" and device.type == "cuda"):
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def peak_flops(device: torch.device) -> float | None:
-    """Dense bf16 peak FLOP/s of ``device`` when known (None on CPU or unknown GPUs)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
 
 
 def lr_at(step: int, progress: float, cfg: OptimConfig) -> float:

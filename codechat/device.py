@@ -1,0 +1,42 @@
+"""Which device to run on, bf16 autocast, and the GPU's peak FLOP/s (for MFU).
+
+Every stage imports these from here (the trainer, the stage commands, sampling, chat,
+evaluation, the speedrun, the benchmarks); this module imports nothing of codechat.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+#: Dense bf16 peak FLOP/s by GPU name fragment (vendor datasheets), for MFU.
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12,
+                   "RTX 4090": 165e12, "RTX 3090": 71e12}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda if available, else mps, else cpu."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {name}: CUDA is not available on this machine; use --device cpu or auto")
+    return torch.device(name)
+
+
+def autocast_for(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA (``auto``/``bf16``) or when asked; fp32 (no autocast) otherwise."""
+    if dtype == "bf16" or (dtype == "auto" and device.type == "cuda"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Dense bf16 peak FLOP/s of ``device`` when known (None on CPU or unknown GPUs)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)

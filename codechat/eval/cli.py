@@ -1,0 +1,139 @@
+"""``codechat eval``: ``run`` samples and judges a suite (:func:`codechat.eval.suites.run_suite`),
+``filter`` keeps the problems whose pass rate is in a range (:func:`codechat.eval.passk.filter_by_pass_rate`).
+
+:func:`add_cli` registers both subcommands; the model, torch and the suite runner are imported
+only when ``run`` runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from codechat.eval.passk import filter_by_pass_rate
+from codechat.eval.problems import load_problems
+
+#: Run directories are searched for these stage directories, first found wins.
+STAGE_PREFERENCE = ("rl", "sft", "pretrain")
+
+
+def _ks(text: str) -> list[int]:
+    try:
+        return [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k takes comma-separated integers such as 1,10, got {text!r}") from None
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``eval`` with its ``run`` and ``filter`` subcommands; each sets ``func(args) -> int``."""
+    p = subparsers.add_parser("eval", help="evaluate generated code")
+    sub = p.add_subparsers(dest="eval_command", required=True)
+    r = sub.add_parser("run", help="sample HumanEval / MBPP solutions, judge them in the sandbox, report pass@k "
+                                   "and the pre-RL verdict",
+                       description="Samples --n completions per problem, judges each in the sandbox as it comes, "
+                                   "appends it to OUT/samples.jsonl (a rerun resumes) and writes OUT/results.json: "
+                                   "pass@k, counts per result kind, timing and the verdict.")
+    r.add_argument("--model", required=True, help="checkpoint, stage directory (its newest checkpoint) or run "
+                                                  "directory (its rl/, sft/ or pretrain/ stage, first found)")
+    r.add_argument("--suite", required=True, help="humaneval (the copy shipped with codechat), humaneval:PATH, or "
+                                                  "mbpp:PATH (MBPP's published mbpp.jsonl)")
+    r.add_argument("--split", default="test", help="MBPP split: test (11-510, default), validation (511-600), "
+                                                   "train (601-974), prompt (1-10) or all; HumanEval: test")
+    r.add_argument("--n", type=int, default=20, help="samples per problem (default 20)")
+    r.add_argument("--k", type=_ks, default=[1, 10], help="the k of each pass@k, comma-separated; each <= --n "
+                                                          "(default 1,10)")
+    r.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8; 0: greedy)")
+    r.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95; 1: off)")
+    r.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (default 0: off)")
+    r.add_argument("--max-new-tokens", type=int, default=512, help="tokens generated per sample at most "
+                                                                   "(default 512; the model's context caps it)")
+    r.add_argument("--limit", type=int, help="only the first N problems (by task id)")
+    r.add_argument("--seed", type=int, default=0, help="sampling seed (default 0); each problem's batches get "
+                                                       "seeds derived from it")
+    r.add_argument("--shots", type=int, default=3, help="MBPP base mode: solved examples from tasks 2-4 before "
+                                                        "the task (default 3, the MBPP paper's protocol)")
+    r.add_argument("--mode", default="auto", choices=["auto", "chat", "base"],
+                   help="chat: the problem as a user turn; base: completion mode; auto (default): base for a "
+                        "pretrain checkpoint, chat for any later stage")
+    r.add_argument("--batch-size", type=int, default=0, help="rows per generation batch (default 0: all --n "
+                                                             "samples of a problem at once)")
+    r.add_argument("--workers", type=int, default=2, help="programs judged in parallel (default 2)")
+    r.add_argument("--timeout", type=float, default=10.0, help="seconds per program (default 10)")
+    r.add_argument("--memory-mb", type=int, default=1024, help="address-space limit per program (default 1024)")
+    r.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"], help="default auto")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--out", required=True, type=Path, help="directory for samples.jsonl, results.json, run.json")
+    r.set_defaults(func=_cli_run)
+    f = sub.add_parser("filter", help="keep problems whose sampled pass rate is in [min, max] "
+                                      "so every RL group has reward variance")
+    f.add_argument("--samples", required=True, type=Path,
+                   help="samples.jsonl written by `codechat eval run`")
+    f.add_argument("--min", dest="min_rate", type=float, default=0.05,
+                   help="lowest pass rate kept (default 0.05)")
+    f.add_argument("--max", dest="max_rate", type=float, default=0.95,
+                   help="highest pass rate kept (default 0.95)")
+    f.add_argument("--out", required=True, type=Path, help="tasks.jsonl to write")
+    f.set_defaults(func=_cli_filter)
+    return p
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    """The checkpoint meant by ``--model``: a checkpoint, a stage directory, or a run directory
+    (its first stage of :data:`STAGE_PREFERENCE` holding a checkpoint).
+
+    Raises:
+        CheckpointError: nothing to load there.
+    """
+    from codechat.checkpoint import CheckpointError, resolve
+    try:
+        return resolve(path)
+    except CheckpointError:
+        for stage in STAGE_PREFERENCE:
+            if (Path(path) / stage).is_dir():
+                try:
+                    return resolve(Path(path) / stage)
+                except CheckpointError:
+                    continue
+        raise CheckpointError(f"{path}: no checkpoint; give a checkpoint, a stage directory, or a run directory "
+                              f"with one of {', '.join(s + '/' for s in STAGE_PREFERENCE)}") from None
+
+
+def _cli_run(args: argparse.Namespace) -> int:
+    """``codechat eval run``: validate everything cheap first, then load the model and run."""
+    # torch, the model and the suite runner load only for this subcommand
+    from codechat.eval.suites import check_ks, format_summary, resolve_mode, run_suite
+    check_ks(args.k, args.n)
+    problems = load_problems(args.suite, args.split, limit=args.limit, shots=args.shots)
+    from codechat.checkpoint import load_model
+    from codechat.device import resolve_device
+    ckpt = resolve_model_path(args.model)
+    model, tok, state = load_model(ckpt, resolve_device(args.device))
+    stage = state.get("meta", {}).get("stage", "pretrain")
+    mode = resolve_mode(args.mode, stage)
+    print(f"model {ckpt} (stage {stage}, step {state.get('step')}): {args.suite} in {mode} mode, "
+          f"{len(problems)} problems x {args.n} samples -> {args.out}")
+    results = run_suite(model, tok, out_dir=args.out, suite=args.suite, split=args.split, stage=stage, mode=mode,
+                        n=args.n, ks=args.k, limit=args.limit, temperature=args.temperature, top_p=args.top_p,
+                        top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed, shots=args.shots,
+                        batch_size=args.batch_size, workers=args.workers, timeout_s=args.timeout,
+                        memory_mb=args.memory_mb, model_id=f"{ckpt.resolve()}@{state.get('step')}",
+                        progress=not args.quiet)
+    print(format_summary(results))
+    print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'samples.jsonl'}")
+    return 0
+
+
+def _cli_filter(args: argparse.Namespace) -> int:
+    try:
+        kept = filter_by_pass_rate(args.samples, args.min_rate, args.max_rate)
+    except (ValueError, OSError) as e:  # EmptyFilterError included
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        for row in kept:
+            f.write(json.dumps(row) + "\n")
+    print(f"kept {len(kept)} problems with pass rate in [{args.min_rate}, {args.max_rate}] "
+          f"-> {args.out}")
+    return 0
