@@ -93,6 +93,23 @@ def test_packed_and_padded_batches_give_the_same_loss(tok, shared_dir):
     assert packed.n_tokens == padded.n_tokens
 
 
+def test_packed_micro_batches_all_have_one_shape_and_lose_no_example(tok, shared_dir):
+    # 7 rows of 3 per micro-batch: the chunk's last micro-batch is filled with empty rows, so a
+    # compiled attention kernel (flex attention on CUDA) sees one (B, T) on every step
+    cfg = SFTConfig(max_length=128, max_prompt_length=64, packing=True, decontaminate=False, chunk_examples=40,
+                    mix_mode="epoch")
+    path = shared_dir / "data/code_alpaca/code_alpaca_2k.json"
+    loader = SFTLoader(Mixture.from_spec(str(path), cfg), tok, cfg, micro_batch_size=3)
+    first = loader.next_batch()
+    batches = [first] + [loader.next_batch() for _ in range(len(loader._batches) - 1)]
+    kept = [r for b in loader._batches for r in b if r]
+    assert len(kept) % 3, "the chunk's rows should not divide into micro-batches evenly for this test"
+    assert {tuple(b.inputs.shape) for b in batches} == {(3, 128)}
+    assert sum(b.n_tokens for b in batches) == sum(len(ex) - 1 for r in kept for ex in r)
+    supervised = sum(int((b.labels != IGNORE_INDEX).sum()) for b in batches)
+    assert supervised == sum(sum(ex.mask[1:]) for r in kept for ex in r) > 0
+
+
 def test_best_fit_packs_tightly():
     bins = pack_best_fit([7, 5, 3, 3, 2], 10)
     assert sorted(sorted(b) for b in bins) == [[0, 2], [1, 3, 4]]

@@ -7,7 +7,9 @@ have no supervised token is dropped and counted there), and cuts the chunk into 
 - padded: examples sorted by length, consecutive ``micro_batch_size`` examples per micro-batch
   (little padding), micro-batch order shuffled;
 - packed: best-fit decreasing bin packing of examples into rows of ``max_length`` input tokens,
-  each example its own document (``doc_ids``), so attention and positions never cross it.
+  each example its own document (``doc_ids``), so attention and positions never cross it; every
+  micro-batch is ``(micro_batch_size, max_length)`` (the chunk's last one is filled with empty,
+  unsupervised rows), so compiled attention (flex attention on CUDA) never sees a new shape.
 
 Labels: ``inputs = ids[:-1]``, ``labels[j] = ids[j+1]`` where ``mask[j+1]`` else -100. Padding
 is found by length — never by comparing token values — so an ``<|end|>`` label survives even
@@ -131,6 +133,8 @@ class SFTLoader:
         else:
             rows = [[ex] for ex in sorted(examples, key=len)]
         batches = [rows[i:i + self.micro_batch_size] for i in range(0, len(rows), self.micro_batch_size)]
+        if self.cfg.packing and batches:  # empty rows fill the last micro-batch: one (B, T) for every step,
+            batches[-1] += [[]] * (self.micro_batch_size - len(batches[-1]))  # so compiled kernels never recompile
         order = np.random.default_rng([self.cfg.seed, self.chunk]).permutation(len(batches))
         usable = len(batches) - len(batches) % self.world_size  # every rank gets as many
         return [batches[i] for i in order[:usable]]
