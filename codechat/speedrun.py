@@ -47,12 +47,13 @@ STAGES = ("tokenizer", "data", "baseline", "pretrain", "samples", "sft", "chat",
 
 #: Shares of the whole budget per stage. CPU: the 2-core recorded runs (tokenizer ~35 s, corpus
 #: ~25 s, baselines ~5 s, pretraining 9 min + ~25 s of evaluation, samples ~20 s, SFT 1.25 min,
-#: chat ~5 s, HumanEval ~20 s of 12 min). GPU: the H200 runs of ``benchmarks/RESULTS.md``, with
-#: sampling and HumanEval slow until the generation engine is fast (2026-11-29: 124 s for 5 x 20).
+#: chat ~5 s, HumanEval ~20 s of 12 min). GPU: the 5-minute H200 run of ``benchmarks/RESULTS.md``
+#: (2026-12-01: tokenizer 9 s, corpus 8 s, baselines 5 s, samples 66 s: sampling stays slow until
+#: the generation engine is fast), the rest shared between pretraining, SFT and HumanEval.
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.785, "samples": 0.025,
               "sft": 0.06, "chat": 0.01, "eval": 0.025}
-GPU_SHARES = {"tokenizer": 0.03, "data": 0.04, "baseline": 0.01, "pretrain": 0.47, "samples": 0.09,
-              "sft": 0.15, "chat": 0.05, "eval": 0.16}
+GPU_SHARES = {"tokenizer": 0.03, "data": 0.03, "baseline": 0.015, "pretrain": 0.42, "samples": 0.2,
+              "sft": 0.14, "chat": 0.02, "eval": 0.145}
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,10 @@ class SpeedrunPlan:
     # Seconds torch.compile adds to a stage's first step (H200, d12: 37 s; CPU tiny: 46 s); the SFT
     # stage uses the figure measured in pretraining instead when there is one.
     compile_estimate_s: float = 40.0
-    # A stage compiles only if the compile is at most this share of its training time: eager runs
-    # at ~0.7x compiled speed, so compiling pays back only when it costs under ~30% of the budget.
-    compile_max_share: float = 0.3
+    # A stage compiles only if the compile is at most this share of its training time: eager d12
+    # pretraining ran at 0.52x compiled speed on an H200 (273k vs 524k tokens/s), so compiling
+    # pays back when it costs under ~45% of the stage's training time.
+    compile_max_share: float = 0.45
     min_train_s: float = 5.0  # a training stage's time budget never goes below this
     checkpoint_every_s: float = 60.0  # training stages save this often too, so a killed run resumes
     sample_prompts: tuple[str, ...] = (
@@ -93,6 +95,9 @@ class SpeedrunPlan:
     sample_best_of: int = 8
     sft_max_length: int = 384
     sft_max_prompt_length: int = 128
+    # SFT rows per micro-batch (0: the pretraining recipe's). The mined set is ~1,500 short examples
+    # (~6 per packed 1,024-token row): 8 rows a step gives a GPU stage hundreds of steps, not a dozen.
+    sft_micro_batch_size: int = 0
     chat_prompts: tuple[str, ...] = (
         "Write a Python function `add(a, b)` that returns the sum of a and b.",
         "Write a Python function `is_even(n)` that says whether n is even.",
@@ -140,7 +145,8 @@ def plan(device: torch.device, preset: str | None, time_budget_min: float | None
         packages = tuple(d for d in site.getsitepackages() if Path(d).is_dir())
         return SpeedrunPlan(chosen, budget, (stdlib, *packages), dict(GPU_SHARES), max_files,
                             compile=pretrain_recipe(chosen).train.compile, sft_max_length=1024,
-                            sft_max_prompt_length=512, eval_limit=0, eval_n=20, eval_tokens=512)
+                            sft_max_prompt_length=512, sft_micro_batch_size=8, eval_limit=0, eval_n=20,
+                            eval_tokens=512)
     chosen = preset or "tiny"
     return SpeedrunPlan(chosen, time_budget_min or CPU_TIME_BUDGET_MIN, (stdlib,), dict(CPU_SHARES), max_files,
                         compile=pretrain_recipe(chosen).train.compile, compile_estimate_s=46.0)
@@ -337,7 +343,8 @@ class Speedrun:
             init=str(self.run / "pretrain"),
             sft=SFTConfig(max_length=self.p.sft_max_length, max_prompt_length=self.p.sft_max_prompt_length,
                           packing=True, mine_src=self.p.sources[:1], mine_max_files=self.p.max_files, seed=self.seed),
-            train=TrainConfig(time_budget_s=train_s, micro_batch_size=cfg["train"]["micro_batch_size"],
+            train=TrainConfig(time_budget_s=train_s,
+                              micro_batch_size=self.p.sft_micro_batch_size or cfg["train"]["micro_batch_size"],
                               log_every=10, eval_every=10**9, save_every=10**9,
                               save_every_s=self.p.checkpoint_every_s, compile=compile_on),
             optim=OptimConfig(lr=cfg["optim"]["lr"] / 2, warmup_steps=10, schedule="linear", min_lr_ratio=0.0,

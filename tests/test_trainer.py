@@ -268,10 +268,11 @@ def test_resume_with_another_optimizer_is_refused(tmp_path):
 @pytest.mark.parametrize("tie", [True, False])
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(tie):
     from dataclasses import replace
-    from codechat.train.optim import MuonAdamW, build_optimizer
+    from codechat.train.optim import Muon, MuonAdamW, build_optimizer
     model = build_model(replace(CFG, tie_embeddings=tie))
     opt = build_optimizer(model, OptimConfig(name="muon"), torch.device("cpu"))
-    assert isinstance(opt, MuonAdamW) and isinstance(opt.muon, torch.optim.Muon)
+    assert isinstance(opt, MuonAdamW) and isinstance(opt.muon, Muon)
+    assert {g["ns_dtype"] for g in opt.muon.param_groups} == {torch.float32}  # auto on a CPU
     names = {id(p): n for n, p in model.named_parameters()}
     muon = sorted(names[id(p)] for g in opt.muon.param_groups for p in g["params"])
     adamw = sorted(names[id(p)] for g in opt.adamw.param_groups for p in g["params"])
@@ -283,6 +284,33 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(tie):
     for group in opt.param_groups:
         group["lr"] = 0.5
     assert {g["lr"] for g in opt.muon.param_groups + opt.adamw.param_groups} == {0.5}
+
+
+@pytest.mark.parametrize("ns_dtype", ["bf16", "fp32"])
+def test_our_muon_steps_as_torchs_in_bf16_and_close_to_it_in_fp32(ns_dtype):
+    """Ours differs from ``torch.optim.Muon`` only in the Newton-Schulz dtype: bit-identical in
+    bf16 (torch's choice), within a few % of the step in fp32; state dicts load across the two."""
+    from codechat.train.optim import build_optimizer
+    torch.manual_seed(0)
+    ours, theirs = build_model(CFG), build_model(CFG)
+    theirs.load_state_dict(ours.state_dict())
+    hidden = lambda m: [p for n, p in m.named_parameters() if n.split(".")[-2].endswith("proj")]  # noqa: E731
+    a = build_optimizer(ours, OptimConfig(name="muon", lr=0.02, muon_ns_dtype=ns_dtype), torch.device("cpu")).muon
+    b = torch.optim.Muon(hidden(theirs), lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True,
+                         adjust_lr_fn="match_rms_adamw")
+    start = [p.detach().clone() for p in hidden(ours)]
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for p, q in zip(hidden(ours), hidden(theirs)):
+            p.grad = torch.randn(p.shape, generator=g)
+            q.grad = p.grad.clone()
+        a.step()
+        b.step()
+    diff = max(float((p - q).abs().max()) for p, q in zip(hidden(ours), hidden(theirs)))
+    moved = max(float((p - p0).abs().max()) for p, p0 in zip(hidden(ours), start))
+    assert diff == 0.0 if ns_dtype == "bf16" else 0 < diff < 0.05 * moved
+    a.load_state_dict(b.state_dict())  # a torch Muon state (no ns_dtype) keeps our dtype
+    assert a.param_groups[0]["ns_dtype"] == (torch.bfloat16 if ns_dtype == "bf16" else torch.float32)
 
 
 def test_keep_last_prunes_old_checkpoints(tmp_path):
