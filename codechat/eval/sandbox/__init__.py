@@ -35,7 +35,9 @@ In the mount namespace the whole filesystem is read-only, ``/tmp``, ``/var/tmp``
 ``/dev/shm`` are private size-limited tmpfs mounts emptied after every program, and the home
 directories (``/root`` and the evaluator's ``$HOME``) are hidden behind empty tmpfs mounts,
 except for the paths the interpreter needs (a pyenv interpreter under ``/root`` stays
-importable). The network namespace has only a loopback device, which is down.
+importable; a venv under ``/tmp`` stays visible, read-only, in the private ``/tmp``, so
+programs can still run ``sys.executable``). The network namespace has only a loopback device,
+which is down.
 
 Which namespaces: as root, ``unshare --pid --net --mount`` and programs run as ``nobody``; as
 any other user, the same inside a user namespace (``--user --map-root-user``), where programs

@@ -1,5 +1,6 @@
 """The Linux pieces the standard library lacks: a few syscalls through ctypes, hiding directories
-behind tmpfs mounts, listing a process's children, closing inherited descriptors.
+behind tmpfs mounts (and keeping the interpreter visible in a private ``/tmp``), listing a
+process's children, closing inherited descriptors.
 
 Standard library only, and no import of codechat: the fork server loads this file by path
 (see :mod:`.server`). Elsewhere than Linux, :class:`Libc` is not built and :func:`children`
@@ -8,6 +9,7 @@ finds nothing.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 
@@ -99,8 +101,12 @@ def traversable(path: str, uid: int, gid: int) -> bool:
 
 
 def needed_paths() -> list[str]:
-    """Directories the forked programs must still be able to import from."""
+    """Directories the forked programs must still be able to import from, and to start
+    ``sys.executable`` from: the interpreter's directory as invoked (a venv's ``bin``, which
+    holds only a symlink) and as resolved, the prefixes (a venv's ``pyvenv.cfg`` is in
+    ``sys.prefix``) and ``sys.path``."""
     cands = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.abspath(sys.executable)),
              os.path.dirname(os.path.realpath(sys.executable))] + sys.path
     out = []
     for p in cands:
@@ -141,6 +147,69 @@ def hide_dirs(libc: Libc, hidden: list[str], needed: list[str], stash: str) -> l
             libc.umount(tmp)
         done.append(h)
     return done
+
+
+def private_tmpfs(libc: Libc, d: str, opts: str, needed: list[str]) -> list[str]:
+    """Mount a private tmpfs on ``d`` (``/tmp``, ``/var/tmp``, ``/dev/shm``), then bind the
+    ``needed`` paths under ``d`` back at the same paths, read-only. Returns the kept entries of
+    ``d`` (paths), which emptying ``d`` after every program must leave alone.
+
+    Why: an empty private ``/tmp`` also hides an interpreter that lives there (a checkout under
+    ``/tmp`` with its ``.venv``): the fork server has already started, but a program that runs
+    ``subprocess.run([sys.executable, ...])`` gets ``FileNotFoundError`` for the interpreter,
+    and one that imports from the venv's site-packages an ``ImportError``. The sources are
+    opened (``O_PATH``) before ``d`` is covered and bound from ``/proc/self/fd``, as covering
+    ``d`` makes them unreachable by name. A kept entry that is not itself a needed path (the
+    checkout around ``.venv``) is a small tmpfs holding only the way to the needed paths, made
+    read-only like the binds, so a program can neither write there nor leave anything behind.
+    """
+    under = sorted({os.path.relpath(p, d) for p in needed if p.startswith(d + "/")})
+    outer = [u for u in under if not any(u.startswith(o + "/") for o in under)]
+    fds: dict[str, int] = {}
+    kept: list[str] = []
+    try:
+        for u in outer:
+            try:
+                fds[u] = os.open(os.path.join(d, u), os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                pass
+        libc.mount("tmpfs", d, "tmpfs", libc.MS_NOSUID | libc.MS_NODEV, opts)
+        for top in sorted({u.split("/")[0] for u in fds}):
+            top_path = os.path.join(d, top)
+            try:
+                if top not in fds:  # a skeleton tmpfs leading to the needed paths
+                    os.mkdir(top_path, 0o755)
+                    libc.mount("tmpfs", top_path, "tmpfs", libc.MS_NOSUID | libc.MS_NODEV,
+                               "mode=0755,size=1m")
+                for u, fd in fds.items():
+                    if u != top and not u.startswith(top + "/"):
+                        continue
+                    dst = os.path.join(d, u)
+                    os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
+                    if os.path.isdir(f"/proc/self/fd/{fd}"):
+                        os.mkdir(dst)
+                    else:
+                        open(dst, "w").close()
+                    libc.mount(f"/proc/self/fd/{fd}", dst, None, libc.MS_BIND | libc.MS_REC)
+                try:
+                    libc.make_readonly(top_path)
+                except OSError:  # no mount_setattr: the binds are read-only already (copies of
+                    # read-only mounts); the skeleton is our own tmpfs, plain to remount
+                    if top not in fds:
+                        libc.mount(None, top_path, None, libc.MS_REMOUNT | libc.MS_BIND
+                                   | libc.MS_RDONLY | libc.MS_NOSUID | libc.MS_NODEV)
+                kept.append(top_path)
+            except OSError as e:
+                print(f"codechat.eval.sandbox: {top_path} stays hidden: {e}", file=sys.stderr)
+                try:
+                    libc.umount(top_path)
+                except OSError:
+                    pass
+                shutil.rmtree(top_path, ignore_errors=True)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return kept
 
 
 def network_unreachable() -> bool:

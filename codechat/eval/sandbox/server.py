@@ -63,6 +63,7 @@ class _Server:
         self.uid = self.gid = None  # switch to this uid in children (root only)
         self.counter = 0
         self.pending: tuple[int, int, int, str] | None = None  # pre-forked child
+        self.kept: list[str] = []  # interpreter paths bound into the private /tmp & co.
         prot = {k: False for k in protocol.PROTECTIONS}
         prot["pid_namespace"] = self.init
         prot["resource_limits"] = resource is not None
@@ -122,10 +123,11 @@ class _Server:
             print(f"codechat.eval.sandbox: could not make the filesystem read-only: {e}",
                   file=sys.stderr)
         private = True
+        needed = linux.needed_paths()  # again: the stash hid whatever lives under /tmp
         for d in ("/tmp", "/var/tmp", "/dev/shm"):
             if os.path.isdir(d):
                 try:
-                    libc.mount("tmpfs", d, "tmpfs", libc.MS_NOSUID | libc.MS_NODEV, tmpfs_opts)
+                    self.kept += linux.private_tmpfs(libc, d, tmpfs_opts, needed)
                 except OSError as e:
                     private = private and d != "/tmp"
                     print(f"codechat.eval.sandbox: no private {d}: {e}", file=sys.stderr)
@@ -276,7 +278,7 @@ class _Server:
                     continue
                 for name in names:
                     p = os.path.join(d, name)
-                    if p == self.outdir:
+                    if p == self.outdir or p in self.kept:
                         continue
                     if os.path.isdir(p) and not os.path.islink(p):
                         shutil.rmtree(p, ignore_errors=True)
