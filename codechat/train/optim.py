@@ -34,29 +34,31 @@ def hidden_matrix_names(model: torch.nn.Module) -> set[str]:
 
 def orthogonalize(g: torch.Tensor, dtype: torch.dtype, steps: int = NS_STEPS,
                   coefficients: tuple[float, float, float] = NS_COEFFICIENTS, eps: float = NS_EPS) -> torch.Tensor:
-    """An approximately orthogonal matrix ``U S' V^T`` for ``g = U S V^T``, ``S'_ii`` in about (0.5, 1.5).
+    """An approximately orthogonal matrix ``U S' V^T`` for each ``g = U S V^T``, ``S'_ii`` in about (0.5, 1.5).
 
     ``steps`` quintic Newton-Schulz iterations ``X <- a X + (b A + c A^2) X`` with ``A = X X^T``,
     after scaling ``X`` to spectral norm <= 1 by its Frobenius norm (Jordan et al. 2024,
     https://kellerjordan.github.io/posts/muon/). Computed in ``dtype``.
 
     Args:
-        g: ``(rows, cols)`` float matrix (the momentum-smoothed gradient).
+        g: ``(rows, cols)`` or a batch ``(n, rows, cols)`` of float matrices (momentum-smoothed
+            gradients; a batch is one kernel call per product instead of one per matrix).
         dtype: the iteration's dtype (``torch.bfloat16`` on GPUs, ``torch.float32`` on CPUs
             without native bf16).
     Returns:
-        ``(rows, cols)`` tensor of ``dtype``.
+        a tensor of ``g``'s shape and of ``dtype``.
     """
     a, b, c = coefficients
     x = g.to(dtype)
-    tall = x.size(0) > x.size(1)
+    tall = x.size(-2) > x.size(-1)
     if tall:  # iterate on the short side: A is (min, min)
-        x = x.T
-    x = x / x.norm().clamp(min=eps)
+        x = x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    mm = torch.addmm if x.dim() == 2 else torch.baddbmm
     for _ in range(steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if tall else x
+        gram = x @ x.mT
+        x = mm(x, mm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
 
 
 class Muon(torch.optim.Optimizer):
@@ -94,18 +96,24 @@ class Muon(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> None:
         for group in self.param_groups:
             lr, wd, mom = group["lr"], group["weight_decay"], group["momentum"]
+            by_shape: dict[tuple, list[torch.Tensor]] = {}
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad)
-                buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - mom)
-                update = p.grad.lerp(buf, mom) if group["nesterov"] else buf
-                u = orthogonalize(update, group["ns_dtype"], group["ns_steps"], group["ns_coefficients"], group["eps"])
-                p.mul_(1 - lr * wd)
-                p.add_(u.to(p.dtype), alpha=-lr * 0.2 * math.sqrt(max(p.shape)))
+                if p.grad is not None:
+                    by_shape.setdefault((p.shape, p.dtype, p.device), []).append(p)
+            for params in by_shape.values():  # matrices of one shape are orthogonalised as one batch
+                grads = [p.grad for p in params]
+                bufs = []
+                for p in params:
+                    if "momentum_buffer" not in self.state[p]:
+                        self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
+                    bufs.append(self.state[p]["momentum_buffer"])
+                torch._foreach_lerp_(bufs, grads, 1 - mom)
+                updates = torch._foreach_lerp(grads, bufs, mom) if group["nesterov"] else bufs
+                u = orthogonalize(torch.stack(updates), group["ns_dtype"], group["ns_steps"],
+                                  group["ns_coefficients"], group["eps"])
+                torch._foreach_mul_(params, 1 - lr * wd)
+                torch._foreach_add_(params, list(u.to(params[0].dtype).unbind(0)),
+                                    alpha=-lr * 0.2 * math.sqrt(max(params[0].shape)))
 
 
 class MuonAdamW:
