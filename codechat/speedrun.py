@@ -45,9 +45,10 @@ from .device import autocast_for, resolve_device
 #: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``).
 STAGES = ("tokenizer", "data", "baseline", "pretrain", "samples", "sft", "chat", "eval")
 
-#: Shares of the whole budget per stage. CPU: the 2-core recorded runs (tokenizer ~35 s, corpus
-#: ~25 s, baselines ~5 s, pretraining 9 min + ~25 s of evaluation, samples ~20 s, SFT 1.25 min,
-#: chat ~5 s, HumanEval ~20 s of 12 min). GPU: the 5-minute H200 run of ``benchmarks/RESULTS.md``
+#: Shares of the whole budget per stage. CPU: 12 minutes with today's 9 of pretraining; the
+#: stages before pretraining and the generation stages end early on a fast machine (2026-12-01,
+#: 2-core VM: tokenizer 2 s, corpus 8 s, samples 8 s, HumanEval 11 s) and pass their time on to
+#: the later stages (SFT got 68 s of its planned 43). GPU: the 5-minute H200 run of ``benchmarks/RESULTS.md``
 #: (2026-12-01: tokenizer 9 s, corpus 8 s, baselines 5 s, samples 66 s: sampling stays slow until
 #: the generation engine is fast), the rest shared between pretraining, SFT and HumanEval.
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.785, "samples": 0.025,
