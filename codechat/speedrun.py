@@ -133,7 +133,7 @@ GPU_TIME_BUDGET_MIN = 30.0
 LICENSES = {"pretraining corpus": "this Python's standard library (PSF License)"
                                   " [+ installed site-packages on GPU: each package's own licence]",
             "SFT data": "docstring -> function pairs mined from the same standard library (PSF License)",
-            "HumanEval (evaluation only)": "OpenAI's HumanEval, MIT License, shipped in codechat/eval/data"}
+            "HumanEval (evaluation only)": "OpenAI's HumanEval, MIT License, shipped in codechat/data/shipped"}
 
 
 def plan(device: torch.device, preset: str | None, time_budget_min: float | None, max_files: int = 0

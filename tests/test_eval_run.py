@@ -20,7 +20,8 @@ from codechat.eval import sandbox
 from codechat.eval import suites as es
 from codechat.eval.extract import extract_code
 from codechat.eval.passk import mean_pass_at_k
-from codechat.eval.problems import HUMANEVAL_FILE, Problem, load_humaneval, load_mbpp, load_problems, mbpp_shot
+from codechat.data.benchmarks import HUMANEVAL_FILE
+from codechat.eval.problems import Problem, load_humaneval, load_mbpp, load_problems, mbpp_shot
 from codechat.model import build_model
 
 MBPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl"

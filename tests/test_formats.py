@@ -90,7 +90,7 @@ def test_gsm8k_question_answer_gzip(tok, shared_dir):
 
 def test_humaneval_shipped_with_codechat(tok):
     path = humaneval_file()
-    assert path is not None, "codechat/eval/data/HumanEval.jsonl.gz ships with codechat"
+    assert path is not None, "codechat/data/shipped/HumanEval.jsonl.gz ships with codechat"
     records = load_records(path)
     assert len(records) == 164 and {r.format for r in records} == {"humaneval"}
     first = next(read_rows(path))[1]

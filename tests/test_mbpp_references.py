@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from codechat.data import benchmarks
 from codechat.eval import problems
 from codechat.eval import sandbox as sb
 from codechat.eval.extract import called_names, parse_quietly
@@ -91,12 +92,12 @@ def judged(tasks):
 
 def test_splits_follow_the_task_ids(tasks):
     assert len(tasks) == 974 and [t.task_id for t in tasks] == list(range(1, 975))
-    sizes = {s: len(problems.load_mbpp(MBPP, s)) for s in problems.MBPP_SPLITS}
+    sizes = {s: len(problems.load_mbpp(MBPP, s)) for s in benchmarks.MBPP_SPLITS}
     assert sizes == {"prompt": 10, "test": 500, "validation": 90, "train": 374}
-    assert problems.mbpp_split(11) == "test" and problems.mbpp_split(510) == "test"
-    assert problems.mbpp_split(511) == "validation" and problems.mbpp_split(601) == "train"
+    assert benchmarks.mbpp_split(11) == "test" and benchmarks.mbpp_split(510) == "test"
+    assert benchmarks.mbpp_split(511) == "validation" and benchmarks.mbpp_split(601) == "train"
     with pytest.raises(ValueError):
-        problems.mbpp_split(975)
+        benchmarks.mbpp_split(975)
     with pytest.raises(ValueError):
         problems.load_mbpp(MBPP, "dev")
 

@@ -13,7 +13,7 @@ from codechat.data.formats import load_records
 from codechat.data.mining import (BenchmarkProblem, Decontaminator, MiningCounts, humaneval_problems, mbpp_problems,
                                   mine_records, normalized_tokens)
 from codechat.data.mixture import Mixture
-from codechat.eval.problems import mbpp_split
+from codechat.data.benchmarks import mbpp_split
 
 MINE_SRC = Path(__file__).parent / "fixtures" / "mine_src"
 

