@@ -77,7 +77,7 @@ class SpeedrunPlan:
     min_train_s: float = 5.0  # a training stage's time budget never goes below this
     # Shares of a training stage's grant spent in its steps; the rest goes to loading, mining and
     # evaluations (2026-12-01: pretraining 27 s of 593 on the 2-core CPU, 14 s of 130 on an H200;
-    # SFT 8 s of 76 and 9 s of 38).
+    # SFT 18 s of 76 and 9 s of 38).
     pretrain_train_share: float = 0.92
     sft_train_share: float = 0.85
     checkpoint_every_s: float = 60.0  # training stages save this often too, so a killed run resumes
