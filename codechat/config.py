@@ -441,11 +441,8 @@ def _merge(dst: dict[str, Any], src: dict[str, Any], where: str) -> None:
 
 def save_yaml(cfg: Any, path: str | os.PathLike) -> None:
     """Write ``cfg`` as YAML atomically (temp name, then rename)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    os.replace(tmp, p)
+    from .atomic import write_text
+    write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def parse_overrides(args: list[str]) -> dict[str, str]:

@@ -5,7 +5,6 @@ import ast
 import gzip
 import json
 import lzma
-import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -70,12 +69,6 @@ def plot_loss(rows: Iterable[dict[str, Any]], png: Path, title: str) -> Path:
     fig.savefig(png, dpi=110)
     plt.close(fig)
     return png
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _fmt(v: Any) -> str:

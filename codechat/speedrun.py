@@ -34,8 +34,9 @@ from .config import (ConfigError, OptimConfig, PretrainConfig, RunConfig, SFTCon
 from .data.corpus import build_corpus, iter_split_texts, load_index, read_split
 from .completion import best_completion, sample_completions
 from .engine import SamplingConfig
+from .atomic import write_text
 from .report import (compression_baselines, parses_after_dropping_last_line, plot_loss, read_metrics,
-                     speedrun_report, write_atomic)
+                     speedrun_report)
 from .tokenizer import Tokenizer, train_tokenizer
 from .data.windows import eval_windows
 from .train.pretrain import bpb_evaluator, run_pretrain
@@ -254,8 +255,8 @@ class Speedrun:
     def _write(self) -> None:
         """``metrics.json`` and ``report.md`` as they stand (both written atomically)."""
         self.m["total_wall_s"] = sum(self.m["stages"][s].get("wall_s", 0.0) for s in STAGES)
-        write_atomic(self.run / "metrics.json", json.dumps(self.m, indent=1))
-        write_atomic(self.run / "report.md", speedrun_report(self.m))
+        write_text(self.run / "metrics.json", json.dumps(self.m, indent=1))
+        write_text(self.run / "report.md", speedrun_report(self.m))
 
     def _compile_for(self, train_s: float, estimate_s: float) -> bool:
         return self.p.compile and estimate_s <= self.p.compile_max_share * train_s

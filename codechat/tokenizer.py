@@ -26,6 +26,7 @@ from pathlib import Path
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
+from codechat.atomic import write_text
 from codechat.config import ConfigError
 
 #: Control tokens, in id order after the BPE vocabulary. ``<|end|>`` ends a turn or a
@@ -83,13 +84,6 @@ def _load_bpe(file: Path) -> HFTokenizer:
         raise ValueError(f"the model is {spec.get('model', {}).get('type')!r}; only byte-level BPE is supported")
     spec["added_tokens"] = []
     return HFTokenizer.from_str(json.dumps(spec))
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary name and ``os.replace``."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 class Tokenizer:
@@ -200,10 +194,10 @@ class Tokenizer:
         """
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(d / BPE_FILE, self._bpe.to_str(pretty=True))
+        write_text(d / BPE_FILE, self._bpe.to_str(pretty=True))
         meta = {"version": FORMAT_VERSION, "kind": self.kind, "bpe_vocab_size": self.vocab_size - len(self._special),
                 "special_tokens": self._special}
-        _atomic_write_text(d / META_FILE, json.dumps(meta, indent=2))
+        write_text(d / META_FILE, json.dumps(meta, indent=2))
         return d
 
     @classmethod

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from tqdm import tqdm
 
+from codechat.atomic import write_text
 from codechat.config import ConfigError, DataConfig, default_corpus_dirs
 from codechat.tokenizer import Tokenizer
 
@@ -306,9 +307,7 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
              "dtype": dtype, "end_id": tok.end_id, "bos_id": tok.bos_id,
              "sources": [str(Path(s).expanduser().resolve()) for s in srcs], "extensions": list(extensions),
              "val_fraction": val_fraction, "files_seen": len(files), "skipped": skipped.as_dict(), "splits": splits}
-    tmp = out / f"{INDEX_FILE}.tmp"
-    tmp.write_text(json.dumps(index, indent=2), encoding="utf-8")
-    os.replace(tmp, out / INDEX_FILE)
+    write_text(out / INDEX_FILE, json.dumps(index, indent=2))
     _remove_stale_shards(out, splits)
     return index
 

@@ -60,6 +60,7 @@ from typing import Any, Callable, Sequence
 
 from tqdm.auto import tqdm
 
+from codechat.atomic import write_text
 from codechat.eval import sandbox
 from codechat.eval.extract import defines, extract_code, parse_quietly
 from codechat.eval.passk import mean_pass_at_k, pass_at_k, verdict, verdict_band
@@ -249,8 +250,7 @@ def _check_settings(path: Path, settings: dict[str, Any], have_samples: bool) ->
             what = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in diff.items())
             raise ValueError(f"{path.parent} holds samples made with other settings ({what}); use another --out, "
                              "or delete that directory to start over")
-    from codechat.report import write_atomic
-    write_atomic(path, json.dumps(settings, indent=1))
+    write_text(path, json.dumps(settings, indent=1))
 
 
 # ----------------------------------------------------------------------------- the suite
@@ -389,8 +389,7 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
     if results["prompt_overflow"]:
         warnings.warn(f"{results['prompt_overflow']} of {len(problems)} prompts fill the model's context "
                       "(max_seq_len): their samples are empty and count as failures")
-    from codechat.report import write_atomic
-    write_atomic(out / "results.json", json.dumps(results, indent=1))
+    write_text(out / "results.json", json.dumps(results, indent=1))
     return results
 
 

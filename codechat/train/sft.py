@@ -29,7 +29,7 @@ from ..chat import RenderedExample
 from ..data.sft import SFTLoader, collate, preflight
 from ..device import resolve_device
 from ..model import GPT, IGNORE_INDEX
-from ..report import write_atomic
+from ..atomic import write_text
 from .trainer import Trainer
 
 
@@ -95,7 +95,7 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
                    "max_length": cfg.sft.max_length, "max_prompt_length": cfg.sft.max_prompt_length,
                    "sources": mixture.report(realised=False),
                    "decontamination": mixture.decontaminator.report() if mixture.decontaminator else None}
-    write_atomic(out / "data_report.json", json.dumps(data_report, indent=1, default=str))
+    write_text(out / "data_report.json", json.dumps(data_report, indent=1, default=str))
     if show_progress:
         print(mixture.format_report(realised=False))
 
@@ -110,7 +110,7 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
         result = trainer.fit()
     finally:  # the realised proportions exist only now (also after Ctrl-C)
         data_report.update(sources=mixture.report(), realised_at_step=trainer.step)
-        write_atomic(out / "data_report.json", json.dumps(data_report, indent=1, default=str))
+        write_text(out / "data_report.json", json.dumps(data_report, indent=1, default=str))
         if show_progress:
             print(f"realised mixture after step {trainer.step}:\n{mixture.format_report()}")
     return {**result, "data": data_report, "rendered": loader.counts.as_dict(),
