@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from codechat.chat import render_with_budget
+from codechat.budget import render_with_budget
 from codechat.config import OptimConfig, RunConfig, SFTConfig, TrainConfig, pretrain_recipe, replace
 from codechat.data.mixture import Mixture
 from codechat.data.sft import SFTLoader, collate, pack_best_fit

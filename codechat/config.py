@@ -487,7 +487,7 @@ MIN_PROMPT_TOKENS = 2
 class SFTConfig:
     """Chat SFT data: where examples come from, how they are cut to budget, and how they are batched.
 
-    A conversation is rendered by :func:`codechat.chat.render_with_budget`: its last assistant
+    A conversation is rendered by :func:`codechat.budget.render_with_budget`: its last assistant
     turn is the completion and everything before it the prompt. ``max_prompt_length`` bounds the
     prompt (``<|bos|>`` through the final ``<|assistant|>`` header) and ``max_length`` the whole row,
     so the completion always keeps at least ``max_length - max_prompt_length`` >= 1 tokens.

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from codechat import checkpoint as ckpt
-from codechat.chat import Conversation, Message, render_for_completion, render_with_budget
+from codechat.budget import render_with_budget
+from codechat.chat import Conversation, Message, render_for_completion
 from codechat.config import ModelConfig, OptimConfig, RunConfig, SFTConfig, TrainConfig, to_dict
 from codechat.data.mixture import Mixture
 from codechat.data.sft import SFTLoader, collate, pack_best_fit

@@ -42,7 +42,8 @@ def marked_text(tok: Any, ids: list[int], mask: list[int], on: str, off: str) ->
 
 def inspect_examples(spec: str, tok: Any, cfg: SFTConfig, n: int) -> tuple[list[dict[str, Any]], Any, Any]:
     """The first ``n`` examples of ``spec`` as JSON-ready dicts, the budget counts and the mixture."""
-    from codechat.chat import BudgetCounts, render_with_budget, supervised_spans
+    from codechat.budget import BudgetCounts, render_with_budget
+    from codechat.chat import supervised_spans
     from codechat.data.mixture import Mixture
     mix = Mixture.from_spec(spec, cfg)
     counts = BudgetCounts()

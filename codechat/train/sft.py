@@ -25,7 +25,7 @@ from typing import Any, Callable
 from .. import checkpoint as ckpt
 from ..config import ConfigError, SFTStageConfig, replace, save_yaml, to_dict
 from ..data.mixture import Mixture, missing_sources
-from ..chat import RenderedExample
+from ..budget import RenderedExample
 from ..data.sft import SFTLoader, collate, preflight
 from ..device import resolve_device
 from ..model import GPT, IGNORE_INDEX
