@@ -233,7 +233,6 @@ class Speedrun:
             self.m[name]["wall_s"] = st["wall_s"]
             st["status"] = "done"
             self._write()
-        self.m["total_wall_s"] = sum(self.m["stages"][s]["wall_s"] for s in STAGES)
         self.m["invocation_wall_s"] = time.perf_counter() - t_invocation
         self._write()
         print(f"val_bpb {self.m['pretrain']['val_bpb_final']:.3f} vs gzip {self.m['baseline']['gzip_bpb']:.3f}; "
