@@ -1,0 +1,222 @@
+"""The model as the engine runs it: fused inference weights, a slot KV cache, prefill and decode.
+
+:class:`InferenceModel` holds a copy of a :class:`codechat.model.GPT`'s weights in the inference
+dtype (bf16 on CUDA, fp32 elsewhere, whatever the checkpoint's dtype) with the query, key and
+value projections fused into one matrix and the SwiGLU gate and up projections into another. Its
+forward pass is token-major: the N tokens of a step are rows of one (N, C) matrix whatever
+sequences they belong to, and only attention knows where each sequence's keys live.
+
+:class:`KVCache` is a fixed pool of ``slots``, each with room for ``max_len`` positions; a
+sequence owns one slot from its prefill until it finishes. Prefill packs prompts of any lengths
+end to end (no padding); decode feeds one token per slot, attending to that slot's first
+``length + 1`` positions. On CUDA both go through FlashAttention-2's variable-length kernel
+(``aten._flash_attention_forward`` with ``seqused_k``: Dao 2023, "FlashAttention-2"), which reads
+only the filled part of each slot from a cache of static shape, so a decode step can be captured
+in a CUDA graph once per batch size and replayed; elsewhere through
+``F.scaled_dot_product_attention`` with a length mask.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..model import GPT, rope_tables
+
+
+def _add_norm(x: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual, normed): ``x + delta`` and its RMSNorm."""
+    x = x + delta
+    return x, F.rms_norm(x, (x.size(-1),), w, eps)
+
+
+def _qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qn: torch.Tensor | None,
+              kn: torch.Tensor | None, n_head: int, n_kv: int, eps: float
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split a fused (N, (H + 2 Hkv) D) projection into q (N, H, D), k, v (N, Hkv, D); QK-norm and
+    rotate q and k (the rotate-half layout of :func:`codechat.model.apply_rope`)."""
+    N = qkv.size(0)
+    D = cos.size(-1)
+    q, k, v = qkv.split([n_head * D, n_kv * D, n_kv * D], dim=-1)
+    q, k, v = q.view(N, n_head, D), k.view(N, n_kv, D), v.view(N, n_kv, D)
+    if qn is not None:
+        q = F.rms_norm(q, (D,), qn, eps)
+        k = F.rms_norm(k, (D,), kn, eps)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def rope(x: torch.Tensor) -> torch.Tensor:
+        rotated = torch.cat([-x[..., D // 2:], x[..., :D // 2]], dim=-1)
+        return (x * cos + rotated * sin).to(x.dtype)
+    return rope(q), rope(k), v
+
+
+def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    g, u = gate_up.chunk(2, dim=-1)
+    return F.silu(g) * u
+
+
+@dataclass
+class KVCache:
+    """Keys and values of ``slots`` sequences: ``k[layer]``/``v[layer]`` (slots, max_len + 1,
+    n_kv_head, head_dim) in the inference dtype. The extra position takes the one step a finished
+    row may still run before the host learns that it stopped."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    @classmethod
+    def empty(cls, n_layer: int, slots: int, max_len: int, n_kv_head: int, head_dim: int,
+              device: torch.device, dtype: torch.dtype) -> "KVCache":
+        shape = (slots, max_len + 1, n_kv_head, head_dim)
+        return cls([torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)],
+                    [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)])
+
+    @property
+    def slots(self) -> int:
+        return self.k[0].size(0)
+
+    @property
+    def positions(self) -> int:
+        return self.k[0].size(1)
+
+    def nbytes(self) -> int:
+        return 2 * sum(t.numel() * t.element_size() for t in self.k)
+
+
+def flash_available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether FlashAttention-2's variable-length kernel serves this device, dtype and head size."""
+    return (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and head_dim % 8 == 0
+            and head_dim <= 256 and torch.cuda.get_device_capability(device)[0] >= 8)
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+           max_q: int, max_k: int, causal: bool, used_k: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False,
+                                                   seqused_k=used_k)[0]
+
+
+class InferenceModel:
+    """A GPT's weights laid out for generation, and its token-major forward pass.
+
+    Args:
+        model: the trained model (any dtype, any device); its weights are copied (:meth:`load`).
+        dtype: the inference dtype (bf16 on CUDA, fp32 on CPU is what :class:`Engine` picks).
+        max_len: the longest sequence served; RoPE tables cover ``max_len + 1`` positions.
+        compile: fuse the elementwise work between matmuls with ``torch.compile`` (CUDA).
+    """
+
+    def __init__(self, model: GPT, dtype: torch.dtype, max_len: int, compile: bool = False) -> None:
+        c = model.cfg
+        self.cfg, self.dtype = c, dtype
+        self.device = model.embed_tokens.weight.device
+        self.n_head, self.n_kv, self.head_dim, self.eps = c.n_head, c.n_kv_head, c.head_dim, c.norm_eps
+        self.flash = flash_available(self.device, dtype, c.head_dim)
+        cos, sin = rope_tables(c.head_dim, max_len + 1, c.rope_theta, self.device)
+        self.cos, self.sin = cos, sin
+        self.weights: dict[str, torch.Tensor] = {}
+        self.load(model)
+        wrap: Callable = (lambda f: torch.compile(f, dynamic=True)) if compile else (lambda f: f)
+        self.add_norm, self.qkv_rope, self.swiglu = wrap(_add_norm), wrap(_qkv_rope), wrap(_swiglu)
+
+    @torch.no_grad()
+    def load(self, model: GPT) -> None:
+        """Copy ``model``'s current weights in (in place after the first call, so that captured CUDA
+        graphs stay valid: an RL trainer calls this after each update)."""
+        new: dict[str, torch.Tensor] = {"embed": model.embed_tokens.weight, "norm": model.norm.weight}
+        if not self.cfg.tie_embeddings:
+            new["lm_head"] = model.lm_head.weight
+        for i, b in enumerate(model.layers):
+            a, m = b.self_attn, b.mlp
+            new[f"{i}.wqkv"] = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            new[f"{i}.wo"] = a.o_proj.weight
+            new[f"{i}.wgu"] = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+            new[f"{i}.wdown"] = m.down_proj.weight
+            new[f"{i}.ln1"], new[f"{i}.ln2"] = b.input_layernorm.weight, b.post_attention_layernorm.weight
+            if a.q_norm is not None:
+                new[f"{i}.qn"], new[f"{i}.kn"] = a.q_norm.weight, a.k_norm.weight
+        for name, w in new.items():
+            w = w.detach().to(self.device, self.dtype)
+            if name in self.weights:
+                self.weights[name].copy_(w)
+            else:
+                self.weights[name] = w.contiguous()
+        self.weights.setdefault("lm_head", self.weights["embed"])  # tied: one tensor
+
+    def nbytes(self) -> int:
+        """Bytes of weights one decode step reads: all but the embedding table, of which it reads
+        only the rows of its tokens (a tied LM head is read whole, as ``lm_head``)."""
+        return sum(t.numel() * t.element_size() for k, t in self.weights.items() if k != "embed")
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor,
+                attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Final-norm hidden states (N, C) of ``tokens`` (N,) int64 at ``positions`` (N,) int64.
+
+        ``attend(layer, q, k, v)`` gets q (N, H, D) and k, v (N, Hkv, D), stores k and v where
+        its sequences keep them and returns the attention output (N, H, D).
+        """
+        w, L = self.weights, self.cfg.n_layer
+        cos, sin = self.cos[positions], self.sin[positions]
+        x = F.embedding(tokens, w["embed"])
+        h = F.rms_norm(x, (x.size(-1),), w["0.ln1"], self.eps)
+        for i in range(L):
+            q, k, v = self.qkv_rope(F.linear(h, w[f"{i}.wqkv"]), cos, sin, w.get(f"{i}.qn"), w.get(f"{i}.kn"),
+                                    self.n_head, self.n_kv, self.eps)
+            y = attend(i, q, k, v).reshape(x.size(0), -1)
+            x, h = self.add_norm(x, F.linear(y, w[f"{i}.wo"]), w[f"{i}.ln2"], self.eps)
+            down = F.linear(self.swiglu(F.linear(h, w[f"{i}.wgu"])), w[f"{i}.wdown"])
+            x, h = self.add_norm(x, down, w[f"{i + 1}.ln1"] if i + 1 < L else w["norm"], self.eps)
+        return h
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(N, vocab_size) float32 logits of final hidden states ``h`` (N, C)."""
+        return F.linear(h, self.weights["lm_head"]).float()
+
+    # -- attention over the slot cache ------------------------------------------------------------
+
+    def prefill_attend(self, cache: KVCache, seg_lens: list[int], cu: torch.Tensor, dest: tuple[torch.Tensor, ...]
+                       ) -> Callable:
+        """``attend`` for packed prompts: segment ``j`` is tokens ``cu[j]:cu[j+1]`` (causal within
+        itself); ``dest = (src, slot, pos)`` (M,) int64 copies token ``src`` to ``(slot, pos)``."""
+        src, slot, pos = dest
+        max_len = max(seg_lens)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            cache.k[layer].index_put_((slot, pos), k[src])
+            cache.v[layer].index_put_((slot, pos), v[src])
+            if self.flash:
+                return _flash(q, k, v, cu, cu, max_len, max_len, True)
+            out, start = [], 0
+            for n in seg_lens:
+                qs, ks, vs = (t[start:start + n].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+                out.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)[0].transpose(0, 1))
+                start += n
+            return torch.cat(out)
+        return attend
+
+    def decode_attend(self, cache: KVCache, lengths: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                      max_used: int | None = None) -> Callable:
+        """``attend`` for one new token in each of slots ``0..b-1`` (b = ``lengths.numel()``), each
+        at position ``lengths[r]`` and seeing positions ``0..lengths[r]``. ``max_used`` (host) bounds
+        ``lengths + 1`` on the non-flash path (None: the whole cache, a static shape)."""
+        b = lengths.numel()
+        rows = torch.arange(b, device=lengths.device)
+        used = lengths + 1
+        P = cache.positions
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            kc, vc = cache.k[layer], cache.v[layer]
+            kc.index_put_((rows, lengths), k)
+            vc.index_put_((rows, lengths), v)
+            if self.flash:
+                return _flash(q, kc[:b].view(b * P, self.n_kv, self.head_dim),
+                              vc[:b].view(b * P, self.n_kv, self.head_dim), cu_q, cu_k, 1, P, False,
+                              used.to(torch.int32))
+            m = P if max_used is None else max_used
+            mask = (torch.arange(m, device=q.device) < used.unsqueeze(1)).view(b, 1, 1, m)
+            y = F.scaled_dot_product_attention(q.unsqueeze(2), kc[:b, :m].transpose(1, 2), vc[:b, :m].transpose(1, 2),
+                                               attn_mask=mask, enable_gqa=True)
+            return y.squeeze(2)
+        return attend

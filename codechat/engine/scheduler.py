@@ -1,0 +1,473 @@
+"""The engine: continuous batching of generation requests over a fixed pool of KV-cache slots.
+
+A :class:`Request` is a prompt, its sampling settings, a seed and the sample indices to draw
+(``n`` samples of one prompt share one prefill: its keys and values are written to ``n`` slots).
+:meth:`Engine.step` runs one scheduler step:
+
+1. launch one decode step for every running row (a CUDA graph per batch-size bucket on CUDA);
+2. read back the tokens of the *previous* launches — the device is already busy with the new one,
+   so the host never stalls it — append them, and finish rows that emitted a stop id or reached
+   ``max_new_tokens``, freeing their slots;
+3. admit waiting requests into free slots (FIFO, up to ``max_prefill_tokens`` prompt tokens a
+   step): one packed prefill whose last logits give each new row its first token.
+
+A row therefore joins a running batch as soon as a slot frees and leaves it when it finishes;
+a row that stopped may run one extra step before the host sees it, whose token is dropped.
+Tokens come back as :class:`Token` events, in order per row, for streaming.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from ..model import GPT
+from .runner import InferenceModel, KVCache
+from .sampling import RowParams, SamplingConfig, row_seed, sample
+
+FINISH_REASONS = ("stop", "length", "cancelled")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine lays out memory and runs steps.
+
+    Attributes:
+        slots: sequences decoded at once (KV-cache slots); 0 picks 256 on CUDA (fewer when the
+            cache would take over ``cache_memory_frac`` of free GPU memory) and 16 elsewhere.
+        max_len: positions per slot, prompt plus generated tokens; 0 is the model's
+            ``max_seq_len``. A request longer than this is refused when it is added.
+        max_prefill_tokens: prompt tokens prefilled in one step at most (one prompt always goes).
+        cuda_graphs: capture each decode batch size in a CUDA graph (CUDA only).
+        compile: fuse the elementwise work between matmuls with ``torch.compile`` (CUDA only).
+        dtype: ``auto`` (bf16 on CUDA, fp32 elsewhere: bf16 matmuls are ~50x slower on CPUs
+            without native support), ``bf16`` or ``fp32``.
+        cache_memory_frac: share of free GPU memory the automatic ``slots`` may give the cache.
+
+    Raises:
+        ValueError: a value out of range.
+    """
+
+    slots: int = 0
+    max_len: int = 0
+    max_prefill_tokens: int = 16384
+    cuda_graphs: bool = True
+    compile: bool = True
+    dtype: str = "auto"
+    cache_memory_frac: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.slots < 0 or self.max_len < 0 or self.max_prefill_tokens < 1:
+            raise ValueError(f"slots and max_len must be >= 0 and max_prefill_tokens >= 1, got "
+                             f"{self.slots}, {self.max_len}, {self.max_prefill_tokens}")
+        if self.dtype not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
+        if not 0.0 < self.cache_memory_frac <= 1.0:
+            raise ValueError(f"cache_memory_frac must be in (0, 1], got {self.cache_memory_frac}")
+
+
+@dataclass(frozen=True)
+class Request:
+    """A prompt to continue.
+
+    Attributes:
+        prompt: token ids (at least one).
+        sampling: temperature, top-k, top-p and ``max_new_tokens``.
+        samples: how many samples (an int n: indices ``0..n-1``) or which sample indices to draw.
+            Sample ``i`` of seed ``s`` is the same whatever else runs beside it.
+        seed: the request's seed.
+        stop_ids: a row that emits one of these finishes with reason ``stop`` (the id is kept).
+    """
+
+    prompt: Sequence[int]
+    sampling: SamplingConfig = SamplingConfig()
+    samples: int | Sequence[int] = 1
+    seed: int = 0
+    stop_ids: Sequence[int] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
+        s = self.samples
+        object.__setattr__(self, "samples", tuple(range(s)) if isinstance(s, int) else tuple(int(i) for i in s))
+        object.__setattr__(self, "stop_ids", tuple(int(t) for t in self.stop_ids))
+        if not self.prompt:
+            raise ValueError("empty prompt: give at least one token (e.g. <|bos|>)")
+        if len(set(self.samples)) != len(self.samples) or any(i < 0 for i in self.samples):
+            raise ValueError(f"samples must be distinct indices >= 0, got {self.samples}")
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token of row ``(request, sample)``: its id, its log-probability under the
+    distribution it was drawn from (0 for greedy) and under temperature 1, and ``finish``
+    (``stop`` / ``length``) on a row's last token, else None."""
+
+    request: int
+    sample: int
+    token: int
+    logprob: float
+    logprob_t1: float
+    finish: str | None
+
+
+@dataclass
+class Sample:
+    """A row's whole output: ``token_ids`` (the stop id included), per-token ``logprobs`` and
+    ``logprobs_t1`` (as in :class:`Token`), and ``finish`` (one of :data:`FINISH_REASONS`, None
+    while running)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    logprobs_t1: list[float] = field(default_factory=list)
+    finish: str | None = None
+
+
+@dataclass
+class _Row:
+    rid: int
+    sample: int
+    req: Request
+    slot: int = -1
+    launched: int = 0  # tokens whose computation has been launched
+    out: Sample = field(default_factory=Sample)
+
+
+@dataclass
+class _Launch:
+    rows: list[_Row]
+    tokens: torch.Tensor  # (R,) int64, on the host once ``event`` completed
+    lps: torch.Tensor  # (2, R) float32
+    event: torch.cuda.Event | None
+
+
+class Engine:
+    """Generation for everyone: sample, chat, evaluation, RL rollouts, function calling, serving.
+
+    Args:
+        model: a :class:`codechat.model.GPT`; its weights are copied (:meth:`load_weights` copies
+            them again after training changed them).
+        config: an :class:`EngineConfig`.
+    """
+
+    def __init__(self, model: GPT, config: EngineConfig = EngineConfig()) -> None:
+        self.config = c = config
+        dev = model.embed_tokens.weight.device
+        cuda = dev.type == "cuda"
+        dtype = torch.bfloat16 if c.dtype == "bf16" or (c.dtype == "auto" and cuda) else torch.float32
+        self.max_len = c.max_len or model.cfg.max_seq_len
+        self.model = InferenceModel(model, dtype, self.max_len, compile=c.compile and cuda)
+        self.device, self.cuda = dev, cuda
+        mc = model.cfg
+        per_slot = 2 * mc.n_layer * (self.max_len + 1) * mc.n_kv_head * mc.head_dim * (2 if dtype == torch.bfloat16 else 4)
+        slots = c.slots
+        if slots == 0:
+            slots = 16
+            if cuda:
+                free = torch.cuda.mem_get_info(dev)[0]
+                slots = max(1, min(256, int(c.cache_memory_frac * free // per_slot)))
+        self.cache = KVCache.empty(mc.n_layer, slots, self.max_len, mc.n_kv_head, mc.head_dim, dev, dtype)
+        S = self.slots = slots
+        z = lambda dt: torch.zeros(S, dtype=dt, device=dev)  # noqa: E731
+        self.tokens, self.lengths, self.counter, self.seed = z(torch.long), z(torch.long), z(torch.long), z(torch.long)
+        self.temperature, self.top_p, self.top_k = z(torch.float32), torch.ones(S, device=dev), z(torch.long)
+        self.active = torch.zeros(S, dtype=torch.bool, device=dev)
+        self.cu_q = torch.arange(S + 1, dtype=torch.int32, device=dev)
+        self.cu_k = self.cu_q * self.cache.positions
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+        self._free = list(range(S))  # a heap: the lowest free slot first keeps batches small
+        self._rows: list[_Row | None] = [None] * S
+        self._waiting: list[tuple[int, Request, list[int]]] = []
+        self._pending: list[_Launch] = []
+        self._outputs: dict[int, dict[int, Sample]] = {}
+        self._open: dict[int, int] = {}  # request id -> rows not yet finished
+        self._next_id = 0
+        self._active_rows: tuple[int, ...] = ()
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def load_weights(self, model: GPT) -> None:
+        """Copy ``model``'s weights in again (in place: captured graphs stay valid)."""
+        self.model.load(model)
+
+    def add(self, request: Request) -> int:
+        """Queue ``request``; returns its id.
+
+        Raises:
+            ValueError: prompt plus ``max_new_tokens`` is longer than the engine's ``max_len``
+                (shorten the prompt, lower ``max_new_tokens`` or raise ``EngineConfig.max_len``;
+                nothing is cut silently).
+        """
+        total = len(request.prompt) + request.sampling.max_new_tokens
+        if total > self.max_len:
+            raise ValueError(f"prompt of {len(request.prompt)} tokens + max_new_tokens "
+                             f"{request.sampling.max_new_tokens} = {total} is over the engine's context of "
+                             f"{self.max_len} positions (model.max_seq_len={self.model.cfg.max_seq_len}): shorten "
+                             "the prompt or lower max_new_tokens")
+        rid = self._next_id
+        self._next_id += 1
+        self._outputs[rid] = {i: Sample() for i in request.samples}
+        self._open[rid] = len(request.samples)
+        if request.samples:
+            self._waiting.append((rid, request, list(request.samples)))
+        return rid
+
+    def cancel(self, rid: int, sample: int | None = None) -> None:
+        """Stop request ``rid``'s row ``sample`` (every row when None): its slot frees, other rows
+        go on, and its output keeps what was generated with finish ``cancelled``."""
+        for i, (wid, req, idx) in enumerate(self._waiting):
+            if wid == rid:
+                drop = idx if sample is None else [s for s in idx if s == sample]
+                for s in drop:
+                    self._finish_output(rid, s, "cancelled")
+                self._waiting[i] = (wid, req, [s for s in idx if s not in drop])
+        self._waiting = [w for w in self._waiting if w[2]]
+        for row in self._rows:
+            if row is not None and row.rid == rid and (sample is None or row.sample == sample):
+                self._release(row, "cancelled")
+
+    def has_work(self) -> bool:
+        """Whether any request is waiting, running or has tokens not yet returned."""
+        return bool(self._waiting or self._pending or any(r is not None for r in self._rows))
+
+    def step(self) -> list[Token]:
+        """One scheduler step (module docstring); returns the tokens that came back."""
+        launched = self._launch_decode()
+        events = self._drain(keep=launched)
+        self._admit()
+        return events
+
+    def run(self) -> Iterator[Token]:
+        """Step until no work is left, yielding every token as it comes back."""
+        while self.has_work():
+            yield from self.step()
+
+    def output(self, rid: int) -> list[Sample]:
+        """Request ``rid``'s samples, in the order of its sample indices (finished or not)."""
+        return list(self._outputs[rid].values())
+
+    def done(self, rid: int) -> bool:
+        return self._open.get(rid, 0) == 0
+
+    def pop(self, rid: int) -> list[Sample]:
+        """:meth:`output` of a finished request, forgetting it."""
+        if not self.done(rid):
+            raise ValueError(f"request {rid} is still running")
+        self._open.pop(rid, None)
+        return list(self._outputs.pop(rid).values())
+
+    def generate(self, requests: Sequence[Request]) -> list[list[Sample]]:
+        """Run ``requests`` (with whatever else is queued) to the end; their samples, in order."""
+        ids = [self.add(r) for r in requests]
+        for _ in self.run():
+            pass
+        return [self.pop(i) for i in ids]
+
+    def stream(self, request: Request) -> Iterator[Token]:
+        """Add ``request`` and yield its tokens as they come (other requests advance too).
+        Closing the iterator early cancels the request."""
+        rid = self.add(request)
+        try:
+            while not self.done(rid):
+                for ev in self.step():
+                    if ev.request == rid:
+                        yield ev
+        finally:
+            if not self.done(rid):
+                self.cancel(rid)
+            self._open.pop(rid, None)
+            self._outputs.pop(rid, None)
+
+    @torch.inference_mode()
+    def score(self, prompt: Sequence[int], completion: Sequence[int]) -> list[float]:
+        """Log-probability at temperature 1 of each token of ``completion`` after ``prompt``: one
+        teacher-forced pass (no cache slot is used).
+
+        Raises:
+            ValueError: ``prompt`` or ``completion`` is empty, or together they exceed ``max_len``.
+        """
+        if not prompt or not completion:
+            raise ValueError(f"need a non-empty prompt and completion, got {len(prompt)} and {len(completion)} tokens")
+        ids = list(prompt) + list(completion)
+        if len(ids) > self.max_len:
+            raise ValueError(f"prompt + completion of {len(ids)} tokens is over the engine's context of {self.max_len}")
+        dev, n = self.device, len(ids)
+        none = torch.zeros(0, dtype=torch.long, device=dev)
+        cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
+        m = self.model
+        h = m.forward(torch.tensor(ids, device=dev), torch.arange(n, device=dev),
+                      m.prefill_attend(self.cache, [n], cu, (none, none, none)))
+        lp = m.logits(h[len(prompt) - 1:-1]).log_softmax(-1)
+        return lp.gather(1, torch.tensor(completion, device=dev).unsqueeze(1)).squeeze(1).tolist()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _params(self, idx: torch.Tensor | slice, rows: Sequence[_Row]) -> RowParams:
+        return RowParams(self.temperature[idx], self.top_k[idx], self.top_p[idx], self.seed[idx], self.counter[idx],
+                         filtered=any(r.req.sampling.top_k > 0 or r.req.sampling.top_p < 1.0 for r in rows),
+                         sampled=any(r.req.sampling.temperature > 0 for r in rows))
+
+    def _launch(self, rows: list[_Row], tok: torch.Tensor, lp: torch.Tensor, lp1: torch.Tensor) -> _Launch:
+        lps = torch.stack([lp, lp1])
+        if not self.cuda:
+            return _Launch(rows, tok, lps, None)
+        host_t = torch.empty(tok.shape, dtype=tok.dtype, pin_memory=True)
+        host_l = torch.empty(lps.shape, dtype=lps.dtype, pin_memory=True)
+        host_t.copy_(tok, non_blocking=True)
+        host_l.copy_(lps, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        return _Launch(rows, host_t, host_l, ev)
+
+    @torch.inference_mode()
+    def _launch_decode(self) -> _Launch | None:
+        rows = [r for r in self._rows if r is not None and r.out.finish is None and r.launched < r.req.sampling.max_new_tokens]
+        if not rows:
+            return None
+        top = max(r.slot for r in rows) + 1
+        b = next(k for k in self._buckets() if k >= top)
+        key = tuple(r.slot for r in rows)
+        if key != self._active_rows:
+            self.active.zero_()
+            self.active[torch.tensor(key, device=self.device)] = True
+            self._active_rows = key
+        logits = self._decode_logits(b, max(r.launched + len(r.req.prompt) for r in rows))
+        active = self.active[:b]
+        tok, lp, lp1 = sample(logits, self._params(slice(0, b), rows))
+        self.tokens[:b] = torch.where(active, tok, self.tokens[:b])
+        self.lengths[:b] += active
+        self.counter[:b] += active
+        for r in rows:
+            r.launched += 1
+        slots = torch.tensor([r.slot for r in rows], device=self.device)
+        return self._launch(rows, tok[slots], lp[slots], lp1[slots])
+
+    def _buckets(self) -> list[int]:
+        out, k = [], 1
+        while k < self.slots:
+            out.append(k)
+            k *= 2
+        return out + [self.slots]
+
+    def _decode_logits(self, b: int, max_used: int) -> torch.Tensor:
+        """(b, V) float32 logits of slots ``0..b-1``'s current tokens (writing their keys and values)."""
+        m = self.model
+        if not (self.cuda and self.config.cuda_graphs):
+            lengths = self.lengths[:b]
+            attend = m.decode_attend(self.cache, lengths, self.cu_q[:b + 1], self.cu_k[:b + 1],
+                                     None if self.cuda else max_used)
+            return m.logits(m.forward(self.tokens[:b], lengths, attend))
+        if b not in self.graphs:
+            self.graphs[b] = self._capture(b)
+        graph, out = self.graphs[b]
+        graph.replay()
+        return out
+
+    def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        m = self.model
+        tokens, lengths = self.tokens[:b], self.lengths[:b]
+        attend = m.decode_attend(self.cache, lengths, self.cu_q[:b + 1], self.cu_k[:b + 1])
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up (compilation, cuBLAS workspaces) off the capture
+            for _ in range(2):
+                m.logits(m.forward(tokens, lengths, attend))
+        torch.cuda.current_stream().wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = m.logits(m.forward(tokens, lengths, attend))
+        return graph, out
+
+    def _drain(self, keep: _Launch | None) -> list[Token]:
+        events: list[Token] = []
+        todo = [x for x in self._pending if x is not keep]
+        self._pending = [keep] if keep is not None else []
+        for launch in todo:
+            if launch.event is not None:
+                launch.event.synchronize()
+            toks, lps = launch.tokens.tolist(), launch.lps.tolist()
+            for j, row in enumerate(launch.rows):
+                if row.out.finish is not None:
+                    continue  # stopped or cancelled: this token was computed after the fact
+                t = toks[j]
+                out = row.out
+                out.token_ids.append(t)
+                out.logprobs.append(lps[0][j])
+                out.logprobs_t1.append(lps[1][j])
+                finish = ("stop" if t in row.req.stop_ids else
+                          "length" if len(out.token_ids) >= row.req.sampling.max_new_tokens else None)
+                events.append(Token(row.rid, row.sample, t, lps[0][j], lps[1][j], finish))
+                if finish:
+                    self._release(row, finish)
+        return events
+
+    def _release(self, row: _Row, finish: str) -> None:
+        row.out.finish = finish
+        self._open[row.rid] -= 1
+        if self._rows[row.slot] is row:
+            self._rows[row.slot] = None
+            heapq.heappush(self._free, row.slot)
+
+    def _finish_output(self, rid: int, sample: int, finish: str) -> None:
+        self._outputs[rid][sample].finish = finish
+        self._open[rid] -= 1
+
+    @torch.inference_mode()
+    def _admit(self) -> None:
+        groups: list[tuple[int, Request, list[int]]] = []
+        budget = self.config.max_prefill_tokens
+        while self._waiting and self._free:
+            rid, req, idx = self._waiting[0]
+            if groups and len(req.prompt) > budget:
+                break
+            take = idx[:len(self._free)]
+            slots = [heapq.heappop(self._free) for _ in take]
+            groups.append((rid, req, list(zip(take, slots))))
+            budget -= len(req.prompt)
+            if len(take) < len(idx):
+                self._waiting[0] = (rid, req, idx[len(take):])
+                break
+            self._waiting.pop(0)
+        if groups:
+            self._pending.append(self._prefill(groups))
+
+    def _prefill(self, groups: list) -> _Launch:
+        dev = self.device
+        seg_lens = [len(req.prompt) for _, req, _ in groups]
+        tokens = torch.tensor([t for _, req, _ in groups for t in req.prompt], device=dev)
+        positions = torch.cat([torch.arange(n) for n in seg_lens]).to(dev)
+        cu = torch.tensor([0] + seg_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(dev)
+        src, dslot, dpos, rows, which = [], [], [], [], []
+        start = 0
+        for g, ((rid, req, pairs), n) in enumerate(zip(groups, seg_lens)):
+            for s, slot in pairs:
+                row = _Row(rid, s, req, slot, launched=1, out=self._outputs[rid][s])
+                self._rows[slot] = row
+                rows.append(row)
+                which.append(g)
+                src.append(torch.arange(start, start + n))
+                dslot.append(torch.full((n,), slot))
+                dpos.append(torch.arange(n))
+            start += n
+        dest = tuple(torch.cat(x).to(dev) for x in (src, dslot, dpos))
+        m = self.model
+        h = m.forward(tokens, positions, m.prefill_attend(self.cache, seg_lens, cu, dest))
+        logits = m.logits(h[cu[1:].long() - 1])[torch.tensor(which, device=dev)]
+        slots = torch.tensor([r.slot for r in rows], device=dev)
+        sc = [r.req.sampling for r in rows]
+        self.temperature[slots] = torch.tensor([c.temperature for c in sc], device=dev)
+        self.top_k[slots] = torch.tensor([c.top_k for c in sc], device=dev)
+        self.top_p[slots] = torch.tensor([c.top_p for c in sc], device=dev)
+        self.seed[slots] = torch.tensor([row_seed(r.req.seed, r.sample) for r in rows], device=dev)
+        self.counter[slots] = 0
+        tok, lp, lp1 = sample(logits, self._params(slots, rows))
+        self.tokens[slots] = tok
+        self.lengths[slots] = torch.tensor([len(r.req.prompt) for r in rows], device=dev)
+        self.counter[slots] = 1
+        self._active_rows = ()  # the active mask changes
+        return self._launch(rows, tok, lp, lp1)
+
