@@ -2,31 +2,36 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Callable, TextIO
 
 from .chat import Conversation, Message, parse_assistant, render_for_completion
-from .engine import SamplingConfig, generate
-from .model import GPT
+from .engine import Engine, Request, SamplingConfig
 from .tokenizer import Tokenizer
 
 COMMANDS_HELP = "commands: /reset starts over, /quit (or Ctrl-D) leaves"
 
 
-def reply(model: GPT, tok: Tokenizer, conv: Conversation, cfg: SamplingConfig, *, seed: int | None = None,
+def reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: SamplingConfig, *, seed: int = 0,
           on_text: Callable[[str], None] = lambda s: None) -> Message:
     """Generate the assistant's next message for ``conv``, streaming its text to ``on_text``.
 
-    Generation stops at ``<|end|>`` or after ``cfg.max_new_tokens``; the reply is parsed into
-    content and (optional) function call with :func:`codechat.chat.parse_assistant`.
+    Generation stops at ``<|end|>`` or after ``cfg.max_new_tokens`` (fewer when the conversation
+    leaves less room in the context); the reply is parsed into content and (optional) function
+    call with :func:`codechat.chat.parse_assistant`.
 
     Raises:
-        ValueError: the prompt does not fit the model's context.
+        ValueError: the conversation leaves no room in the engine's context.
     """
     prompt = render_for_completion(tok, conv)
+    room = engine.max_len - len(prompt)
+    if room < 1:
+        raise ValueError(f"the conversation ({len(prompt)} tokens) fills the model's context of {engine.max_len}")
+    cfg = replace(cfg, max_new_tokens=min(cfg.max_new_tokens, room))
     ids: list[int] = []
     stream = tok.stream(skip_special=True)
-    for step in generate(model, prompt, cfg, stop_ids=[tok.end_id], seed=seed):
-        t = int(step[0])
+    for ev in engine.stream(Request(prompt, cfg, seed=seed, stop_ids=[tok.end_id])):
+        t = ev.token
         ids.append(t)
         if t == tok.end_id:
             break
@@ -36,13 +41,14 @@ def reply(model: GPT, tok: Tokenizer, conv: Conversation, cfg: SamplingConfig, *
     return Message("assistant", content, call)
 
 
-def repl(model: GPT, tok: Tokenizer, cfg: SamplingConfig, *, system: str = "", stdin: TextIO = sys.stdin,
-         stdout: TextIO = sys.stdout, seed: int | None = None) -> None:
-    """Read user turns from ``stdin`` until EOF or ``/quit``, answering each with streamed output."""
+def repl(engine: Engine, tok: Tokenizer, cfg: SamplingConfig, *, system: str = "", stdin: TextIO = sys.stdin,
+         stdout: TextIO = sys.stdout, seed: int = 0) -> None:
+    """Read user turns from ``stdin`` until EOF or ``/quit``, answering each with streamed output
+    (turn ``i`` is sampled with seed ``seed + i``)."""
     def start() -> list[Message]:
         return [Message("system", system)] if system else []
 
-    messages = start()
+    messages, turn = start(), 0
     interactive = stdin.isatty()
     if interactive:
         stdout.write(COMMANDS_HELP + "\n")
@@ -66,7 +72,8 @@ def repl(model: GPT, tok: Tokenizer, cfg: SamplingConfig, *, system: str = "", s
             stdout.write(s)
             stdout.flush()
         try:
-            answer = reply(model, tok, Conversation(messages), cfg, seed=seed, on_text=emit)
+            answer = reply(engine, tok, Conversation(messages), cfg, seed=seed + turn, on_text=emit)
+            turn += 1
         except ValueError as e:  # the conversation outgrew the context: say so and start over
             stdout.write(f"\n[{e}; starting a new conversation]\n")
             messages = start()

@@ -117,26 +117,35 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_sample(args: argparse.Namespace) -> int:
     from .checkpoint import load_model
-    from .engine import SamplingConfig, generate
     from .device import resolve_device
+    from .engine import Engine, EngineConfig, Request, SamplingConfig
     device = resolve_device(args.device or "auto")
     model, tok, _ = load_model(args.model, device)
-    cfg = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    engine = Engine(model, EngineConfig(slots=1))
     prompt = [tok.end_id] + tok.encode(args.prompt)  # documents follow an <|end|> in pretraining
+    room = engine.max_len - len(prompt)
+    if room < 1:
+        raise SystemExit(f"error: the prompt ({len(prompt)} tokens) fills the model's context of {engine.max_len}")
+    cfg = SamplingConfig(min(args.max_new_tokens, room), args.temperature, args.top_k, args.top_p)
+    seed = _seed(args.seed)
     for i in range(args.num_samples):
         if args.num_samples > 1:
             print(f"--- sample {i + 1}")
         stream = tok.stream()
         sys.stdout.write(args.prompt)
-        seed = None if args.seed is None else args.seed + i
-        for t in generate(model, prompt, cfg, stop_ids=[tok.end_id], seed=seed):
-            t = int(t[0])
-            if t == tok.end_id:
+        for ev in engine.stream(Request(prompt, cfg, samples=[i], seed=seed, stop_ids=[tok.end_id])):
+            if ev.token == tok.end_id:
                 break
-            sys.stdout.write(stream.push(t))
+            sys.stdout.write(stream.push(ev.token))
             sys.stdout.flush()
         sys.stdout.write(stream.flush() + "\n")
     return 0
+
+
+def _seed(seed: int | None) -> int:
+    """``--seed``, or a fresh random one when none was given."""
+    import secrets
+    return secrets.randbits(31) if seed is None else seed
 
 
 def _add_chat(sub: argparse._SubParsersAction) -> None:
@@ -159,14 +168,15 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from .chat_repl import repl, reply
     from .checkpoint import load_model
     from .device import resolve_device
-    from .engine import SamplingConfig
+    from .engine import Engine, EngineConfig, SamplingConfig
     model, tok, _ = load_model(args.model, resolve_device(args.device or "auto"))
+    engine = Engine(model, EngineConfig(slots=1))
     cfg = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     if args.prompt is None:
-        repl(model, tok, cfg, system=args.system, seed=args.seed)
+        repl(engine, tok, cfg, system=args.system, seed=_seed(args.seed))
         return 0
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", args.prompt)]
-    answer = reply(model, tok, Conversation(messages), cfg, seed=args.seed,
+    answer = reply(engine, tok, Conversation(messages), cfg, seed=_seed(args.seed),
                    on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     if answer.function_call is not None:
         print(f"\n[function call: {answer.function_call}]", end="")

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .engine import SamplingConfig, complete, mean_logprob
-from .model import GPT
+from dataclasses import replace
+
+from .engine import Engine, Request, SamplingConfig, mean_logprob
 from .tokenizer import Tokenizer
 
 
@@ -56,26 +57,33 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
-def sample_completions(model: GPT, tok: Tokenizer, prompt: str, cfg: SamplingConfig, n: int,
-                       seed: int | None = None) -> list[Completion]:
-    """``n`` completions of the code ``prompt`` (one batch), each ended by :func:`end_of_block`
-    and scored by :func:`~codechat.engine.mean_logprob`.
+def sample_completions(engine: Engine, tok: Tokenizer, prompt: str, cfg: SamplingConfig, n: int,
+                       seed: int = 0) -> list[Completion]:
+    """``n`` completions of the code ``prompt`` (sharing one prefill), each ended by
+    :func:`end_of_block` and scored by :func:`~codechat.engine.mean_logprob`.
 
-    The prompt follows an ``<|end|>``, as every document does in pretraining.
+    The prompt follows an ``<|end|>``, as every document does in pretraining. A prompt that
+    leaves fewer than ``cfg.max_new_tokens`` positions in the engine's context gets what is left.
 
     Raises:
-        ValueError: ``n`` < 1, or the prompt leaves no room under the model's ``max_seq_len``.
+        ValueError: ``n`` < 1, or the prompt leaves no room in the engine's context.
     """
     if n < 1:
         raise ValueError(f"need at least one sample, got n={n}")
     prompt_ids = [tok.end_id] + tok.encode(prompt)
+    room = engine.max_len - len(prompt_ids)
+    if room < 1:
+        raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room in the context of {engine.max_len}")
+    cfg = replace(cfg, max_new_tokens=min(cfg.max_new_tokens, room))
     out = []
-    for ids in complete(model, prompt_ids, cfg, stop_ids=[tok.end_id], num_samples=n, seed=seed):
+    [samples] = engine.generate([Request(prompt_ids, cfg, samples=n, seed=seed, stop_ids=[tok.end_id])])
+    for s in samples:
+        ids = s.token_ids
         raw = tok.decode([t for t in ids if t != tok.end_id])
         text = end_of_block(prompt, raw)
         ended = text != raw or ids[-1] == tok.end_id
         text_ids = tok.encode(text) or [tok.end_id]  # empty: scored as ending the document at once
-        out.append(Completion(text, ended and bool(text.strip()), mean_logprob(model, prompt_ids, text_ids)))
+        out.append(Completion(text, ended and bool(text.strip()), mean_logprob(engine, prompt_ids, text_ids)))
     return out
 
 

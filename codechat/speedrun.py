@@ -33,7 +33,7 @@ from .config import (ConfigError, OptimConfig, PretrainConfig, RunConfig, SFTCon
                      load, pretrain_recipe, replace, to_dict)
 from .data.corpus import build_corpus, iter_split_texts, load_index, read_split
 from .completion import best_completion, sample_completions
-from .engine import SamplingConfig
+from .engine import Engine, EngineConfig, SamplingConfig
 from .atomic import write_text
 from .report import (compression_baselines, parses_after_dropping_last_line, plot_loss, read_metrics,
                      speedrun_report)
@@ -319,10 +319,11 @@ class Speedrun:
         from .checkpoint import load_model
         p = self.p
         model, tok, _ = load_model(self.run / "pretrain", self.dev)
+        engine = Engine(model, EngineConfig(slots=p.sample_best_of))
         cfg = SamplingConfig(max_new_tokens=p.sample_tokens, temperature=p.sample_temperature, top_p=p.sample_top_p)
         out = []
         for i, prompt in enumerate(p.sample_prompts):
-            cands = sample_completions(model, tok, prompt, cfg, p.sample_best_of, seed=self.seed + i)
+            cands = sample_completions(engine, tok, prompt, cfg, p.sample_best_of, seed=self.seed + i)
             best = best_completion(cands)
             out.append({"prompt": prompt, "text": prompt + best.text, "finished": best.finished,
                         "mean_logprob": best.mean_logprob,
@@ -372,9 +373,10 @@ class Speedrun:
         from .chat_repl import reply
         from .checkpoint import load_model
         model, tok, _ = load_model(self.run / "sft", self.dev)
+        engine = Engine(model, EngineConfig(slots=1))
         cfg = SamplingConfig(max_new_tokens=self.p.chat_tokens, temperature=self.p.sample_temperature,
                              top_p=self.p.sample_top_p)
-        answers = [{"prompt": q, "answer": reply(model, tok, Conversation([Message("user", q)]), cfg,
+        answers = [{"prompt": q, "answer": reply(engine, tok, Conversation([Message("user", q)]), cfg,
                                                  seed=self.seed + i).content}
                    for i, q in enumerate(self.p.chat_prompts)]
         return {"n": len(answers), "answers": answers}

@@ -6,7 +6,7 @@ import torch
 
 from codechat.completion import Completion, best_completion, end_of_block, sample_completions
 from codechat.config import ModelConfig
-from codechat.engine import SamplingConfig, mean_logprob
+from codechat.engine import Engine, EngineConfig, SamplingConfig, mean_logprob
 from codechat.model import build_model
 from codechat.report import parses_after_dropping_last_line
 
@@ -31,6 +31,7 @@ def test_mean_logprob_is_the_average_log_softmax_of_the_completion_tokens():
     with torch.no_grad():
         logp = m(torch.tensor([prompt + comp]))[0].log_softmax(-1)
     want = sum(float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(comp)) / len(comp)
+    m = Engine(m, EngineConfig(slots=1))
     assert mean_logprob(m, prompt, comp) == pytest.approx(want, abs=1e-5)
     assert mean_logprob(m, prompt, comp) != pytest.approx(mean_logprob(m, prompt, comp[::-1]), abs=1e-4)
     with pytest.raises(ValueError, match="non-empty"):
@@ -59,7 +60,7 @@ def test_sample_completions_finish_when_the_function_ends_and_not_when_the_budge
         opt.zero_grad()
         m(ids[:, :-1], ids[:, 1:]).backward()
         opt.step()
-    m.eval()
+    m = Engine(m.eval(), EngineConfig(slots=3))
     prompt = "def f(x):\n"
     cfg = SamplingConfig(max_new_tokens=40, temperature=0.3, top_p=1.0)
     got = sample_completions(m, tok, prompt, cfg, n=3, seed=3)

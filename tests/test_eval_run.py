@@ -15,7 +15,7 @@ from codechat.cli import main
 from codechat.config import ModelConfig, to_dict
 from codechat.data.formats import HUMANEVAL_PROMPT, mbpp_prompt
 from codechat.data.mining import humaneval_file
-from codechat.engine import SamplingConfig
+from codechat.engine import Engine, EngineConfig, SamplingConfig
 from codechat.eval import sandbox
 from codechat.eval import suites as es
 from codechat.eval.extract import extract_code
@@ -142,8 +142,10 @@ class Scripted:
     def __init__(self, answer) -> None:
         self.answer = answer
 
-    def __call__(self, problem, prompt_ids, n, seed):
-        return [es.Generation(self.answer(problem), 1, "stop_token")] * n
+    def __call__(self, jobs):
+        for job in jobs:
+            for i in job.samples:
+                yield job, i, es.Generation(self.answer(job.problem), 1, "stop_token")
 
 
 def canonical_body(p: Problem) -> str:
@@ -187,10 +189,11 @@ def test_mbpp_reference_answers_score_one_and_wrong_ones_zero(mode, kind, tok, t
 def test_an_interrupted_run_keeps_what_was_judged_and_the_rerun_completes_it(tok, tmp_path, box):
     problems = load_humaneval()[:4]
 
-    def crash_on_third(problem, prompt_ids, n, seed):
-        if problem.task_id == problems[2].task_id:
-            raise KeyboardInterrupt
-        return Scripted(canonical_body)(problem, prompt_ids, n, seed)
+    def crash_on_third(jobs):
+        for job in jobs:
+            if job.problem.task_id == problems[2].task_id:
+                raise KeyboardInterrupt
+            yield from Scripted(canonical_body)([job])
     kw = dict(out_dir=tmp_path, suite=problems, mode="base", n=2, ks=(1,), progress=False, box=box)
     with pytest.raises(KeyboardInterrupt):
         es.run_suite(None, tok, sampler=crash_on_third, **kw)
@@ -291,31 +294,33 @@ def test_solution_code_puts_a_bare_humaneval_body_under_the_signature_and_keeps_
 
 
 # ----------------------------------------------------------------------------- stop sequences
-class ScriptedModel(torch.nn.Module):
-    """Emits the ids of ``text`` one by one (argmax), then repeats its last id; counts forward passes."""
+def scripted_engine(tok, text: str) -> Engine:
+    """A real engine whose logits emit the ids of ``text`` one by one (argmax), then repeat its
+    last id; ``engine.calls`` counts the forward passes (prefill and decode steps)."""
+    cfg = ModelConfig(vocab_size=tok.vocab_size, n_layer=1, n_embd=8, n_head=2, n_kv_head=1, max_seq_len=512)
+    engine = Engine(build_model(cfg).eval(), EngineConfig(slots=4))
+    script = tok.encode(text)
+    engine.calls = 0
 
-    def __init__(self, tok, text: str) -> None:
-        super().__init__()
-        self.cfg = ModelConfig(vocab_size=tok.vocab_size, n_layer=1, n_embd=8, n_head=2, n_kv_head=1,
-                               max_seq_len=512)
-        self.embed_tokens = torch.nn.Embedding(tok.vocab_size, 8)
-        self.script, self.calls = tok.encode(text), 0
-
-    def forward(self, x, cache=None):
-        step = self.calls
-        self.calls += 1
-        logits = torch.zeros(x.size(0), x.size(1), self.cfg.vocab_size)
-        logits[:, -1, self.script[min(step, len(self.script) - 1)]] = 1.0
-        return logits
+    def logits(h):
+        out = torch.zeros(h.size(0), tok.vocab_size)
+        out[:, script[min(engine.calls, len(script) - 1)]] = 1.0
+        engine.calls += 1
+        return out
+    engine.model.logits = logits
+    return engine
 
 
 def test_base_sampler_cuts_at_the_first_stop_sequence_and_stops_generating(tok):
-    model = ScriptedModel(tok, "    return 1\n\n\ndef other():\n    pass\n" + "x = 1\n" * 50)
-    sampler = es.ModelSampler(model, tok, SamplingConfig(200, temperature=0.0), mode="base",
+    engine = scripted_engine(tok, "    return 1\n\n\ndef other():\n    pass\n" + "x = 1\n" * 50)
+    sampler = es.ModelSampler(engine, tok, SamplingConfig(200, temperature=0.0), mode="base",
                               stop_sequences=es.HUMANEVAL_STOPS)
-    gens = sampler(None, [tok.end_id] + tok.encode("def f():\n"), 3, seed=0)
+    job = es.Job(None, [tok.end_id] + tok.encode("def f():\n"), (0, 1, 2), seed=0)
+    got = list(sampler(iter([job])))
+    gens = [g for _, _, g in sorted(got, key=lambda x: x[1])]
     assert [g.text for g in gens] == ["    return 1\n\n"] * 3
     assert {g.finish for g in gens} == {"stop_sequence"}
-    assert model.calls == gens[0].n_tokens < 20  # no forward pass after every row stopped
+    # no forward pass after every row stopped (the host reads one step behind the device)
+    assert engine.calls <= gens[0].n_tokens + 1 < 20 and not engine.has_work()
     assert es.truncate_at_stop("a\nprint(1)\n#x", es.HUMANEVAL_STOPS) == 1
     assert es.truncate_at_stop("    # indented comment\n    x", es.HUMANEVAL_STOPS) is None

@@ -15,7 +15,7 @@ from codechat.chat import Conversation, Message, render_for_completion
 from codechat.config import ModelConfig, OptimConfig, RunConfig, SFTConfig, TrainConfig, to_dict
 from codechat.data.mixture import Mixture
 from codechat.data.sft import SFTLoader, collate, pack_best_fit
-from codechat.engine import SamplingConfig, complete
+from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.model import IGNORE_INDEX, build_model
 from codechat.train.trainer import Trainer
 
@@ -153,7 +153,9 @@ def test_a_model_sft_on_one_example_stops_by_itself_and_chats(tok, tok_dir, tmp_
     Trainer(model, train=TrainConfig(max_steps=60, log_every=60), optim=OptimConfig(lr=3e-3, warmup_steps=5),
             run=RunConfig(out=str(tmp_path)), batches=Same(), out_dir=tmp_path, show_progress=False).fit()
     prompt = render_for_completion(tok, Conversation([Message("user", "Say hello.")]))
-    out = complete(model.eval(), prompt, SamplingConfig(max_new_tokens=30, temperature=0.0), stop_ids=[tok.end_id])[0]
+    [[sample]] = Engine(model.eval(), EngineConfig(slots=1)).generate(
+        [Request(prompt, SamplingConfig(max_new_tokens=30, temperature=0.0), stop_ids=[tok.end_id])])
+    out = sample.token_ids
     assert out[-1] == tok.end_id and tok.decode(out[:-1]) == "hello there"
     # the same model through `codechat chat`: one answer, then a two-turn REPL session on stdin
     stage = ckpt.save(tmp_path / "sft" / "checkpoints", 60, model=model.state_dict(),

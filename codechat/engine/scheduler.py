@@ -28,6 +28,7 @@ from .runner import InferenceModel, KVCache
 from .sampling import RowParams, SamplingConfig, row_seed, sample
 
 FINISH_REASONS = ("stop", "length", "cancelled")
+CPU_CACHE_BYTES = 1 << 30  #: the automatic slot count keeps a CPU cache under this
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ class EngineConfig:
 
     Attributes:
         slots: sequences decoded at once (KV-cache slots); 0 picks 256 on CUDA (fewer when the
-            cache would take over ``cache_memory_frac`` of free GPU memory) and 16 elsewhere.
+            cache would take over ``cache_memory_frac`` of free GPU memory) and 16 elsewhere
+            (fewer when the cache would pass :data:`CPU_CACHE_BYTES`).
         max_len: positions per slot, prompt plus generated tokens; 0 is the model's
             ``max_seq_len``. A request longer than this is refused when it is added.
         max_prefill_tokens: prompt tokens prefilled in one step at most (one prompt always goes).
@@ -163,10 +165,8 @@ class Engine:
         per_slot = 2 * mc.n_layer * (self.max_len + 1) * mc.n_kv_head * mc.head_dim * (2 if dtype == torch.bfloat16 else 4)
         slots = c.slots
         if slots == 0:
-            slots = 16
-            if cuda:
-                free = torch.cuda.mem_get_info(dev)[0]
-                slots = max(1, min(256, int(c.cache_memory_frac * free // per_slot)))
+            room = c.cache_memory_frac * torch.cuda.mem_get_info(dev)[0] if cuda else CPU_CACHE_BYTES
+            slots = max(1, min(256 if cuda else 16, int(room // per_slot)))
         self.cache = KVCache.empty(mc.n_layer, slots, self.max_len, mc.n_kv_head, mc.head_dim, dev, dtype)
         S = self.slots = slots
         z = lambda dt: torch.zeros(S, dtype=dt, device=dev)  # noqa: E731
@@ -459,9 +459,9 @@ class Engine:
         logits = m.logits(h[cu[1:].long() - 1])[torch.tensor(which, device=dev)]
         slots = torch.tensor([r.slot for r in rows], device=dev)
         sc = [r.req.sampling for r in rows]
-        self.temperature[slots] = torch.tensor([c.temperature for c in sc], device=dev)
-        self.top_k[slots] = torch.tensor([c.top_k for c in sc], device=dev)
-        self.top_p[slots] = torch.tensor([c.top_p for c in sc], device=dev)
+        self.temperature[slots] = torch.tensor([c.temperature for c in sc], dtype=torch.float32, device=dev)
+        self.top_k[slots] = torch.tensor([c.top_k for c in sc], dtype=torch.long, device=dev)
+        self.top_p[slots] = torch.tensor([c.top_p for c in sc], dtype=torch.float32, device=dev)
         self.seed[slots] = torch.tensor([row_seed(r.req.seed, r.sample) for r in rows], device=dev)
         self.counter[slots] = 0
         tok, lp, lp1 = sample(logits, self._params(slots, rows))

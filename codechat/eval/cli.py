@@ -49,15 +49,16 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     r.add_argument("--max-new-tokens", type=int, default=512, help="tokens generated per sample at most "
                                                                    "(default 512; the model's context caps it)")
     r.add_argument("--limit", type=int, help="only the first N problems (by task id)")
-    r.add_argument("--seed", type=int, default=0, help="sampling seed (default 0); each problem's batches get "
-                                                       "seeds derived from it")
+    r.add_argument("--seed", type=int, default=0, help="sampling seed (default 0); each problem's samples "
+                                                       "get random streams derived from it and the task id")
     r.add_argument("--shots", type=int, default=3, help="MBPP base mode: solved examples from tasks 2-4 before "
                                                         "the task (default 3, the MBPP paper's protocol)")
     r.add_argument("--mode", default="auto", choices=["auto", "chat", "base"],
                    help="chat: the problem as a user turn; base: completion mode; auto (default): base for a "
                         "pretrain checkpoint, chat for any later stage")
-    r.add_argument("--batch-size", type=int, default=0, help="rows per generation batch (default 0: all --n "
-                                                             "samples of a problem at once)")
+    r.add_argument("--batch-size", type=int, default=0, help="samples decoded at once, across problems (the "
+                                                             "engine's KV-cache slots; default 0: 256 on CUDA, 16 "
+                                                             "elsewhere); samples do not depend on it")
     r.add_argument("--workers", type=int, default=2, help="programs judged in parallel (default 2)")
     r.add_argument("--timeout", type=float, default=10.0, help="seconds per program (default 10)")
     r.add_argument("--memory-mb", type=int, default=1024, help="address-space limit per program (default 1024)")

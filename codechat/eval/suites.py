@@ -19,18 +19,18 @@
      protocol (Austin et al. 2021): ``shots`` solved examples from tasks 2-4, then the task, the
      code delimited by ``[BEGIN]`` / ``[DONE]`` (:data:`MBPP_STOPS`);
 
-3. sample ``n`` completions per problem as ONE batch of ``n`` copies of its prompt (shared
-   KV-cache prefill), ``batch_size`` rows at a time at most;
+3. sample ``n`` completions per problem through one :class:`codechat.engine.Engine`, batching
+   across problems (continuous batching over ``batch_size`` KV-cache slots; a problem's ``n``
+   samples share one prefill);
 4. judge each in :mod:`codechat.eval.sandbox` (``workers`` in parallel, overlapping generation) and
    append it to ``OUT/samples.jsonl`` with its result as soon as it is judged;
 5. write ``OUT/results.json`` atomically: pass@k per k, pass@1 and its standard error, counts
    per result kind, how generations ended, timing, and the pre-RL verdict with its band.
 
 Resuming: a rerun with the same ``OUT`` skips every ``(task_id, sample)`` already in
-``samples.jsonl``. Sample ``i`` of a problem is drawn in the batch of rows ``i - i % batch_size``
-onwards with a seed derived from ``(seed, task_id, first row, rows)`` (:func:`derive_seed`), so
-with the same ``n`` and ``batch_size`` the regenerated samples are the ones an uninterrupted run
-would have drawn (same device and software), and batches of other shapes draw independently.
+``samples.jsonl``. Sample ``i`` of a problem is the engine's random stream ``i`` of a seed derived
+from ``(seed, task_id)`` (:func:`derive_seed`), so the regenerated samples are the ones an
+uninterrupted run would have drawn (same device and software), whatever the batch held.
 The settings that change what a sample is (mode, temperature, seed, limits, ...) are kept in
 ``OUT/run.json``; a rerun with other settings is refused. ``n``, ``limit`` and ``batch_size`` may
 change: results use samples ``0..n-1`` of the selected problems.
@@ -56,7 +56,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from tqdm.auto import tqdm
 
@@ -112,57 +112,102 @@ class Generation:
     finish: str  # "stop_sequence" | "stop_token" | "length" | "no_room"
 
 
-#: ``sampler(problem, prompt_ids, n, seed) -> n Generations``; :class:`ModelSampler` is the real one.
-Sampler = Callable[[Problem, list[int], int, int], list[Generation]]
+#: Recorded in ``run.json``: samples drawn by another version of the sampler are not mixed in.
+SAMPLER_VERSION = "engine-2"
+
+
+@dataclass(frozen=True)
+class Job:
+    """The samples ``samples`` (indices) of ``problem`` to draw from ``prompt_ids`` with ``seed``."""
+
+    problem: Problem
+    prompt_ids: list[int]
+    samples: tuple[int, ...]
+    seed: int
+
+
+#: ``sampler(jobs) -> (job, sample index, Generation)`` for every sample of every job, in any order,
+#: pulling jobs only as it has room for them; :class:`ModelSampler` is the real one.
+Sampler = Callable[[Iterator[Job]], Iterator[tuple[Job, int, Generation]]]
 
 
 class ModelSampler:
-    """Samples ``n`` completions of one prompt in one batch with :func:`codechat.engine.generate`.
+    """Samples every job through one :class:`codechat.engine.Engine`, batching across problems.
 
-    Every row stops at a control token (chat: the end of the assistant turn); in base mode a row
-    also stops at the first of ``stop_sequences`` in its incrementally decoded text, and
-    generation ends once every row has stopped.
+    Jobs are pulled while the engine has free rows (continuous batching: a finished sample's slot
+    takes the next one at once); the ``n`` samples of a job share one prefill. Every row stops at
+    a control token (chat: the end of the assistant turn); in base mode a row also stops at the
+    first of ``stop_sequences`` in its incrementally decoded text (its engine row is cancelled).
+    A prompt that leaves fewer than ``cfg.max_new_tokens`` positions in the context gets what is
+    left (finish ``length``); one that leaves none is not generated (``no_room``).
     """
 
-    def __init__(self, model: Any, tok: Any, cfg: Any, *, mode: str, stop_sequences: Sequence[str] = ()) -> None:
+    def __init__(self, engine: Any, tok: Any, cfg: Any, *, mode: str, stop_sequences: Sequence[str] = ()) -> None:
         from codechat.chat import FUNCTION_CALL_TOKEN
-        self.model, self.tok, self.cfg, self.mode = model, tok, cfg, mode
+        self.engine, self.tok, self.cfg, self.mode = engine, tok, cfg, mode
         self.stop_sequences = tuple(stop_sequences)
         self.stop_ids = sorted(tok.special_ids - {tok.special_id(FUNCTION_CALL_TOKEN)})
 
-    def __call__(self, problem: Problem, prompt_ids: list[int], n: int, seed: int) -> list[Generation]:
+    def __call__(self, jobs: Iterator[Job]) -> Iterator[tuple[Job, int, Generation]]:
+        from dataclasses import replace
+
         from codechat.chat import parse_assistant
-        from codechat.engine import generate
-        if len(prompt_ids) >= self.model.cfg.max_seq_len:
-            return [Generation("", 0, "no_room")] * n
-        stop = set(self.stop_ids)
-        ids: list[list[int]] = [[] for _ in range(n)]
-        texts, streams = [""] * n, [self.tok.stream() for _ in range(n)]
-        finish: list[str | None] = [None] * n
-        for step in generate(self.model, prompt_ids, self.cfg, stop_ids=self.stop_ids, num_samples=n, seed=seed):
-            for r, t in enumerate(step.tolist()):
-                if finish[r]:
+        from codechat.engine import Request
+        eng, stop = self.engine, set(self.stop_ids)
+        rows: dict[tuple[int, int], dict[str, Any]] = {}
+        owner: dict[int, list] = {}  # request id -> [job, rows not yet yielded]
+        queued = 0  # rows added and not yet finished
+        jobs = iter(jobs)
+        more = True
+        while True:
+            while more and queued < 2 * eng.slots:  # keep the engine's queue a little ahead of its slots
+                job = next(jobs, None)
+                if job is None:
+                    more = False
+                    break
+                room = eng.max_len - len(job.prompt_ids)
+                if room <= 0:
+                    for i in job.samples:
+                        yield job, i, Generation("", 0, "no_room")
                     continue
-                if t in stop:
-                    finish[r] = "stop_token"
+                cfg = replace(self.cfg, max_new_tokens=min(self.cfg.max_new_tokens, room))
+                rid = eng.add(Request(job.prompt_ids, cfg, samples=job.samples, seed=job.seed, stop_ids=self.stop_ids))
+                owner[rid] = [job, len(job.samples)]
+                for i in job.samples:
+                    rows[rid, i] = {"ids": [], "text": "", "stream": self.tok.stream(), "finish": None}
+                queued += len(job.samples)
+            if not eng.has_work():
+                return
+            for ev in eng.step():
+                r = rows.get((ev.request, ev.sample))
+                if r is None or r["finish"]:
                     continue
-                ids[r].append(t)
-                if self.mode == "base":
-                    before = len(texts[r])
-                    texts[r] += streams[r].push(t)
-                    cut = truncate_at_stop(texts[r], self.stop_sequences, before)
-                    if cut is not None:
-                        texts[r], finish[r] = texts[r][:cut], "stop_sequence"
-            if all(finish):
-                break  # closing the generator stops the forward passes
-        out = []
-        for r in range(n):
-            if self.mode == "chat":
-                text = parse_assistant(self.tok, ids[r])[0]
-            else:
-                text = texts[r] if finish[r] == "stop_sequence" else texts[r] + streams[r].flush()
-            out.append(Generation(text, len(ids[r]), finish[r] or "length"))
-        return out
+                if ev.token in stop:
+                    r["finish"] = "stop_token"
+                else:
+                    r["ids"].append(ev.token)
+                    if self.mode == "base":
+                        before = len(r["text"])
+                        r["text"] += r["stream"].push(ev.token)
+                        cut = truncate_at_stop(r["text"], self.stop_sequences, before)
+                        if cut is not None:
+                            r["text"], r["finish"] = r["text"][:cut], "stop_sequence"
+                            eng.cancel(ev.request, ev.sample)
+                    if ev.finish == "length" and not r["finish"]:
+                        r["finish"] = "length"
+                if r["finish"]:
+                    queued -= 1
+                    del rows[ev.request, ev.sample]
+                    job = owner[ev.request][0]
+                    if self.mode == "chat":
+                        text = parse_assistant(self.tok, r["ids"])[0]
+                    else:
+                        text = r["text"] if r["finish"] == "stop_sequence" else r["text"] + r["stream"].flush()
+                    owner[ev.request][1] -= 1
+                    if not owner[ev.request][1]:
+                        del owner[ev.request]
+                        eng.pop(ev.request)
+                    yield job, ev.sample, Generation(text, len(r["ids"]), r["finish"])
 
 
 def resolve_mode(mode: str, stage: str) -> str:
@@ -197,10 +242,10 @@ def check_ks(ks: Sequence[int], n: int) -> list[int]:
     return ks
 
 
-def derive_seed(seed: int, task_id: str | int, first: int, rows: int) -> int:
-    """The sampling seed of the batch of ``rows`` samples of a problem starting at sample ``first``:
-    stable across runs, limits and resumes; batches of other shapes get unrelated seeds."""
-    digest = hashlib.sha256(f"{seed}:{task_id}:{first}:{rows}".encode()).digest()
+def derive_seed(seed: int, task_id: str | int) -> int:
+    """A problem's sampling seed; its sample ``i`` is the engine's stream ``(seed, i)``, so it is
+    the same across runs, limits, resumes and batch compositions."""
+    digest = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
@@ -264,14 +309,16 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
     """Sample, judge and score one suite into ``out_dir``; returns what ``results.json`` holds.
 
     Args:
-        model, tok: a :class:`codechat.model.GPT` in eval mode and its tokenizer
-            (``checkpoint.load_model``). ``model`` is unused when ``sampler`` is given.
+        model, tok: a :class:`codechat.model.GPT` in eval mode (or an :class:`codechat.engine.Engine`
+            already built on one) and its tokenizer (``checkpoint.load_model``). ``model`` is
+            unused when ``sampler`` is given.
         suite: ``"humaneval"``, ``"humaneval:PATH"``, ``"mbpp:PATH"``, or problems already loaded.
         stage: the checkpoint's ``meta.stage``; ``mode="auto"`` picks base for ``"pretrain"``.
         n, ks: samples per problem and the k of each pass@k (every k <= n).
         temperature, top_p, top_k, max_new_tokens: sampling (:class:`codechat.engine.SamplingConfig`).
-        limit: only the first ``limit`` problems. seed: base of every batch's seed (:func:`derive_seed`).
-        shots: MBPP base-mode examples (0-3). batch_size: rows per generation batch (0: n).
+        limit: only the first ``limit`` problems. seed: base of every problem's seed (:func:`derive_seed`).
+        shots: MBPP base-mode examples (0-3). batch_size: rows decoded at once, across problems
+            (the engine's KV-cache slots; 0: the engine's default). Samples do not depend on it.
         workers, timeout_s, memory_mb: sandbox judging (parallel programs, limits per program).
         model_id: recorded, and compared on resume (e.g. the checkpoint path and step).
         sampler: replaces the model (tests feed known completions through the same path).
@@ -288,7 +335,6 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
     mode = resolve_mode(mode, stage)
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0, got {batch_size}")
-    bs = batch_size or n
     if isinstance(suite, str):
         spec, problems = suite, load_problems(suite, split, limit=limit, shots=shots)
     else:
@@ -298,10 +344,11 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
         raise ValueError("no problems to evaluate")
     name = problems[0].suite
     if sampler is None:
-        from codechat.engine import SamplingConfig
+        from codechat.engine import Engine, EngineConfig, SamplingConfig
         cfg = SamplingConfig(max_new_tokens, temperature, top_k, top_p)
         stops = () if mode == "chat" else (HUMANEVAL_STOPS if name == "humaneval" else MBPP_STOPS)
-        sampler = ModelSampler(model, tok, cfg, mode=mode, stop_sequences=stops)
+        engine = model if isinstance(model, Engine) else Engine(model, EngineConfig(slots=batch_size))
+        sampler = ModelSampler(engine, tok, cfg, mode=mode, stop_sequences=stops)
     if temperature == 0 and n > 1:
         warnings.warn(f"temperature 0 is greedy: the {n} samples of a problem are identical; use --n 1")
     out = Path(out_dir)
@@ -309,7 +356,8 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
     samples_path = out / "samples.jsonl"
     settings = {"suite": spec, "split": split, "mode": mode, "temperature": temperature, "top_p": top_p,
                 "top_k": top_k, "max_new_tokens": max_new_tokens, "shots": shots if name == "mbpp" else None,
-                "seed": seed, "timeout_s": timeout_s, "memory_mb": memory_mb, "model": model_id}
+                "seed": seed, "timeout_s": timeout_s, "memory_mb": memory_mb, "model": model_id,
+                "sampler": SAMPLER_VERSION}
     done = read_samples(samples_path)
     _check_settings(out / "run.json", settings, bool(done))
     todo = [(p, {i for i in range(n) if _key(p.task_id, i) not in done}) for p in problems]
@@ -344,28 +392,26 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
         f = stack.enter_context(open(samples_path, "a", encoding="utf-8"))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge")
         futures: list[Future] = []
-        started = bool(done)
-        try:
+        started = [bool(done)]
+
+        def jobs() -> Iterator[Job]:
             for p, missing in todo:
                 if not missing:
                     continue
-                if deadline_s is not None and time.perf_counter() - t0 >= deadline_s and started:
-                    break  # out of time, with at least one problem sampled (here or in an earlier run)
-                started = True
-                ids = prompt_ids(tok, p, mode)
-                for start in range(0, n, bs):
-                    rows = range(start, min(n, start + bs))
-                    want = [i for i in rows if i in missing]
-                    if not want:
-                        continue
-                    t = time.perf_counter()
-                    gens = sampler(p, ids, len(rows), derive_seed(seed, p.task_id, start, len(rows)))
-                    stats["generate_s"] += time.perf_counter() - t
-                    for i in want:
-                        stats["tokens"] += gens[i - start].n_tokens
-                        futures.append(pool.submit(judge, p, i, gens[i - start], f, pool_box))
+                if deadline_s is not None and time.perf_counter() - t0 >= deadline_s and started[0]:
+                    return  # out of time, with at least one problem sampled (here or in an earlier run)
+                started[0] = True
+                yield Job(p, prompt_ids(tok, p, mode), tuple(sorted(missing)), derive_seed(seed, p.task_id))
+
+        try:
+            t = time.perf_counter()
+            for job, i, g in sampler(jobs()):
+                stats["generate_s"] += time.perf_counter() - t
+                stats["tokens"] += g.n_tokens
+                futures.append(pool.submit(judge, job.problem, i, g, f, pool_box))
                 # forget finished judgements; .result() re-raises a judging error as soon as it happens
                 futures = [x for x in futures if not x.done() or x.result() is not None]
+                t = time.perf_counter()
             for fut in futures:
                 fut.result()
         except BaseException:

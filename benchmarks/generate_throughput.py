@@ -1,0 +1,265 @@
+"""Generation throughput of the engine against Hugging Face transformers: same weights, same device.
+
+Builds a preset with random weights (seeded), copies the same weights into transformers'
+``Qwen3ForCausalLM`` (``qk_norm``) or ``LlamaForCausalLM`` (our parameter names are theirs
+without ``model.``), checks that both compute the same logits, then times greedy generation of
+``--new-tokens`` tokens per row with :class:`codechat.engine.Engine` (bf16, CUDA graphs,
+``torch.compile`` on CUDA) and with ``hf.generate`` (bf16, ``cache_implementation="static"``,
+which transformers compiles on CUDA; ``--hf-dynamic`` adds the default dynamic cache).
+
+    PYTHONPATH=. python benchmarks/generate_throughput.py --preset 1b [--out $OUT/generate.json]
+    PYTHONPATH=. python benchmarks/generate_throughput.py --preset tiny --quick      # CPU smoke check
+
+Every timed call follows one identical warm-up call (CUDA graph capture, compilation and static
+cache allocation land there) and is wall time with ``torch.cuda.synchronize`` on both sides; a
+figure is the median over ``--repeats`` timed calls. Both sides generate exactly ``new`` tokens a
+row (no stop id, ``min_new_tokens``). Printed figures, one line each:
+
+- ``check_fp32_max_abs_diff``: max |logit difference| of our GPT and the converted HF model, both
+  fp32, on a random (2, 64) batch; must be < 1e-4 (else the script stops: the conversion is wrong).
+- ``check_bf16_max_abs_diff`` / ``check_bf16_argmax_agree`` (CUDA): the same with our GPT under
+  bf16 autocast and the HF model in bf16, and the share of positions whose argmax agrees.
+- ``{ours,hf_static,hf_dynamic}_decode_b{B}_tok_s``: B prompts of ``--prompt-len`` random tokens,
+  ``B * new / seconds``; the time is the whole generate call (prefill included).
+- ``{...}_mixed_b{N}_tok_s``: N prompts with lengths uniform in ``--mixed-lens`` (seeded);
+  HF gets them left-padded. ``N * new / seconds``.
+- ``{...}_ttft_b1_ms``: time to first token at batch 1: a ``--prompt-len`` prompt, one new token.
+- ``b1_bytes_per_step``: bytes one batch-1 decode step must read from HBM at least: the inference
+  weights (``engine.model.nbytes()``: all but the embedding table) plus the KV cache at the mean
+  context ``prompt_len + new / 2``; ``b1_bound_steps_s`` = ``--hbm-bytes-per-s`` / that;
+  ``b1_measured_steps_s`` = ``new / seconds`` of the batch-1 run (prefill included, so slightly
+  pessimistic); ``b1_bandwidth_share`` = measured / bound.
+- ``greedy_agree_b{B}_first{K}``: share of the rows of the timed batch-8 run (the largest batch
+  when 8 is not run) whose first K = min(32, new) tokens are the same in ours and HF's static run
+  (bf16 rounding may flip near-ties of random weights; reported, not asserted).
+- the final table: per row, ours, HF static (and dynamic) and ``speedup`` = how many times faster
+  ours is (ours/theirs in tok/s; theirs/ours for the ms row). ``--out`` writes it as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from codechat.config import preset
+from codechat.device import resolve_device
+from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
+from codechat.model import GPT, build_model
+
+
+def to_hf(model: GPT, dtype: torch.dtype) -> torch.nn.Module:
+    """The same weights as a transformers model on ``model``'s device: Qwen3 with QK-norm, else Llama.
+
+    Raises:
+        RuntimeError: the state dicts do not match one to one (strict load).
+    """
+    import transformers
+    c = model.cfg
+    kw = dict(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.intermediate_size,
+              num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, num_key_value_heads=c.n_kv_head,
+              head_dim=c.head_dim, max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps,
+              rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta}, attention_bias=False,
+              tie_word_embeddings=c.tie_embeddings, hidden_act="silu", pad_token_id=0, bos_token_id=None,
+              eos_token_id=None)
+    if c.qk_norm:
+        config, cls = transformers.Qwen3Config(**kw), transformers.Qwen3ForCausalLM
+    else:
+        config, cls = transformers.LlamaConfig(mlp_bias=False, **kw), transformers.LlamaForCausalLM
+    dev = model.embed_tokens.weight.device
+    with torch.device(dev):
+        hf = cls(config).to(dtype)
+    sd = {(k if k == "lm_head.weight" else f"model.{k}"): v for k, v in model.state_dict().items()}
+    hf.load_state_dict(sd, strict=True)
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    return hf.eval()
+
+
+@torch.no_grad()
+def check_logits(model: GPT, hf: torch.nn.Module, vocab: int, device: torch.device, bf16: bool) -> tuple[float, float]:
+    """(max abs logit difference, argmax agreement) of ``model`` and ``hf`` on a random (2, 64) batch;
+    with ``bf16`` our model runs under bf16 autocast (``hf`` must already be bf16)."""
+    idx = torch.randint(0, vocab, (2, 64), device=device, generator=torch.Generator(device).manual_seed(1))
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        ours = model(idx).float()
+    theirs = hf(input_ids=idx).logits.float()
+    return (ours - theirs).abs().max().item(), (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
+
+
+def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> tuple[float, object]:
+    """(median seconds over ``repeats`` calls of ``fn`` after one warm-up call, the last result)."""
+    fn()
+    times, out = [], None
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        out = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def ours_fn(engine: Engine, prompts: list[list[int]], new: int) -> Callable[[], list[list[int]]]:
+    """A call of ``engine.generate`` on greedy requests of ``new`` tokens; returns each row's tokens."""
+    reqs = [Request(p, SamplingConfig(max_new_tokens=new, temperature=0.0)) for p in prompts]
+    return lambda: [samples[0].token_ids for samples in engine.generate(reqs)]
+
+
+def hf_fn(hf: torch.nn.Module, prompts: list[list[int]], new: int, cache: str | None,
+          device: torch.device) -> Callable[[], list[list[int]]]:
+    """A call of ``hf.generate`` (greedy, exactly ``new`` tokens) on ``prompts`` left-padded with 0."""
+    L = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (L - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts], device=device)
+    extra = {"cache_implementation": cache} if cache else {}
+
+    @torch.inference_mode()
+    def call() -> list[list[int]]:
+        out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                          do_sample=False, pad_token_id=0, **extra)
+        return out[:, L:].tolist()
+    return call
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="1b", help="model shape (codechat.config.PRESETS): d20, 1b, tiny, ...")
+    ap.add_argument("--vocab-size", type=int, default=32768)
+    ap.add_argument("--batches", default="1,8,64", help="comma-separated batch sizes of the fixed-length rows")
+    ap.add_argument("--prompt-len", type=int, default=256, help="prompt tokens of the fixed-length rows and TTFT")
+    ap.add_argument("--new-tokens", type=int, default=256, help="tokens generated per row")
+    ap.add_argument("--mixed-batch", type=int, default=64, help="prompts of the mixed-length row (0: skip it)")
+    ap.add_argument("--mixed-lens", default="32,1024", help="LO,HI: mixed prompt lengths, uniform in [LO, HI]")
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per figure (the median is reported)")
+    ap.add_argument("--hf-dynamic", action="store_true", help="also time HF with its default dynamic cache")
+    ap.add_argument("--hbm-bytes-per-s", type=float, default=4.8e12, help="memory bandwidth (H200: 4.8e12)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--out", default="", help="write the table as JSON here (e.g. $OUT/generate.json)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke check: batches 1,2, prompt 16, 8 new tokens, 4 mixed prompts of 4..32, 1 repeat")
+    args = ap.parse_args()
+    if args.quick:
+        args.batches, args.prompt_len, args.new_tokens, args.mixed_batch = "1,2", 16, 8, 4
+        args.mixed_lens, args.repeats = "4,32", 1
+    batches = [int(b) for b in args.batches.split(",")]
+    lo, hi = (int(x) for x in args.mixed_lens.split(","))
+    P, new = args.prompt_len, args.new_tokens
+
+    import transformers
+    torch.manual_seed(args.seed)
+    device = resolve_device(args.device)
+    cuda = device.type == "cuda"
+    cfg = preset(args.preset, vocab_size=args.vocab_size)
+    model = build_model(cfg, device).eval()
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    print(f"device: {name}; torch {torch.__version__}; transformers {transformers.__version__}; preset "
+          f"{args.preset}: {model.num_params() / 1e6:.1f}M params; prompt {P}, {new} new tokens, greedy")
+
+    hf = to_hf(model, torch.float32)
+    diff, _ = check_logits(model, hf, cfg.vocab_size, device, bf16=False)
+    print(f"check_fp32_max_abs_diff: {diff:.2e}")
+    if diff >= 1e-4:
+        raise SystemExit(f"the HF model computes other logits than ours (fp32 max abs diff {diff:.2e} >= 1e-4): "
+                         "the weight conversion is wrong")
+    if cuda:
+        hf = hf.to(torch.bfloat16)
+        diff, agree = check_logits(model, hf, cfg.vocab_size, device, bf16=True)
+        print(f"check_bf16_max_abs_diff: {diff:.2e}")
+        print(f"check_bf16_argmax_agree: {agree:.1%}")
+
+    g = torch.Generator().manual_seed(args.seed)
+    rand = lambda n: torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist()  # noqa: E731
+    work: dict[str, tuple[list[list[int]], int]] = {f"decode_b{b}": ([rand(P) for _ in range(b)], new)
+                                                    for b in batches}
+    if args.mixed_batch:
+        lens = torch.randint(lo, hi + 1, (args.mixed_batch,), generator=g).tolist()
+        work[f"mixed_b{args.mixed_batch}"] = ([rand(n) for n in lens], new)
+    work["ttft_b1"] = ([rand(P)], 1)
+    slots = max(len(prompts) for prompts, _ in work.values())
+    longest = max(len(p) for prompts, _ in work.values() for p in prompts)
+    engine = Engine(model, EngineConfig(slots=slots, max_len=longest + new + 8))
+
+    def report(side: str, row: str, seconds: float) -> float:
+        prompts, n = work[row]
+        value = seconds * 1e3 if row == "ttft_b1" else len(prompts) * n / seconds
+        print(f"{side}_{row}_{'ms' if row == 'ttft_b1' else 'tok_s'}: {value:,.1f}")
+        return value
+
+    ours: dict[str, float] = {}
+    secs: dict[str, float] = {}
+    agree_row = "decode_b8" if 8 in batches else f"decode_b{max(batches)}"
+    tokens: dict[str, list[list[int]]] = {}
+    for row, (prompts, n) in work.items():
+        secs[row], out = timed(ours_fn(engine, prompts, n), device, args.repeats)
+        ours[row] = report("ours", row, secs[row])
+        if row == agree_row:
+            tokens["ours"] = out
+
+    if 1 in batches:
+        mc = cfg
+        kv_per_pos = 2 * mc.n_layer * mc.n_kv_head * mc.head_dim * engine.cache.k[0].element_size()
+        step_bytes = engine.model.nbytes() + kv_per_pos * (P + new / 2)
+        bound = args.hbm_bytes_per_s / step_bytes
+        measured = new / secs["decode_b1"]
+        print(f"b1_bytes_per_step: {step_bytes / 1e9:.3f} GB "
+              f"(weights {engine.model.nbytes() / 1e9:.3f} GB + KV {kv_per_pos * (P + new / 2) / 1e9:.3f} GB)")
+        print(f"b1_bound_steps_s: {bound:,.0f} (at {args.hbm_bytes_per_s:.2e} B/s)")
+        print(f"b1_measured_steps_s: {measured:,.0f}")
+        print(f"b1_bandwidth_share: {measured / bound:.1%}")
+
+    caches = ["static"] + (["dynamic"] if args.hf_dynamic else [])
+    theirs: dict[str, dict[str, float | None]] = {}
+    for cache in list(caches):
+        theirs[cache] = {}
+        for row, (prompts, n) in work.items():
+            try:
+                sec, out = timed(hf_fn(hf, prompts, n, cache if cache == "static" else None, device),
+                                 device, args.repeats)
+            except Exception as e:  # noqa: BLE001 - only on CPU, where the static cache is not the point
+                if cuda or cache != "static":
+                    raise
+                print(f"hf_static: skipped on CPU ({type(e).__name__}: {str(e)[:200]})")
+                theirs[cache] = dict.fromkeys(work)
+                if "dynamic" not in caches:
+                    caches.append("dynamic")
+                break
+            theirs[cache][row] = report(f"hf_{cache}", row, sec)
+            if row == agree_row and (cache == "static" or "theirs" not in tokens):
+                tokens["theirs"] = out
+
+    if "theirs" in tokens:
+        k = min(32, new)
+        same = [a[:k] == b[:k] for a, b in zip(tokens["ours"], tokens["theirs"])]
+        print(f"greedy_agree_{agree_row.split('_')[1]}_first{k}: {sum(same) / len(same):.1%} of {len(same)} rows")
+
+    table = []
+    for row in work:
+        rec: dict[str, object] = {"row": row, "unit": "ms" if row == "ttft_b1" else "tok/s", "ours": ours[row]}
+        for cache in caches:
+            t = theirs[cache].get(row)
+            rec[f"hf_{cache}"] = t
+            rec[f"speedup_vs_{cache}"] = None if not t else (t / ours[row] if row == "ttft_b1" else ours[row] / t)
+        table.append(rec)
+    cols = ["ours"] + [c for cache in caches for c in (f"hf_{cache}", f"speedup_vs_{cache}")]
+    fmt = lambda v, c: "-" if v is None else (f"{v:.2f}x" if c.startswith("speedup") else f"{v:,.1f}")  # noqa: E731
+    print(f"\n{'row':<14}{'unit':<7}" + "".join(f"{c:>20}" for c in cols))
+    for rec in table:
+        print(f"{rec['row']:<14}{rec['unit']:<7}" + "".join(f"{fmt(rec[c], c):>20}" for c in cols))
+    if args.out:
+        meta = {"device": name, "torch": torch.__version__, "transformers": transformers.__version__,
+                "preset": args.preset, "params": model.num_params(), "prompt_len": P, "new_tokens": new,
+                "repeats": args.repeats, "mixed_lens": [lo, hi]}
+        with open(args.out, "w") as f:
+            json.dump({**meta, "rows": table}, f, indent=2)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
