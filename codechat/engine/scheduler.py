@@ -139,8 +139,9 @@ class _Row:
 @dataclass
 class _Launch:
     rows: list[_Row]
-    tokens: torch.Tensor  # (R,) int64, on the host once ``event`` completed
-    lps: torch.Tensor  # (2, R) float32
+    index: list[int]  # rows[j]'s entry in the tensors below
+    tokens: torch.Tensor  # (B,) int64, on the host once ``event`` completed
+    lps: torch.Tensor  # (2, B) float32
     event: torch.cuda.Event | None
 
 
@@ -309,17 +310,24 @@ class Engine:
                          filtered=any(r.req.sampling.top_k > 0 or r.req.sampling.top_p < 1.0 for r in rows),
                          sampled=any(r.req.sampling.temperature > 0 for r in rows))
 
-    def _launch(self, rows: list[_Row], tok: torch.Tensor, lp: torch.Tensor, lp1: torch.Tensor) -> _Launch:
+    def _h2d(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """``values`` on the device without a host sync (pinned memory, asynchronous copy)."""
+        t = torch.tensor(values, dtype=dtype)
+        return t.pin_memory().to(self.device, non_blocking=True) if self.cuda else t
+
+    def _launch(self, rows: list[_Row], tok: torch.Tensor, lp: torch.Tensor, lp1: torch.Tensor,
+                index: list[int]) -> _Launch:
+        """Queue the copy of a launch's results to the host; row ``rows[j]`` is entry ``index[j]``."""
         lps = torch.stack([lp, lp1])
         if not self.cuda:
-            return _Launch(rows, tok, lps, None)
+            return _Launch(rows, index, tok, lps, None)
         host_t = torch.empty(tok.shape, dtype=tok.dtype, pin_memory=True)
         host_l = torch.empty(lps.shape, dtype=lps.dtype, pin_memory=True)
         host_t.copy_(tok, non_blocking=True)
         host_l.copy_(lps, non_blocking=True)
         ev = torch.cuda.Event()
         ev.record()
-        return _Launch(rows, host_t, host_l, ev)
+        return _Launch(rows, index, host_t, host_l, ev)
 
     @torch.inference_mode()
     def _launch_decode(self) -> _Launch | None:
@@ -330,8 +338,10 @@ class Engine:
         b = next(k for k in self._buckets() if k >= top)
         key = tuple(r.slot for r in rows)
         if key != self._active_rows:
-            self.active.zero_()
-            self.active[torch.tensor(key, device=self.device)] = True
+            mask = [False] * self.slots
+            for k in key:
+                mask[k] = True
+            self.active.copy_(self._h2d(mask, torch.bool))
             self._active_rows = key
         logits = self._decode_logits(b, max(r.launched + len(r.req.prompt) for r in rows))
         active = self.active[:b]
@@ -341,8 +351,7 @@ class Engine:
         self.counter[:b] += active
         for r in rows:
             r.launched += 1
-        slots = torch.tensor([r.slot for r in rows], device=self.device)
-        return self._launch(rows, tok[slots], lp[slots], lp1[slots])
+        return self._launch(rows, tok, lp, lp1, [r.slot for r in rows])
 
     def _buckets(self) -> list[int]:
         out, k = [], 1
@@ -390,7 +399,7 @@ class Engine:
             if launch.event is not None:
                 launch.event.synchronize()
             toks, lps = launch.tokens.tolist(), launch.lps.tolist()
-            for j, row in enumerate(launch.rows):
+            for row, j in zip(launch.rows, launch.index):
                 if row.out.finish is not None:
                     continue  # stopped or cancelled: this token was computed after the fact
                 t = toks[j]
@@ -436,38 +445,38 @@ class Engine:
             self._pending.append(self._prefill(groups))
 
     def _prefill(self, groups: list) -> _Launch:
-        dev = self.device
         seg_lens = [len(req.prompt) for _, req, _ in groups]
-        tokens = torch.tensor([t for _, req, _ in groups for t in req.prompt], device=dev)
-        positions = torch.cat([torch.arange(n) for n in seg_lens]).to(dev)
-        cu = torch.tensor([0] + seg_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(dev)
+        cu_host = [0]
+        for n in seg_lens:
+            cu_host.append(cu_host[-1] + n)
         src, dslot, dpos, rows, which = [], [], [], [], []
-        start = 0
         for g, ((rid, req, pairs), n) in enumerate(zip(groups, seg_lens)):
             for s, slot in pairs:
                 row = _Row(rid, s, req, slot, launched=1, out=self._outputs[rid][s])
                 self._rows[slot] = row
                 rows.append(row)
                 which.append(g)
-                src.append(torch.arange(start, start + n))
-                dslot.append(torch.full((n,), slot))
-                dpos.append(torch.arange(n))
-            start += n
-        dest = tuple(torch.cat(x).to(dev) for x in (src, dslot, dpos))
+                src.extend(range(cu_host[g], cu_host[g] + n))
+                dslot.extend([slot] * n)
+                dpos.extend(range(n))
+        h2d, long = self._h2d, torch.long
+        tokens = h2d([t for _, req, _ in groups for t in req.prompt], long)
+        positions = h2d([i for n in seg_lens for i in range(n)], long)
+        cu = h2d(cu_host, torch.int32)
+        dest = (h2d(src, long), h2d(dslot, long), h2d(dpos, long))
         m = self.model
         h = m.forward(tokens, positions, m.prefill_attend(self.cache, seg_lens, cu, dest))
-        logits = m.logits(h[cu[1:].long() - 1])[torch.tensor(which, device=dev)]
-        slots = torch.tensor([r.slot for r in rows], device=dev)
+        logits = m.logits(h[h2d([c - 1 for c in cu_host[1:]], long)])[h2d(which, long)]
+        slots = h2d([r.slot for r in rows], long)
         sc = [r.req.sampling for r in rows]
-        self.temperature[slots] = torch.tensor([c.temperature for c in sc], dtype=torch.float32, device=dev)
-        self.top_k[slots] = torch.tensor([c.top_k for c in sc], dtype=torch.long, device=dev)
-        self.top_p[slots] = torch.tensor([c.top_p for c in sc], dtype=torch.float32, device=dev)
-        self.seed[slots] = torch.tensor([row_seed(r.req.seed, r.sample) for r in rows], device=dev)
+        self.temperature[slots] = h2d([c.temperature for c in sc], torch.float32)
+        self.top_k[slots] = h2d([c.top_k for c in sc], long)
+        self.top_p[slots] = h2d([c.top_p for c in sc], torch.float32)
+        self.seed[slots] = h2d([row_seed(r.req.seed, r.sample) for r in rows], long)
         self.counter[slots] = 0
         tok, lp, lp1 = sample(logits, self._params(slots, rows))
         self.tokens[slots] = tok
-        self.lengths[slots] = torch.tensor([len(r.req.prompt) for r in rows], device=dev)
+        self.lengths[slots] = h2d([len(r.req.prompt) for r in rows], long)
         self.counter[slots] = 1
         self._active_rows = ()  # the active mask changes
-        return self._launch(rows, tok, lp, lp1)
-
+        return self._launch(rows, tok, lp, lp1, list(range(len(rows))))
