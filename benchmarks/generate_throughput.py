@@ -13,7 +13,9 @@ which transformers compiles on CUDA; ``--hf-dynamic`` adds the default dynamic c
 Every timed call follows one identical warm-up call (CUDA graph capture, compilation and static
 cache allocation land there) and is wall time with ``torch.cuda.synchronize`` on both sides; a
 figure is the median over ``--repeats`` timed calls. Both sides generate exactly ``new`` tokens a
-row (no stop id, ``min_new_tokens``). Printed figures, one line each:
+row (no stop id, ``min_new_tokens``). ``--no-cuda-graphs`` / ``--no-compile`` turn the engine's
+CUDA graphs / compilation off. The first line names the device, torch and transformers versions,
+the preset and the engine settings; then the figures, one line each:
 
 - ``check_fp32_max_abs_diff``: max |logit difference| of our GPT and the converted HF model, both
   fp32, on a random (2, 64) batch; must be < 1e-4 (else the script stops: the conversion is wrong).
@@ -28,12 +30,19 @@ row (no stop id, ``min_new_tokens``). Printed figures, one line each:
   weights (``engine.model.nbytes()``: all but the embedding table) plus the KV cache at the mean
   context ``prompt_len + new / 2``; ``b1_bound_steps_s`` = ``--hbm-bytes-per-s`` / that;
   ``b1_measured_steps_s`` = ``new / seconds`` of the batch-1 run (prefill included, so slightly
-  pessimistic); ``b1_bandwidth_share`` = measured / bound.
+  pessimistic); ``b1_bandwidth_share`` = measured / bound (only meaningful on the GPU named by
+  ``--hbm-bytes-per-s``, default an H200's 4.8e12 B/s).
 - ``greedy_agree_b{B}_first{K}``: share of the rows of the timed batch-8 run (the largest batch
-  when 8 is not run) whose first K = min(32, new) tokens are the same in ours and HF's static run
-  (bf16 rounding may flip near-ties of random weights; reported, not asserted).
+  when 8 is not run) whose first K = min(32, new) tokens are the same in ours and HF's (static
+  cache; dynamic when static was skipped), and the mean length of the common prefix. bf16
+  rounding flips near-ties, which random weights have many of, and one flip changes the rest of
+  a greedy row: a low share is expected and reported, not asserted.
 - the final table: per row, ours, HF static (and dynamic) and ``speedup`` = how many times faster
-  ours is (ours/theirs in tok/s; theirs/ours for the ms row). ``--out`` writes it as JSON.
+  ours is (ours/theirs in tok/s; theirs/ours for the ms row). ``--out`` writes the table, every
+  figure above and the settings as JSON.
+
+On CPU (fp32, no graphs, no compilation) the figures only show that the script runs; a failing
+HF static cache is skipped with a message and the dynamic cache timed instead.
 """
 from __future__ import annotations
 
@@ -138,6 +147,9 @@ def main() -> None:
     ap.add_argument("--mixed-lens", default="32,1024", help="LO,HI: mixed prompt lengths, uniform in [LO, HI]")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per figure (the median is reported)")
     ap.add_argument("--hf-dynamic", action="store_true", help="also time HF with its default dynamic cache")
+    ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                    help="EngineConfig.cuda_graphs (--no-cuda-graphs: decode eagerly)")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True, help="EngineConfig.compile")
     ap.add_argument("--hbm-bytes-per-s", type=float, default=4.8e12, help="memory bandwidth (H200: 4.8e12)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="auto")
@@ -160,19 +172,27 @@ def main() -> None:
     model = build_model(cfg, device).eval()
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     print(f"device: {name}; torch {torch.__version__}; transformers {transformers.__version__}; preset "
-          f"{args.preset}: {model.num_params() / 1e6:.1f}M params; prompt {P}, {new} new tokens, greedy")
+          f"{args.preset}: {model.num_params() / 1e6:.1f}M params; prompt {P}, {new} new tokens, greedy; engine "
+          f"cuda_graphs={args.cuda_graphs and cuda} compile={args.compile and cuda}")
+
+    figures: dict[str, float] = {}
+
+    def say(key: str, value: float, text: str, note: str = "") -> float:
+        """Print one figure (``text`` formats it) and keep it for ``--out``."""
+        figures[key] = value
+        print(f"{key}: {text.format(value)}{note}")
+        return value
 
     hf = to_hf(model, torch.float32)
-    diff, _ = check_logits(model, hf, cfg.vocab_size, device, bf16=False)
-    print(f"check_fp32_max_abs_diff: {diff:.2e}")
+    diff = say("check_fp32_max_abs_diff", check_logits(model, hf, cfg.vocab_size, device, bf16=False)[0], "{:.2e}")
     if diff >= 1e-4:
         raise SystemExit(f"the HF model computes other logits than ours (fp32 max abs diff {diff:.2e} >= 1e-4): "
                          "the weight conversion is wrong")
     if cuda:
         hf = hf.to(torch.bfloat16)
         diff, agree = check_logits(model, hf, cfg.vocab_size, device, bf16=True)
-        print(f"check_bf16_max_abs_diff: {diff:.2e}")
-        print(f"check_bf16_argmax_agree: {agree:.1%}")
+        say("check_bf16_max_abs_diff", diff, "{:.2e}")
+        say("check_bf16_argmax_agree", agree, "{:.1%}")
 
     g = torch.Generator().manual_seed(args.seed)
     rand = lambda n: torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist()  # noqa: E731
@@ -184,13 +204,14 @@ def main() -> None:
     work["ttft_b1"] = ([rand(P)], 1)
     slots = max(len(prompts) for prompts, _ in work.values())
     longest = max(len(p) for prompts, _ in work.values() for p in prompts)
-    engine = Engine(model, EngineConfig(slots=slots, max_len=longest + new + 8))
+    engine = Engine(model, EngineConfig(slots=slots, max_len=longest + new + 8, cuda_graphs=args.cuda_graphs,
+                                        compile=args.compile))
 
     def report(side: str, row: str, seconds: float) -> float:
         prompts, n = work[row]
-        value = seconds * 1e3 if row == "ttft_b1" else len(prompts) * n / seconds
-        print(f"{side}_{row}_{'ms' if row == 'ttft_b1' else 'tok_s'}: {value:,.1f}")
-        return value
+        if row == "ttft_b1":
+            return say(f"{side}_{row}_ms", seconds * 1e3, "{:,.1f}")
+        return say(f"{side}_{row}_tok_s", len(prompts) * n / seconds, "{:,.1f}")
 
     ours: dict[str, float] = {}
     secs: dict[str, float] = {}
@@ -203,16 +224,15 @@ def main() -> None:
             tokens["ours"] = out
 
     if 1 in batches:
-        mc = cfg
-        kv_per_pos = 2 * mc.n_layer * mc.n_kv_head * mc.head_dim * engine.cache.k[0].element_size()
-        step_bytes = engine.model.nbytes() + kv_per_pos * (P + new / 2)
+        kv_bytes = 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * engine.cache.k[0].element_size() * (P + new / 2)
+        step_bytes = engine.model.nbytes() + kv_bytes
         bound = args.hbm_bytes_per_s / step_bytes
-        measured = new / secs["decode_b1"]
-        print(f"b1_bytes_per_step: {step_bytes / 1e9:.3f} GB "
-              f"(weights {engine.model.nbytes() / 1e9:.3f} GB + KV {kv_per_pos * (P + new / 2) / 1e9:.3f} GB)")
-        print(f"b1_bound_steps_s: {bound:,.0f} (at {args.hbm_bytes_per_s:.2e} B/s)")
-        print(f"b1_measured_steps_s: {measured:,.0f}")
-        print(f"b1_bandwidth_share: {measured / bound:.1%}")
+        say("b1_bytes_per_step", step_bytes, "{:,.0f}",
+            f" (weights {engine.model.nbytes() / 1e9:.3f} GB + KV {kv_bytes / 1e9:.3f} GB)")
+        say("b1_bound_steps_s", bound, "{:,.0f}", f" (at {args.hbm_bytes_per_s:.2e} B/s)")
+        measured = say("b1_measured_steps_s", new / secs["decode_b1"], "{:,.0f}")
+        say("b1_bandwidth_share", measured / bound, "{:.1%}",
+            "" if cuda else " (meaningless on CPU: the bound is for --hbm-bytes-per-s)")
 
     caches = ["static"] + (["dynamic"] if args.hf_dynamic else [])
     theirs: dict[str, dict[str, float | None]] = {}
@@ -225,7 +245,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001 - only on CPU, where the static cache is not the point
                 if cuda or cache != "static":
                     raise
-                print(f"hf_static: skipped on CPU ({type(e).__name__}: {str(e)[:200]})")
+                print(f"hf_static: skipped on CPU ({type(e).__name__}: {str(e)[:200]}); timing the dynamic cache")
                 theirs[cache] = dict.fromkeys(work)
                 if "dynamic" not in caches:
                     caches.append("dynamic")
@@ -236,8 +256,10 @@ def main() -> None:
 
     if "theirs" in tokens:
         k = min(32, new)
-        same = [a[:k] == b[:k] for a, b in zip(tokens["ours"], tokens["theirs"])]
-        print(f"greedy_agree_{agree_row.split('_')[1]}_first{k}: {sum(same) / len(same):.1%} of {len(same)} rows")
+        pairs = list(zip(tokens["ours"], tokens["theirs"]))
+        common = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for a, b in pairs]
+        say(f"greedy_agree_{agree_row.split('_')[1]}_first{k}", sum(c >= k for c in common) / len(pairs), "{:.1%}",
+            f" of {len(pairs)} rows (mean common prefix {sum(common) / len(pairs):.1f} of {new} tokens)")
 
     table = []
     for row in work:
@@ -255,11 +277,11 @@ def main() -> None:
     if args.out:
         meta = {"device": name, "torch": torch.__version__, "transformers": transformers.__version__,
                 "preset": args.preset, "params": model.num_params(), "prompt_len": P, "new_tokens": new,
-                "repeats": args.repeats, "mixed_lens": [lo, hi]}
+                "repeats": args.repeats, "mixed_lens": [lo, hi], "cuda_graphs": args.cuda_graphs and cuda,
+                "compile": args.compile and cuda}
         with open(args.out, "w") as f:
-            json.dump({**meta, "rows": table}, f, indent=2)
+            json.dump({**meta, "figures": figures, "rows": table}, f, indent=2)
         print(f"wrote {args.out}")
-
 
 if __name__ == "__main__":
     main()

@@ -12,7 +12,9 @@ end to end (no padding); decode feeds one token per slot, attending to that slot
 ``length + 1`` positions. On CUDA both go through FlashAttention-2's variable-length kernel
 (``aten._flash_attention_forward`` with ``seqused_k``: Dao 2023, "FlashAttention-2"), which reads
 only the filled part of each slot from a cache of static shape, so a decode step can be captured
-in a CUDA graph once per batch size and replayed; elsewhere through
+in a CUDA graph once per batch size and replayed. Decode attention on CUDA is the split-KV Triton
+kernel of :mod:`.attention` when Triton is installed (FlashAttention's kernel gives each
+sequence-head one program: ~15 us a layer at batch 1); elsewhere
 ``F.scaled_dot_product_attention`` with a length mask.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import GPT, rope_tables
+from . import attention as decode_kernels
 
 
 def _add_norm(x: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float
@@ -106,14 +109,28 @@ class InferenceModel:
         dtype: the inference dtype (bf16 on CUDA, fp32 on CPU is what :class:`Engine` picks).
         max_len: the longest sequence served; RoPE tables cover ``max_len + 1`` positions.
         compile: fuse the elementwise work between matmuls with ``torch.compile`` (CUDA).
+        attention: decode attention, ``auto`` (the Triton split-KV kernel of
+            :mod:`codechat.engine.attention` on CUDA when Triton is installed, else FlashAttention's
+            varlen kernel where it serves, else SDPA), ``triton``, ``flash`` or ``sdpa``.
+
+    Raises:
+        ValueError: an ``attention`` this device, dtype or head size cannot run.
     """
 
-    def __init__(self, model: GPT, dtype: torch.dtype, max_len: int, compile: bool = False) -> None:
+    def __init__(self, model: GPT, dtype: torch.dtype, max_len: int, compile: bool = False,
+                 attention: str = "auto") -> None:
         c = model.cfg
         self.cfg, self.dtype = c, dtype
         self.device = model.embed_tokens.weight.device
         self.n_head, self.n_kv, self.head_dim, self.eps = c.n_head, c.n_kv_head, c.head_dim, c.norm_eps
         self.flash = flash_available(self.device, dtype, c.head_dim)
+        can = {"triton": decode_kernels.available(self.device), "flash": self.flash, "sdpa": True}
+        if attention == "auto":
+            attention = next(k for k in ("triton", "flash", "sdpa") if can[k])
+        if not can.get(attention, False):
+            raise ValueError(f"attention={attention!r} cannot run here (device {self.device}, {dtype}, head_dim "
+                             f"{c.head_dim}); choose one of {[k for k, v in can.items() if v]}")
+        self.decode_backend = attention
         cos, sin = rope_tables(c.head_dim, max_len + 1, c.rope_theta, self.device)
         self.cos, self.sin = cos, sin
         self.weights: dict[str, torch.Tensor] = {}
@@ -138,11 +155,11 @@ class InferenceModel:
             if a.q_norm is not None:
                 new[f"{i}.qn"], new[f"{i}.kn"] = a.q_norm.weight, a.k_norm.weight
         for name, w in new.items():
-            w = w.detach().to(self.device, self.dtype)
             if name in self.weights:
-                self.weights[name].copy_(w)
-            else:
-                self.weights[name] = w.contiguous()
+                self.weights[name].copy_(w.detach())
+            else:  # a copy even when device and dtype match: ``.to`` alone would alias the model's tensors
+                self.weights[name] = w.detach().to(self.device, self.dtype, memory_format=torch.contiguous_format,
+                                                   copy=True)
         self.weights.setdefault("lm_head", self.weights["embed"])  # tied: one tensor
 
     def nbytes(self) -> int:
@@ -200,20 +217,23 @@ class InferenceModel:
                       max_used: int | None = None) -> Callable:
         """``attend`` for one new token in each of slots ``0..b-1`` (b = ``lengths.numel()``), each
         at position ``lengths[r]`` and seeing positions ``0..lengths[r]``. ``max_used`` (host) bounds
-        ``lengths + 1`` on the non-flash path (None: the whole cache, a static shape)."""
+        ``lengths + 1`` on the non-flash path (None: the whole cache, a static shape). Build it
+        inside a captured graph: what it derives from ``lengths`` must be recomputed each step."""
         b = lengths.numel()
         rows = torch.arange(b, device=lengths.device)
         used = lengths + 1
+        used32 = used.to(torch.int32)
         P = cache.positions
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             kc, vc = cache.k[layer], cache.v[layer]
             kc.index_put_((rows, lengths), k)
             vc.index_put_((rows, lengths), v)
-            if self.flash:
+            if self.decode_backend == "triton":
+                return decode_kernels.decode_attention(q if q.stride(-1) == 1 else q.contiguous(), kc, vc, used)
+            if self.decode_backend == "flash":
                 return _flash(q, kc[:b].view(b * P, self.n_kv, self.head_dim),
-                              vc[:b].view(b * P, self.n_kv, self.head_dim), cu_q, cu_k, 1, P, False,
-                              used.to(torch.int32))
+                              vc[:b].view(b * P, self.n_kv, self.head_dim), cu_q, cu_k, 1, P, False, used32)
             m = P if max_used is None else max_used
             mask = (torch.arange(m, device=q.device) < used.unsqueeze(1)).view(b, 1, 1, m)
             y = F.scaled_dot_product_attention(q.unsqueeze(2), kc[:b, :m].transpose(1, 2), vc[:b, :m].transpose(1, 2),

@@ -127,7 +127,8 @@ def sample(logits: torch.Tensor, p: RowParams) -> tuple[torch.Tensor, torch.Tens
         keep = rank < torch.where(p.top_k > 0, p.top_k, V).unsqueeze(1)
         scaled = scaled.masked_fill(~keep, float("-inf"))
         probs = scaled.softmax(dim=-1)
-        keep = (probs.cumsum(dim=-1) - probs) < p.top_p.unsqueeze(1)  # the first token always stays
+        # the first token always stays; top_p 1 keeps all (a float32 cumsum can reach 1 before the tail)
+        keep = ((probs.cumsum(dim=-1) - probs) < p.top_p.unsqueeze(1)) | (p.top_p >= 1.0).unsqueeze(1)
         scaled = scaled.masked_fill(~keep, float("-inf"))
     else:
         ids = torch.arange(logits.size(-1), device=logits.device).expand_as(logits)

@@ -47,6 +47,8 @@ class EngineConfig:
         dtype: ``auto`` (bf16 on CUDA, fp32 elsewhere: bf16 matmuls are ~50x slower on CPUs
             without native support), ``bf16`` or ``fp32``.
         cache_memory_frac: share of free GPU memory the automatic ``slots`` may give the cache.
+        attention: decode attention kernel (:class:`codechat.engine.runner.InferenceModel`):
+            ``auto``, ``triton``, ``flash`` or ``sdpa``.
 
     Raises:
         ValueError: a value out of range.
@@ -59,6 +61,7 @@ class EngineConfig:
     compile: bool = True
     dtype: str = "auto"
     cache_memory_frac: float = 0.5
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
         if self.slots < 0 or self.max_len < 0 or self.max_prefill_tokens < 1:
@@ -66,6 +69,8 @@ class EngineConfig:
                              f"{self.slots}, {self.max_len}, {self.max_prefill_tokens}")
         if self.dtype not in ("auto", "bf16", "fp32"):
             raise ValueError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
+        if self.attention not in ("auto", "triton", "flash", "sdpa"):
+            raise ValueError(f"attention must be auto, triton, flash or sdpa, got {self.attention!r}")
         if not 0.0 < self.cache_memory_frac <= 1.0:
             raise ValueError(f"cache_memory_frac must be in (0, 1], got {self.cache_memory_frac}")
 
@@ -160,7 +165,7 @@ class Engine:
         cuda = dev.type == "cuda"
         dtype = torch.bfloat16 if c.dtype == "bf16" or (c.dtype == "auto" and cuda) else torch.float32
         self.max_len = c.max_len or model.cfg.max_seq_len
-        self.model = InferenceModel(model, dtype, self.max_len, compile=c.compile and cuda)
+        self.model = InferenceModel(model, dtype, self.max_len, compile=c.compile and cuda, attention=c.attention)
         self.device, self.cuda = dev, cuda
         mc = model.cfg
         per_slot = 2 * mc.n_layer * (self.max_len + 1) * mc.n_kv_head * mc.head_dim * (2 if dtype == torch.bfloat16 else 4)
@@ -377,18 +382,21 @@ class Engine:
     def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         m = self.model
         tokens, lengths = self.tokens[:b], self.lengths[:b]
-        attend = m.decode_attend(self.cache, lengths, self.cu_q[:b + 1], self.cu_k[:b + 1])
+
+        def step() -> torch.Tensor:  # everything derived from ``lengths`` is computed inside the graph
+            attend = m.decode_attend(self.cache, lengths, self.cu_q[:b + 1], self.cu_k[:b + 1])
+            return m.logits(m.forward(tokens, lengths, attend))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up (compilation, cuBLAS workspaces) off the capture
             for _ in range(2):
-                m.logits(m.forward(tokens, lengths, attend))
+                step()
         torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = m.logits(m.forward(tokens, lengths, attend))
+            out = step()
         return graph, out
 
     def _drain(self, keep: _Launch | None) -> list[Token]:
