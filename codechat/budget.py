@@ -217,4 +217,31 @@ def render_with_budget(tok: Tokenizer, conv: Conversation, cfg: BudgetConfig, co
     return RenderedExample(ids, mask, prompt_length, source, line, prompt_truncated, completion_truncated)
 
 
-__all__ = ["BudgetConfig", "BudgetCounts", "RenderedExample", "render_with_budget"]
+def render_for_completion_within(tok: Tokenizer, conv: Conversation, budget: int) -> tuple[list[int], BudgetCounts]:
+    """Prompt ids to generate the next assistant turn of ``conv`` in at most ``budget`` tokens.
+
+    The same ids as :func:`codechat.chat.render_for_completion` when they fit; otherwise the
+    oldest turns are dropped whole (the system turn, with its tools, kept while it fits beside the
+    newest turn), then tokens from the left of the oldest turn left — the prompt rule of
+    :func:`render_with_budget`. A chat that outgrows the context goes on without its oldest turns.
+
+    Returns:
+        ``(ids, counts)``: ``counts.turns_dropped`` and ``counts.prompt_tokens_cut`` say what went.
+
+    Raises:
+        ValueError: ``budget`` < 5 (``<|bos|>``, one turn of one token, the assistant header), or
+            ``conv`` already ends with an assistant message.
+    """
+    from codechat.chat import ROLE_TOKENS, render_for_completion
+    if budget < 5:
+        raise ValueError(f"a prompt budget of {budget} tokens cannot hold a turn; give the prompt at least 5")
+    counts = BudgetCounts()
+    ids = render_for_completion(tok, conv)
+    if len(ids) <= budget:
+        return ids, counts
+    turns = _cut_from_left(render_turns(tok, conv), budget - 2, counts, keep_system=True)
+    ids, _ = join_turns(tok, turns)
+    return ids + [tok.special_id(ROLE_TOKENS["assistant"])], counts
+
+
+__all__ = ["BudgetConfig", "BudgetCounts", "RenderedExample", "render_for_completion_within", "render_with_budget"]

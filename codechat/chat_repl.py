@@ -5,6 +5,7 @@ import sys
 from dataclasses import replace
 from typing import Callable, TextIO
 
+from .budget import render_for_completion_within
 from .chat import Conversation, Message, parse_assistant, render_for_completion
 from .engine import Engine, Request, SamplingConfig
 from .tokenizer import Tokenizer
@@ -12,22 +13,29 @@ from .tokenizer import Tokenizer
 COMMANDS_HELP = "commands: /reset starts over, /quit (or Ctrl-D) leaves"
 
 
+#: Share of the context a reply may take when the conversation is long (the prompt keeps the rest).
+REPLY_SHARE = 0.5
+
+
 def reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: SamplingConfig, *, seed: int = 0,
-          on_text: Callable[[str], None] = lambda s: None) -> Message:
+          on_text: Callable[[str], None] = lambda s: None,
+          on_notice: Callable[[str], None] = lambda s: None) -> Message:
     """Generate the assistant's next message for ``conv``, streaming its text to ``on_text``.
 
-    Generation stops at ``<|end|>`` or after ``cfg.max_new_tokens`` (fewer when the conversation
-    leaves less room in the context); the reply is parsed into content and (optional) function
-    call with :func:`codechat.chat.parse_assistant`.
-
-    Raises:
-        ValueError: the conversation leaves no room in the engine's context.
+    Generation stops at ``<|end|>`` or after ``cfg.max_new_tokens``. A conversation too long for
+    the context beside the reply drops its oldest turns (the system turn kept;
+    :func:`codechat.budget.render_for_completion_within`) and says so through ``on_notice``; the
+    reply gets at most :data:`REPLY_SHARE` of the context then. The reply is parsed into content
+    and (optional) function call with :func:`codechat.chat.parse_assistant`.
     """
+    new = min(cfg.max_new_tokens, max(1, int(engine.max_len * REPLY_SHARE)))
     prompt = render_for_completion(tok, conv)
-    room = engine.max_len - len(prompt)
-    if room < 1:
-        raise ValueError(f"the conversation ({len(prompt)} tokens) fills the model's context of {engine.max_len}")
-    cfg = replace(cfg, max_new_tokens=min(cfg.max_new_tokens, room))
+    if len(prompt) + cfg.max_new_tokens > engine.max_len:
+        prompt, counts = render_for_completion_within(tok, conv, engine.max_len - new)
+        if counts.turns_dropped or counts.prompt_tokens_cut:
+            on_notice(f"[the conversation outgrew the context of {engine.max_len} tokens: "
+                      f"{counts.turns_dropped} oldest turn(s) and {counts.prompt_tokens_cut} tokens left out]")
+    cfg = replace(cfg, max_new_tokens=min(cfg.max_new_tokens, engine.max_len - len(prompt)))
     ids: list[int] = []
     stream = tok.stream(skip_special=True)
     for ev in engine.stream(Request(prompt, cfg, seed=seed, stop_ids=[tok.end_id])):
@@ -71,13 +79,9 @@ def repl(engine: Engine, tok: Tokenizer, cfg: SamplingConfig, *, system: str = "
         def emit(s: str) -> None:
             stdout.write(s)
             stdout.flush()
-        try:
-            answer = reply(engine, tok, Conversation(messages), cfg, seed=seed + turn, on_text=emit)
-            turn += 1
-        except ValueError as e:  # the conversation outgrew the context: say so and start over
-            stdout.write(f"\n[{e}; starting a new conversation]\n")
-            messages = start()
-            continue
+        answer = reply(engine, tok, Conversation(messages), cfg, seed=seed + turn, on_text=emit,
+                       on_notice=lambda s: stdout.write(s + "\n"))
+        turn += 1
         if answer.function_call is not None:
             stdout.write(f"\n[function call: {answer.function_call}]")
         stdout.write("\n")
