@@ -36,10 +36,14 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                    "pass@k, counts per result kind, timing and the verdict.")
     r.add_argument("--model", required=True, help="checkpoint, stage directory (its newest checkpoint) or run "
                                                   "directory (its rl/, sft/ or pretrain/ stage, first found)")
-    r.add_argument("--suite", required=True, help="humaneval (the copy shipped with codechat), humaneval:PATH, or "
-                                                  "mbpp:PATH (MBPP's published mbpp.jsonl)")
+    r.add_argument("--suite", required=True, help="humaneval (the copy shipped with codechat), humaneval:PATH, "
+                                                  "mbpp:PATH (MBPP's published mbpp.jsonl), or funcall:PATH "
+                                                  "(conversations with tools: every assistant turn is scored for "
+                                                  "the right call or for no call; --split heldout|train|all, "
+                                                  "'test' meaning heldout)")
     r.add_argument("--split", default="test", help="MBPP split: test (11-510, default), validation (511-600), "
-                                                   "train (601-974), prompt (1-10) or all; HumanEval: test")
+                                                   "train (601-974), prompt (1-10) or all; HumanEval: test; "
+                                                   "funcall: heldout (test), train or all")
     r.add_argument("--n", type=int, default=20, help="samples per problem (default 20)")
     r.add_argument("--k", type=_ks, default=[1, 10], help="the k of each pass@k, comma-separated; each <= --n "
                                                           "(default 1,10)")
@@ -103,6 +107,8 @@ def resolve_model_path(path: str | Path) -> Path:
 def _cli_run(args: argparse.Namespace) -> int:
     """``codechat eval run``: validate everything cheap first, then load the model and run."""
     # torch, the model and the suite runner load only for this subcommand
+    if args.suite.startswith("funcall:"):
+        return _cli_run_funcall(args)
     from codechat.eval.suites import check_ks, format_summary, resolve_mode, run_suite
     check_ks(args.k, args.n)
     problems = load_problems(args.suite, args.split, limit=args.limit, shots=args.shots)
@@ -120,6 +126,28 @@ def _cli_run(args: argparse.Namespace) -> int:
                         batch_size=args.batch_size, workers=args.workers, timeout_s=args.timeout,
                         memory_mb=args.memory_mb, model_id=f"{ckpt.resolve()}@{state.get('step')}",
                         progress=not args.quiet)
+    print(format_summary(results))
+    print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'samples.jsonl'}")
+    return 0
+
+
+def _cli_run_funcall(args: argparse.Namespace) -> int:
+    """``codechat eval run --suite funcall:PATH``: every assistant turn of the split, scored."""
+    from codechat.checkpoint import load_model
+    from codechat.device import resolve_device
+    from codechat.engine import Engine, EngineConfig
+    from codechat.eval.funcall import format_summary, load_cases, run_funcall_suite
+    path = args.suite.split(":", 1)[1]
+    split = "heldout" if args.split == "test" else args.split
+    load_cases(path, split, args.limit)  # bad input is reported before the model loads
+    ckpt = resolve_model_path(args.model)
+    model, tok, state = load_model(ckpt, resolve_device(args.device))
+    engine = Engine(model, EngineConfig(slots=args.batch_size))
+    print(f"model {ckpt} (stage {state.get('meta', {}).get('stage')}, step {state.get('step')}): "
+          f"function calling on {path} ({split}) -> {args.out}")
+    results = run_funcall_suite(engine, tok, path=path, out_dir=args.out, split=split,
+                                max_new_tokens=args.max_new_tokens, limit=args.limit,
+                                model_id=f"{ckpt.resolve()}@{state.get('step')}")
     print(format_summary(results))
     print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'samples.jsonl'}")
     return 0

@@ -1,0 +1,82 @@
+"""Function-calling evaluation: splits, scoring, and the whole suite with an oracle generator."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from codechat.chat import FUNCTION_CALL_TOKEN, Message
+from codechat.engine import Sample
+from codechat.eval.funcall import load_cases, normalize_value, run_funcall_suite, score_case, split_of
+
+GLAIVE = Path(__file__).resolve().parents[2] / "shared" / "data" / "function_calling_glaive" / "glaive_toolcall_en_demo.json"
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+           "required": ["city"]}
+
+
+def test_the_glaive_sample_splits_by_hash_into_238_train_and_62_heldout_conversations(shared_dir):
+    records = json.loads(GLAIVE.read_text())
+    splits = [split_of(r) for r in records]
+    assert splits.count("heldout") == 62 and splits.count("train") == 238
+    assert splits == [split_of(json.loads(json.dumps(r))) for r in records]  # a pure function of the record
+    held, train = load_cases(GLAIVE, "heldout"), load_cases(GLAIVE, "train")
+    lines = lambda cs: {c["id"].split(":")[0] for c in cs}  # noqa: E731
+    assert not lines(held) & lines(train) and len(lines(held)) == 62
+    assert sum(c["expected"].function_call is not None for c in held) > 30
+    with pytest.raises(ValueError, match="split"):
+        load_cases(GLAIVE, "test")
+
+
+def test_arguments_match_after_normalisation_and_not_otherwise():
+    want = Message("assistant", "", {"name": "weather", "arguments": {"city": "Tokyo", "days": 2}})
+    tools = {"weather": WEATHER}
+    same = {"name": "weather", "arguments": {"days": 2.0, "city": " Tokyo "}}  # 2.0 is an integer in JSON Schema
+    assert score_case(want, "", same, True, tools) == {"kind": "call", "parsed": True, "schema_valid": True,
+                                                       "name_correct": True, "arguments_exact": True,
+                                                       "invalid_reason": None}
+    as_text = {"name": "weather", "arguments": {"city": "Tokyo", "days": "2"}}
+    assert score_case(want, "", as_text, True, tools) == {"kind": "call", "parsed": True, "schema_valid": False,
+                                                          "name_correct": True, "arguments_exact": True,
+                                                          "invalid_reason": "days: '2' is not of type 'integer'"}
+    assert normalize_value("2", {"type": "number"}) == normalize_value(2, {"type": "number"}) == 2.0
+    assert normalize_value("2", {"type": "string"}) == "2"
+    other = score_case(want, "", {"name": "weather", "arguments": {"city": "Kyoto"}}, True, tools)
+    assert other["schema_valid"] and other["name_correct"] and not other["arguments_exact"]
+    wrong = score_case(want, "", {"name": "forecast", "arguments": {"city": "Tokyo", "days": 2}}, True, tools)
+    assert not wrong["name_correct"] and not wrong["arguments_exact"] and "undeclared" in wrong["invalid_reason"]
+    assert score_case(want, "sure", None, True, tools)["parsed"] is False
+    text = Message("assistant", "It is sunny.")
+    assert score_case(text, "It is sunny.", None, False, tools) == {"kind": "text", "no_call": True}
+    assert score_case(text, "", None, True, tools)["no_call"] is False  # a broken call is still a call
+
+
+class Oracle:
+    """An engine stand-in that answers every case with ``answer(expected message)`` as token ids."""
+
+    max_len = 4096
+
+    def __init__(self, tok, cases, answer) -> None:
+        self.tok, self.replies = tok, [answer(c["expected"]) for c in cases]
+
+    def generate(self, requests):
+        assert len(requests) == len(self.replies)
+        return [[Sample(token_ids=ids + [self.tok.end_id], finish="stop")] for ids in self.replies]
+
+
+def test_the_suite_scores_a_perfect_model_100_and_a_model_that_never_calls_0(shared_dir, tok, tmp_path):
+    cases = load_cases(GLAIVE, "heldout", limit=12)
+    fc = tok.special_id(FUNCTION_CALL_TOKEN)
+
+    def perfect(m):
+        ids = tok.encode(m.content) if m.content else []
+        return ids + ([fc] + tok.encode(json.dumps(m.function_call)) if m.function_call else [])
+    res = run_funcall_suite(Oracle(tok, cases, perfect), tok, path=GLAIVE, out_dir=tmp_path, limit=12)
+    assert res["call_turns"] > 0 and res["text_turns"] > 0
+    assert res["parse_rate"] == res["name_accuracy"] == res["arguments_exact_match"] == res["no_call_accuracy"] == 1.0
+    assert res["schema_valid_rate"] >= 0.9
+    rows = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == len(cases) and json.loads((tmp_path / "results.json").read_text())["cases"] == len(cases)
+    mute = run_funcall_suite(Oracle(tok, cases, lambda m: tok.encode("I cannot help.")), tok, path=GLAIVE,
+                             out_dir=tmp_path / "mute", limit=12)
+    assert mute["parse_rate"] == mute["name_accuracy"] == 0.0 and mute["no_call_accuracy"] == 1.0
