@@ -34,8 +34,10 @@ text       ``text``             plain text, pretraining-style: ONE assistant tur
 ========== ==================== ===================================================================
 
 In the chat formats (messages, sharegpt, glaive), assistant text that holds a call in the seed
-system's spelling ``<functioncall> {json}`` becomes a structured function call; a marker not
-followed by a valid call makes the record invalid.
+system's spelling ``<functioncall> {json}`` becomes a structured function call, read by
+:func:`codechat.chat.parse_assistant_text` with ``strict``: a marker not followed by exactly one
+valid call (text after the call included) makes the record invalid, with the parser's reason and
+character offset in the message (never trained on as text, never cut silently).
 
 Files: ``.jsonl`` (``line`` is the 1-based line number), ``.json`` (an array, or an object with a
 ``data`` array; ``line`` is the 1-based record index), ``.parquet`` (needs ``pyarrow``; ``line``
