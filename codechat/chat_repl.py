@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Callable, TextIO
 
 from .budget import render_for_completion_within
-from .chat import Conversation, Message, parse_assistant, render_for_completion
+from .chat import Conversation, Message, Reply, parse_reply_ids, render_for_completion
 from .engine import Engine, Request, SamplingConfig
 from .tokenizer import Tokenizer
 
@@ -17,16 +17,16 @@ COMMANDS_HELP = "commands: /reset starts over, /quit (or Ctrl-D) leaves"
 REPLY_SHARE = 0.5
 
 
-def reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: SamplingConfig, *, seed: int = 0,
-          on_text: Callable[[str], None] = lambda s: None,
-          on_notice: Callable[[str], None] = lambda s: None) -> Message:
-    """Generate the assistant's next message for ``conv``, streaming its text to ``on_text``.
+def generate_reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: SamplingConfig, *, seed: int = 0,
+                   on_text: Callable[[str], None] = lambda s: None,
+                   on_notice: Callable[[str], None] = lambda s: None) -> Reply:
+    """Generate the assistant's next turn for ``conv``, streaming its text to ``on_text``.
 
     Generation stops at ``<|end|>`` or after ``cfg.max_new_tokens``. A conversation too long for
     the context beside the reply drops its oldest turns (the system turn kept;
     :func:`codechat.budget.render_for_completion_within`) and says so through ``on_notice``; the
-    reply gets at most :data:`REPLY_SHARE` of the context then. The reply is parsed into content
-    and (optional) function call with :func:`codechat.chat.parse_assistant`.
+    reply gets at most :data:`REPLY_SHARE` of the context then. Returns the reply read by
+    :func:`codechat.chat.parse_reply_ids`: content, and a function call or why there is none.
     """
     new = min(cfg.max_new_tokens, max(1, int(engine.max_len * REPLY_SHARE)))
     prompt = render_for_completion(tok, conv)
@@ -45,8 +45,14 @@ def reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: SamplingConfi
             break
         on_text(stream.push(t))
     on_text(stream.flush())
-    content, call = parse_assistant(tok, ids)
-    return Message("assistant", content, call)
+    return parse_reply_ids(tok, ids)
+
+
+def reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: SamplingConfig, *, seed: int = 0,
+          on_text: Callable[[str], None] = lambda s: None,
+          on_notice: Callable[[str], None] = lambda s: None) -> Message:
+    """:func:`generate_reply` as the assistant :class:`~codechat.chat.Message` for the history."""
+    return generate_reply(engine, tok, conv, cfg, seed=seed, on_text=on_text, on_notice=on_notice).message()
 
 
 def repl(engine: Engine, tok: Tokenizer, cfg: SamplingConfig, *, system: str = "", stdin: TextIO = sys.stdin,
