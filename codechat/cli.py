@@ -184,6 +184,44 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_funcall(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("funcall", help="a conversation in which the model calls your Python functions",
+                       description="The system turn declares the tools; each call the model makes is validated "
+                                   "against its schema and run in a worker process, and its result (or the error) "
+                                   "goes back to the model until it answers in text. Interactive without --user.")
+    p.add_argument("--model", required=True, help="stage directory (its newest checkpoint), run directory or checkpoint")
+    p.add_argument("--executors", help="Python file: each public function defined in it (or its EXECUTORS dict) "
+                                       "is a tool, its schema from type hints and docstring")
+    p.add_argument("--tools", help="built-in tools to add, comma-separated: python (runs code in the sandbox), "
+                                   "calculator")
+    p.add_argument("--user", help="answer this one user message and exit")
+    p.add_argument("--system", default="", help="system message (the tool list is appended to it)")
+    p.add_argument("--max-tool-calls", type=int, default=4, help="function calls answered per user turn (default 4)")
+    p.add_argument("--show-trace", action="store_true", help="print every call and function response")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy, the most reliable calls")
+    p.add_argument("--top-p", type=float, default=1.0)
+    _add_common(p)
+    p.set_defaults(func=_cmd_funcall)
+
+
+def _cmd_funcall(args: argparse.Namespace) -> int:
+    from .checkpoint import load_model
+    from .device import resolve_device
+    from .engine import Engine, EngineConfig, SamplingConfig
+    from .eval.cli import resolve_model_path
+    from .funcall import load_tools, run_session
+    if args.max_tool_calls < 0:
+        raise ValueError(f"--max-tool-calls must be >= 0, got {args.max_tool_calls}")
+    tools = load_tools(args.executors, args.tools)  # a bad executors file is reported before the model loads
+    model, tok, _ = load_model(resolve_model_path(args.model), resolve_device(args.device or "auto"))
+    engine = Engine(model, EngineConfig(slots=1))
+    cfg = SamplingConfig(args.max_new_tokens, args.temperature, 0, args.top_p)
+    run_session(engine, tok, tools, cfg, system=args.system, user=args.user, max_tool_calls=args.max_tool_calls,
+                show_trace=args.show_trace, seed=_seed(args.seed))
+    return 0
+
+
 def _add_speedrun(sub: argparse._SubParsersAction) -> None:
     from .config import PRESETS
     p = sub.add_parser("speedrun", help="tokenizer -> corpus -> pretraining -> SFT -> HumanEval -> report, in one go",
@@ -234,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sft(sub)
     _add_sample(sub)
     _add_chat(sub)
+    _add_funcall(sub)
     eval_cli.add_cli(sub)
     return parser
 
@@ -250,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return args.func(args)
-    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:  # ToolError is a ValueError
         print(f"codechat {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

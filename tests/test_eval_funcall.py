@@ -8,7 +8,8 @@ import pytest
 
 from codechat.chat import FUNCTION_CALL_TOKEN, Message
 from codechat.engine import Sample
-from codechat.eval.funcall import load_cases, normalize_value, run_funcall_suite, score_case, split_of
+from codechat.data.benchmarks import conversation_split as split_of
+from codechat.eval.funcall import load_cases, normalize_value, run_funcall_suite, score_case
 
 GLAIVE = Path(__file__).resolve().parents[2] / "shared" / "data" / "function_calling_glaive" / "glaive_toolcall_en_demo.json"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -26,6 +27,11 @@ def test_the_glaive_sample_splits_by_hash_into_238_train_and_62_heldout_conversa
     assert sum(c["expected"].function_call is not None for c in held) > 30
     with pytest.raises(ValueError, match="split"):
         load_cases(GLAIVE, "test")
+    from codechat.config import SFTConfig
+    from codechat.data.mixture import load_source, parse_spec
+    [spec] = parse_spec(f"{GLAIVE}@train:2")
+    assert (spec.split, spec.weight) == ("train", 2.0)
+    assert len(load_source(spec, SFTConfig())) == 238  # SFT on @train never sees a held-out conversation
 
 
 def test_arguments_match_after_normalisation_and_not_otherwise():

@@ -114,13 +114,16 @@ def test_case21_epoch_mode_gives_each_row_once_per_epoch(case21):
     ("hf:org/name:cfg:3", [SourceSpec("hf:org/name:cfg", 3.0)]),
     ("x.jsonl#alpaca:1e-1", [SourceSpec("x.jsonl", 0.1, "alpaca")]),
     ("mine::0.5", [SourceSpec("mine:", 0.5)]),
+    ("glaive.json@train#sharegpt:2", [SourceSpec("glaive.json", 2.0, "sharegpt", "train")]),
+    ("glaive.json@heldout", [SourceSpec("glaive.json", 1.0, "auto", "heldout")]),
 ])
 def test_spec_parsing(spec, expected):
     assert parse_spec(spec) == expected
 
 
 @pytest.mark.parametrize("spec,match", [("", "empty"), ("a.jsonl,,b.jsonl", "item 2 is empty"),
-                                        ("a.jsonl#yaml:1", "unknown format 'yaml'")])
+                                        ("a.jsonl#yaml:1", "unknown format 'yaml'"),
+                                        ("a.jsonl@test", "unknown split 'test'")])
 def test_bad_specs(spec, match):
     with pytest.raises(ConfigError, match=match):
         parse_spec(spec)

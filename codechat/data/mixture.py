@@ -6,6 +6,9 @@ weight only if it parses as a number (so ``hf:org/name:config`` has no weight an
 
 - a local ``.jsonl`` / ``.json`` / ``.parquet`` file, optionally ``.gz``, or a directory of them
   (relative paths are resolved against ``base_dir``, default the working directory);
+  ``FILE@train`` / ``FILE@heldout`` keeps one part of it by a stated hash of each record
+  (:func:`codechat.data.benchmarks.conversation_split`; the function-calling evaluation scores
+  the held-out part);
 - ``hf:ORG/NAME[:CONFIG][@SPLIT]``: a Hugging Face dataset through ``datasets`` (imported only
   then; split default ``train``);
 - ``mine:[DIR]``: (docstring -> function) pairs mined from Python files (default: this Python's
@@ -41,7 +44,8 @@ from typing import Any
 import numpy as np
 
 from codechat.config import SFT_FORMATS, SFT_MIX_MODES, ConfigError, SFTConfig
-from codechat.data.formats import FORMATS, LoadCounts, Record, data_files, iter_records, records_from_rows
+from codechat.data.benchmarks import CONVERSATION_SPLITS, conversation_split
+from codechat.data.formats import FORMATS, LoadCounts, Record, data_files, iter_records, read_rows, records_from_rows
 
 #: Draws whose sources are generated together from one seeded generator (resume regenerates one block).
 BLOCK = 4096
@@ -57,6 +61,7 @@ class SourceSpec:
     source: str
     weight: float = 1.0
     format: str = "auto"
+    split: str = ""  # a local file's conversation split (data.benchmarks.conversation_split): train | heldout
 
 
 def _is_number(text: str) -> bool:
@@ -68,10 +73,12 @@ def _is_number(text: str) -> bool:
 
 
 def parse_spec(spec: str) -> list[SourceSpec]:
-    """The items of ``SOURCE[#FORMAT][:WEIGHT],...``, validated.
+    """The items of ``SOURCE[@SPLIT][#FORMAT][:WEIGHT],...``, validated (``@train`` / ``@heldout``:
+    one part of a local file by :func:`codechat.data.benchmarks.conversation_split`).
 
     Raises:
-        ConfigError: an empty item, an unknown format, a negative or non-finite weight, or all weights zero.
+        ConfigError: an empty item, an unknown format or split, a negative or non-finite weight, or all
+            weights zero.
     """
     if not spec or not spec.strip():
         raise ConfigError("the data spec is empty; give --data SOURCE[:WEIGHT],...")
@@ -82,17 +89,22 @@ def parse_spec(spec: str) -> list[SourceSpec]:
             raise ConfigError(f"data spec {spec!r}: item {k + 1} is empty")
         head, sep, tail = item.rpartition(":")
         source, weight = (head, float(tail)) if sep and head and _is_number(tail) else (item, 1.0)
-        fmt = "auto"
+        fmt, split = "auto", ""
         if "#" in source and not Path(source).exists():
             source, _, fmt = source.rpartition("#")
             if fmt not in SFT_FORMATS:
                 raise ConfigError(f"data spec item {item!r}: unknown format {fmt!r} after '#'; known: "
                                   f"{', '.join(SFT_FORMATS)}")
+        if "@" in source and not source.startswith("hf:") and not Path(source).exists():
+            source, _, split = source.rpartition("@")
+            if split not in CONVERSATION_SPLITS:
+                raise ConfigError(f"data spec item {item!r}: unknown split {split!r} after '@'; a local file "
+                                  f"takes {' or '.join(CONVERSATION_SPLITS)} (data.benchmarks.conversation_split)")
         if not math.isfinite(weight):
             raise ConfigError(f"data spec item {item!r}: the weight {tail} is not a finite number (non-finite weight)")
         if weight < 0:
             raise ConfigError(f"data spec item {item!r}: negative weight {weight}; weights must be >= 0")
-        out.append(SourceSpec(source.strip(), weight, fmt))
+        out.append(SourceSpec(source.strip(), weight, fmt, split))
     if not any(s.weight > 0 for s in out):
         raise ConfigError(f"data spec {spec!r}: all weights are zero; give at least one source a positive weight")
     return out
@@ -141,7 +153,12 @@ def load_source(spec: SourceSpec, cfg: SFTConfig, *, base_dir: str | os.PathLike
         counts.records += len(records)
         return records
     try:
-        return list(iter_records(_resolve(spec.source, base_dir), format=fmt, skip_bad=cfg.skip_bad, counts=counts))
+        path = _resolve(spec.source, base_dir)
+        if spec.split:
+            return [rec for f in data_files(path) for rec in records_from_rows(
+                ((line, r) for line, r in read_rows(f) if conversation_split(r) == spec.split), str(f),
+                format=fmt, skip_bad=cfg.skip_bad, counts=counts)]
+        return list(iter_records(path, format=fmt, skip_bad=cfg.skip_bad, counts=counts))
     except FormatError as e:
         raise ConfigError(str(e)) from None
 

@@ -19,16 +19,14 @@ scored for
 
 a turn that answers in text is scored for ``no_call``. Rates are over the turns of each kind.
 
-Splits (:func:`split_of`): a conversation is held out when the first 8 bytes of the SHA-256 of its
-record (JSON, keys sorted) read as a little-endian integer are divisible by 5 — about a fifth,
-62 of the 300 conversations of the glaive sample; ``train`` is the rest, ``all`` both. Training on
-``train`` never sees a held-out conversation.
+Splits: :func:`codechat.data.benchmarks.conversation_split`, a stated hash of each record (62 of
+the glaive sample's 300 conversations are held out); ``all`` is both parts. SFT on
+``--data FILE@train`` never sees a held-out conversation.
 
 ``OUT/samples.jsonl`` has one row per case; ``OUT/results.json`` the rates, counts and settings.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -36,15 +34,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from codechat.atomic import write_text
+from codechat.data.benchmarks import conversation_split
 
 SPLITS = ("heldout", "train", "all")
-HOLDOUT_MODULUS = 5
-
-
-def split_of(record: Any) -> str:
-    """``heldout`` or ``train`` for a raw record (module docstring: a stated hash, no randomness)."""
-    digest = hashlib.sha256(json.dumps(record, sort_keys=True, ensure_ascii=False).encode()).digest()
-    return "heldout" if int.from_bytes(digest[:8], "little") % HOLDOUT_MODULUS == 0 else "train"
 
 
 def load_cases(path: str | Path, split: str = "heldout", limit: int | None = None) -> list[dict[str, Any]]:
@@ -62,7 +54,7 @@ def load_cases(path: str | Path, split: str = "heldout", limit: int | None = Non
         raise ValueError(f"funcall split must be one of {', '.join(SPLITS)}, got {split!r}")
     cases = []
     for line, rec in read_rows(path):
-        if split != "all" and split_of(rec) != split:
+        if split != "all" and conversation_split(rec) != split:
             continue
         conv, _ = to_conversation(rec)
         for i, m in enumerate(conv.messages):

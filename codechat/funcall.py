@@ -1,0 +1,159 @@
+"""``codechat funcall``: a conversation in which the model may call declared Python functions.
+
+The loop (:func:`answer`): the system turn declares the tools (the one layout of
+:func:`codechat.chat.system_text`, the same as in SFT and evaluation) -> user -> model. When the
+model's reply is a function call, :class:`codechat.tools.Dispatcher` validates it against the
+declared schema and runs it in a worker process; its result — or the error, when the name is
+undeclared, the arguments invalid, the call unparseable, the executor raised, timed out or
+printed too much — goes back to the model as a ``function_response`` turn, and the model goes on,
+until it answers in text or ``max_tool_calls`` calls were made. Model output never crashes the
+loop, and nothing undeclared runs.
+
+Tools come from ``--executors FILE`` (each public function defined in the file, or its
+``EXECUTORS`` dict; schemas from type hints and docstrings: :func:`codechat.tools.load_executors`)
+and ``--tools python,calculator`` (:func:`codechat.tools.builtins.builtin_tools`).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Callable, Sequence, TextIO
+
+from .chat import Conversation, Message
+from .chat_repl import generate_reply
+from .engine import Engine, SamplingConfig
+from .tokenizer import Tokenizer
+from .tools import Tool
+
+
+@dataclass(frozen=True)
+class Step:
+    """One turn added by :func:`answer`: the message, and for a function response whether the call
+    succeeded."""
+
+    message: Message
+    ok: bool = True
+
+
+def answer(engine: Engine, tok: Tokenizer, messages: list[Message], tools: Sequence[Tool], dispatcher,
+           cfg: SamplingConfig, *, max_tool_calls: int = 4, seed: int = 0,
+           on_text: Callable[[str], None] = lambda s: None, on_step: Callable[[Step], None] = lambda s: None,
+           on_notice: Callable[[str], None] = lambda s: None) -> list[Message]:
+    """Continue ``messages`` (ending with a user turn) until the model answers in text.
+
+    Args:
+        messages: the conversation so far (a system message first, if any); extended in place
+            with every assistant turn and function response.
+        tools: the declared tools; their schemas go into the system turn.
+        dispatcher: a :class:`codechat.tools.Dispatcher` over the same tools.
+        max_tool_calls: calls answered at most; a further call ends the loop with a notice.
+        on_text: streamed reply text; ``on_step``: every added turn; ``on_notice``: what the loop
+            did that the model did not say (dropped context, the call limit).
+
+    Returns:
+        ``messages``.
+    """
+    schemas = tuple(t.schema() for t in tools) or None
+    calls = 0
+    while True:
+        reply = generate_reply(engine, tok, Conversation(tuple(messages), schemas), cfg, seed=seed + len(messages),
+                               on_text=on_text, on_notice=on_notice)
+        wants_call = reply.call is not None or reply.error is not None
+        msg = reply.message() if reply.call is not None else Message("assistant", reply.content)
+        messages.append(msg)
+        on_step(Step(msg))
+        if not wants_call:
+            return messages
+        if calls >= max_tool_calls:
+            on_notice(f"[stopped: the model asked for a call after {max_tool_calls} tool calls]")
+            return messages
+        calls += 1
+        result = dispatcher(reply.call) if reply.call is not None else dispatcher(None, error=str(reply.error))
+        response = result.message()
+        messages.append(response)
+        on_step(Step(response, result.ok))
+
+
+def load_tools(executors: str | None, builtins: str | None) -> list[Tool]:
+    """The tools of ``--executors FILE`` and ``--tools NAMES``, in that order.
+
+    Raises:
+        codechat.tools.ToolError: a file that does not load or declares nothing usable, an unknown
+            built-in, or two tools of one name.
+    """
+    from .tools import ToolError, load_executors
+    from .tools.builtins import builtin_tools
+    tools = list(load_executors(executors)) if executors else []
+    tools += list(builtin_tools(builtins).values()) if builtins else []
+    names = [t.name for t in tools]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ToolError(f"two tools named {', '.join(dup)} (--executors and --tools)")
+    if not tools:
+        raise ToolError("no tools: give --executors FILE and/or --tools python,calculator")
+    return tools
+
+
+def run_session(engine: Engine, tok: Tokenizer, tools: Sequence[Tool], cfg: SamplingConfig, *, system: str = "",
+                user: str | None = None, max_tool_calls: int = 4, show_trace: bool = False, seed: int = 0,
+                stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> list[Message]:
+    """One answer to ``user``, or an interactive session reading user turns from ``stdin`` until
+    EOF or ``/quit``. Replies stream to ``stdout``; with ``show_trace`` every call and function
+    response is printed as it happens. Returns the whole conversation."""
+    from .tools.dispatch import Dispatcher
+
+    def write(s: str) -> None:
+        stdout.write(s)
+        stdout.flush()
+
+    def step(s: Step) -> None:
+        m = s.message
+        if m.function_call is not None:
+            write(f"\n[call] {m.function_call['name']}({_args(m.function_call['arguments'])})\n")
+        elif m.role == "function_response":
+            write(f"[{'response' if s.ok else 'error'}] {m.content[:2000]}\n")
+
+    def on_step(s: Step) -> None:
+        if show_trace:
+            step(s)
+
+    messages: list[Message] = [Message("system", system)] if system else []
+    with Dispatcher({t.name: t for t in tools}) as dispatcher:
+        turns = [user] if user is not None else None
+        while True:
+            if turns is not None:
+                if not turns:
+                    break
+                text = turns.pop(0)
+            else:
+                write("\nyou> ")
+                line = stdin.readline()
+                if not line or line.strip() == "/quit":
+                    break
+                text = line.rstrip("\n")
+                if not text.strip():
+                    continue
+            messages.append(Message("user", text))
+            write("" if turns is not None else "assistant> ")
+            answer(engine, tok, messages, tools, dispatcher, cfg, max_tool_calls=max_tool_calls, seed=seed,
+                   on_text=write if not show_trace else (lambda s: None), on_step=_final_text(write, on_step, show_trace),
+                   on_notice=lambda s: write(s + "\n"))
+            write("\n")
+    return messages
+
+
+def _final_text(write: Callable[[str], None], on_step: Callable[[Step], None], show_trace: bool
+                ) -> Callable[[Step], None]:
+    """With a trace, each assistant text turn is printed whole after it is parsed (calls are traced
+    instead of streamed as raw JSON)."""
+    def f(s: Step) -> None:
+        on_step(s)
+        m = s.message
+        if show_trace and m.role == "assistant" and m.function_call is None:
+            write(f"[assistant] {m.content}")
+    return f
+
+
+def _args(arguments: dict) -> str:
+    import json
+    return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())

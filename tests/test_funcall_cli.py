@@ -1,0 +1,104 @@
+"""``codechat funcall`` end to end on CPU: a tiny model taught one tool conversation calls the
+test's own executor, whose response reaches the final answer; the trace shows every turn."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from codechat import checkpoint as ckpt
+from codechat.budget import render_with_budget
+from codechat.chat import Conversation, Message
+from codechat.config import ModelConfig, OptimConfig, RunConfig, SFTConfig, TrainConfig, to_dict
+from codechat.data.sft import collate
+from codechat.funcall import load_tools
+from codechat.model import build_model
+from codechat.tools import ToolError, load_executors
+from codechat.train.trainer import Trainer
+
+EXECUTORS = textwrap.dedent('''
+    from pathlib import Path
+
+
+    def weather(city: str) -> dict:
+        """Current weather of a city.
+
+        Args:
+            city: the city's name.
+        """
+        Path(__file__).with_name("ran.txt").write_text(city)
+        return {"temp_c": 21}
+''')
+
+
+@pytest.fixture(scope="module")
+def funcall_stage(tok, tok_dir, tmp_path_factory):
+    """A tiny model SFT'd on one conversation: call weather(Tokyo), read 21, say so."""
+    tmp = tmp_path_factory.mktemp("funcall")
+    (tmp / "tools_demo.py").write_text(EXECUTORS)
+    [tool] = load_executors(tmp / "tools_demo.py")
+    conv = Conversation([Message("user", "Weather in Tokyo?"),
+                         Message("assistant", "", {"name": "weather", "arguments": {"city": "Tokyo"}}),
+                         Message("function_response", '{"temp_c": 21}'),
+                         Message("assistant", "It is 21 C in Tokyo.")], (tool.schema(),))
+    ex = render_with_budget(tok, conv, SFTConfig(max_length=256, max_prompt_length=224, decontaminate=False))
+    batch = collate([[ex]], pad_id=tok.end_id, pad_to_multiple=1, packed=False)
+
+    class Same:
+        def next_batch(self):
+            return batch
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, s):
+            pass
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=tok.vocab_size, n_layer=2, n_embd=64, n_head=2, n_kv_head=1,
+                                    max_seq_len=256))
+    Trainer(model, train=TrainConfig(max_steps=120, log_every=120), optim=OptimConfig(lr=3e-3, warmup_steps=5),
+            run=RunConfig(out=str(tmp)), batches=Same(), out_dir=tmp, show_progress=False).fit()
+    stage = ckpt.save(tmp / "sft" / "checkpoints", 120, model=model.state_dict(),
+                      state={"step": 120, "meta": {"stage": "sft", "model": to_dict(model.cfg)}},
+                      tokenizer_dir=tok_dir).parent.parent
+    return stage, tmp / "tools_demo.py"
+
+
+def funcall(*args):
+    return subprocess.run([sys.executable, "-m", "codechat", "funcall", "--device", "cpu", *map(str, args)],
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_the_call_runs_and_its_response_reaches_the_final_answer(funcall_stage):
+    stage, executors = funcall_stage
+    p = funcall("--model", stage, "--executors", executors, "--user", "Weather in Tokyo?", "--show-trace")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ['', '[call] weather(city="Tokyo")', '[response] {"temp_c": 21}',
+                                     '[assistant] It is 21 C in Tokyo.'], p.stdout
+    assert executors.with_name("ran.txt").read_text() == "Tokyo"  # the executor really ran
+    p = funcall("--model", stage, "--executors", executors, "--user", "Weather in Tokyo?")
+    assert p.returncode == 0 and p.stdout.rstrip().endswith("It is 21 C in Tokyo."), p.stdout
+
+
+def test_a_call_limit_of_zero_runs_nothing_and_says_so(funcall_stage):
+    stage, executors = funcall_stage
+    executors.with_name("ran.txt").unlink(missing_ok=True)
+    p = funcall("--model", stage, "--executors", executors, "--user", "Weather in Tokyo?", "--max-tool-calls", 0,
+                "--show-trace")
+    assert p.returncode == 0 and "[stopped: the model asked for a call after 0 tool calls]" in p.stdout
+    assert not executors.with_name("ran.txt").exists()
+
+
+def test_bad_executors_files_are_one_line_errors_before_the_model_loads(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import no_such_module_here\n")
+    p = funcall("--model", tmp_path / "nowhere", "--executors", bad, "--user", "hi")
+    assert p.returncode == 2 and "bad.py" in p.stderr and "no_such_module_here" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    with pytest.raises(ToolError, match="no tools"):
+        load_tools(None, None)
+    with pytest.raises(ToolError, match="calculator"):
+        load_tools(None, "shell")
