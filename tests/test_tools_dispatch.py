@@ -17,7 +17,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from codechat.tools import Tool, ToolError
+from codechat.tools import Tool, ToolError, load_executors
 from codechat.tools.builtins import BUILTIN_NAMES, CalculatorError, builtin_tools, calculate
 from codechat.tools.dispatch import CallResult, DispatchLimits, Dispatcher, dispatch
 
@@ -342,13 +342,33 @@ def test_the_worker_memory_limit(executors: tuple[Path, dict[str, Tool]]) -> Non
 
 def test_a_worker_that_cannot_start_is_an_error_response_and_a_warning(
         executors: tuple[Path, dict[str, Tool]], monkeypatch: pytest.MonkeyPatch) -> None:
-    import codechat.tools.dispatch as dispatch_module
+    import codechat.tools.worker as worker_module  # the worker's launch lives with the worker
 
-    monkeypatch.setattr(dispatch_module, "_BOOT", "import sys; print('broken install', file=sys.stderr); sys.exit(7)")
+    monkeypatch.setattr(worker_module, "_BOOT", "import sys; print('broken install', file=sys.stderr); sys.exit(7)")
     with Dispatcher(executors[1]) as d, pytest.warns(RuntimeWarning, match="the tool worker did not start"):
         r = d(call("add", a=1, b=2))
     assert error_of(r) == "'add' could not be run: the tool worker did not start"
     assert "broken install" in r.error
+
+
+def test_an_omitted_optional_parameter_without_default_is_passed_none(tmp_path: Path) -> None:
+    path = tmp_path / "optional.py"
+    path.write_text(textwrap.dedent('''
+        from typing import Any, Optional
+
+
+        def greet(name: str, title: str | None, suffix: Optional[int], extra: Any,
+                  punct: str | None = "!", times: int | None = 3):
+            return [name, title, suffix, extra, punct, times]
+    '''))
+    (greet,) = load_executors(path)
+    assert greet.parameters["required"] == ["name"]  # title, suffix, extra: nullable, so not required
+    with Dispatcher([greet]) as d:
+        # left out, no default: None; left out with a default: the function's default, never None
+        assert json.loads(d(call("greet", name="Ada")).content) == ["Ada", None, None, None, "!", 3]
+        given = d(call("greet", name="Ada", title="Dr", suffix=2, extra=[1], punct=None, times=None))
+        assert json.loads(given.content) == ["Ada", "Dr", 2, [1], None, None]
+        assert error_of(d(call("greet", title="Dr"))).endswith("arguments: 'name' is a required property")
 
 
 # ----------------------------------------------------------------------------- declaring tools
