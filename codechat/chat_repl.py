@@ -13,8 +13,8 @@ from .tokenizer import Tokenizer
 COMMANDS_HELP = "commands: /reset starts over, /quit (or Ctrl-D) leaves"
 
 
-#: Share of the context a reply may take when the conversation is long (the prompt keeps the rest).
-REPLY_SHARE = 0.5
+#: Share of the context kept for the reply: a prompt leaving less loses its oldest turns.
+REPLY_SHARE = 0.25
 
 
 def generate_reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: SamplingConfig, *, seed: int = 0,
@@ -23,14 +23,15 @@ def generate_reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: Samp
     """Generate the assistant's next turn for ``conv``, streaming its text to ``on_text``.
 
     Generation stops at ``<|end|>`` or after ``cfg.max_new_tokens``. A conversation too long for
-    the context beside the reply drops its oldest turns (the system turn kept;
-    :func:`codechat.budget.render_for_completion_within`) and says so through ``on_notice``; the
-    reply gets at most :data:`REPLY_SHARE` of the context then. Returns the reply read by
+    the context beside the reply — one leaving the reply less than ``cfg.max_new_tokens`` and less
+    than :data:`REPLY_SHARE` of the context — drops its oldest turns (the system turn kept;
+    :func:`codechat.budget.render_for_completion_within`) and says so through ``on_notice``. The
+    reply gets what room is left, up to ``cfg.max_new_tokens``. Returns the reply read by
     :func:`codechat.chat.parse_reply_ids`: content, and a function call or why there is none.
     """
     new = min(cfg.max_new_tokens, max(1, int(engine.max_len * REPLY_SHARE)))
     prompt = render_for_completion(tok, conv)
-    if len(prompt) + cfg.max_new_tokens > engine.max_len:
+    if len(prompt) + new > engine.max_len:
         prompt, counts = render_for_completion_within(tok, conv, engine.max_len - new)
         if counts.turns_dropped or counts.prompt_tokens_cut:
             on_notice(f"[the conversation outgrew the context of {engine.max_len} tokens: "
