@@ -242,6 +242,8 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
                    help="continue the run in --out from its first unfinished stage (its plan and budget are kept)")
     p.add_argument("--max-files", type=int, default=0, help="read only the first N source files (a smoke run)")
     p.add_argument("--eval-limit", type=int, help="HumanEval problems to evaluate (default 40 on CPU, all on GPU)")
+    p.add_argument("--funcall-data", help="conversations with tools (glaive, ShareGPT or OpenAI messages): adds "
+                                          "function-calling SFT on FILE@train and its evaluation on FILE@heldout")
     _add_common(p)
     p.set_defaults(func=_cmd_speedrun)
 
@@ -251,7 +253,8 @@ def _cmd_speedrun(args: argparse.Namespace) -> int:
     try:
         run_speedrun(preset=args.preset, out=args.out, time_budget_min=args.time_budget_min, seed=args.seed,
                      device=args.device or "auto", max_files=args.max_files, eval_limit=args.eval_limit,
-                     checkpoint_every_s=args.checkpoint_every_s, resume=args.resume)
+                     checkpoint_every_s=args.checkpoint_every_s, resume=args.resume,
+                     funcall_data=args.funcall_data or "")
     except SpeedrunFailed as e:
         print(f"codechat speedrun: error: {e}", file=sys.stderr)
         return 1

@@ -168,6 +168,17 @@ def speedrun_report(m: dict[str, Any]) -> str:
             ("pass@1", f"{h['pass@1']:.1%}" + (f" ± {h['pass@1_stderr']:.1%}" if h["pass@1_stderr"] is not None
                                                 else "")),
             ("verdict for RL", m["eval"]["verdict_text"])]), ""]
+    if _section(m, "funcall_eval"):
+        f, t = m["funcall_eval"], m.get("funcall", {})
+
+        def pct(x: float | None) -> str:
+            return "-" if x is None else f"{x:.1%}"
+        lines += ["## Function calling (held-out conversations)", markdown_table([
+            ("trained on", f"{t.get('data', '?')}: {t.get('examples_kept', '?')} conversations, {t.get('steps', '?')} steps"),
+            ("assistant turns scored", f"{f['call_turns']} that call, {f['text_turns']} that answer in text"),
+            ("call parses", pct(f["parse_rate"])), ("arguments valid against the schema", pct(f["schema_valid_rate"])),
+            ("right function", pct(f["name_accuracy"])), ("arguments exactly right", pct(f["arguments_exact_match"])),
+            ("no call where none is due", pct(f["no_call_accuracy"]))]), ""]
     lines += ["## Data sources and licences", markdown_table(list(m.get("licenses", {}).items())), ""]
     lines += [_time_table(stages, m.get("total_wall_s", 0.0)), ""]
     if _section(m, "samples"):

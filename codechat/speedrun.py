@@ -45,6 +45,11 @@ from .device import autocast_for, resolve_device
 
 #: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``).
 STAGES = ("tokenizer", "data", "baseline", "pretrain", "samples", "sft", "chat", "eval")
+#: Stages added by ``--funcall-data``: function-calling SFT on the file's train split (from the
+#: chat SFT checkpoint), then the function-calling evaluation on its held-out split.
+FUNCALL_STAGES = ("funcall", "funcall_eval")
+#: Their shares of the whole budget; the other stages' shares shrink to make room.
+FUNCALL_SHARES = {"funcall": 0.08, "funcall_eval": 0.04}
 
 #: Shares of the whole budget per stage. CPU: 12 minutes with today's 9 of pretraining; the
 #: stages before pretraining and the generation stages end early on a fast machine (2026-12-01,
@@ -115,12 +120,22 @@ class SpeedrunPlan:
     eval_n: int = 2  # samples per problem
     eval_tokens: int = 128
     eval_temperature: float = 0.8
+    # A conversations file with tools (glaive, ShareGPT, OpenAI messages): adds FUNCALL_STAGES,
+    # training on FILE@train and evaluating FILE@heldout (codechat.data.benchmarks.conversation_split).
+    funcall_data: str = ""
+    funcall_tokens: int = 64  # max new tokens per evaluated assistant turn
+    funcall_eval_limit: int = 10  # held-out conversations evaluated (0: all)
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The stages this plan runs, in order."""
+        return STAGES + (FUNCALL_STAGES if self.funcall_data else ())
 
     def __post_init__(self) -> None:
-        if set(self.shares) != set(STAGES) or abs(sum(self.shares.values()) - 1) > 1e-6 or \
+        if set(self.shares) != set(self.stages) or abs(sum(self.shares.values()) - 1) > 1e-6 or \
                 min(self.shares.values()) <= 0:
-            raise ConfigError(f"speedrun shares must give every stage of {STAGES} a positive share summing to 1, "
-                              f"got {self.shares}")
+            raise ConfigError(f"speedrun shares must give every stage of {self.stages} a positive share summing "
+                              f"to 1, got {self.shares}")
         if self.time_budget_min <= 0:
             raise ConfigError(f"--time-budget-min must be > 0, got {self.time_budget_min}")
         if self.checkpoint_every_s <= 0:
@@ -128,7 +143,7 @@ class SpeedrunPlan:
 
     def planned_s(self) -> dict[str, float]:
         """Seconds per stage as planned up front."""
-        return {s: self.shares[s] * self.time_budget_min * 60 for s in STAGES}
+        return {s: self.shares[s] * self.time_budget_min * 60 for s in self.stages}
 
 
 #: Presets a GPU speedrun picks by whole-run budget: (minutes at most, preset).
@@ -142,9 +157,24 @@ LICENSES = {"pretraining corpus": "this Python's standard library (PSF License)"
             "HumanEval (evaluation only)": "OpenAI's HumanEval, MIT License, shipped in codechat/data/shipped"}
 
 
-def plan(device: torch.device, preset: str | None, time_budget_min: float | None, max_files: int = 0
-         ) -> SpeedrunPlan:
-    """Preset, budget, shares and corpus for ``device`` (explicit arguments win)."""
+def with_funcall(shares: dict[str, float]) -> dict[str, float]:
+    """``shares`` of :data:`STAGES` shrunk to make room for :data:`FUNCALL_SHARES`."""
+    scale = 1.0 - sum(FUNCALL_SHARES.values())
+    return {**{k: v * scale for k, v in shares.items()}, **FUNCALL_SHARES}
+
+
+def plan(device: torch.device, preset: str | None, time_budget_min: float | None, max_files: int = 0,
+         funcall_data: str = "") -> SpeedrunPlan:
+    """Preset, budget, shares and corpus for ``device`` (explicit arguments win).
+
+    Raises:
+        ConfigError: ``funcall_data`` is given and is not a file.
+    """
+    if funcall_data:
+        if not Path(funcall_data).is_file():
+            raise ConfigError(f"--funcall-data {funcall_data}: no such file")
+        base = plan(device, preset, time_budget_min, max_files)
+        return replace(base, funcall_data=str(funcall_data), shares=with_funcall(base.shares))
     stdlib = sysconfig.get_paths()["stdlib"]
     if device.type == "cuda":
         budget = time_budget_min or GPU_TIME_BUDGET_MIN
@@ -153,7 +183,7 @@ def plan(device: torch.device, preset: str | None, time_budget_min: float | None
         return SpeedrunPlan(chosen, budget, (stdlib, *packages), dict(GPU_SHARES), max_files,
                             compile=pretrain_recipe(chosen).train.compile, sft_max_length=1024,
                             sft_max_prompt_length=512, sft_micro_batch_size=8, eval_limit=0, eval_n=20,
-                            eval_tokens=512)
+                            eval_tokens=512, funcall_tokens=256, funcall_eval_limit=0)
     chosen = preset or "tiny"
     return SpeedrunPlan(chosen, time_budget_min or CPU_TIME_BUDGET_MIN, (stdlib,), dict(CPU_SHARES), max_files,
                         compile=pretrain_recipe(chosen).train.compile, compile_estimate_s=46.0)
@@ -186,15 +216,18 @@ class Speedrun:
                                   f"{self.m.get('device_type')}, not {p.preset} on {device.type}; resume with "
                                   "the same --preset and --device, or use a new --out")
             self.p = p = replace(p, **{k: v for k, v in self.m["plan"].items()
-                                       if k in ("time_budget_min", "shares", "eval_limit")})
+                                       if k in ("time_budget_min", "shares", "eval_limit", "funcall_data")})
         else:
             if path.is_file():
                 raise ConfigError(f"{run} already holds a speedrun (metrics.json): add --resume to continue it, "
                                   "or choose another --out")
+            licenses = {**LICENSES, **({"function-calling data": f"{p.funcall_data} (its own licence)"}
+                                       if p.funcall_data else {})}
             self.m = {"preset": p.preset, "device": str(device), "device_type": device.type,
-                      "time_budget_min": p.time_budget_min, "licenses": LICENSES,
+                      "time_budget_min": p.time_budget_min, "licenses": licenses,
                       "plan": {k: v for k, v in asdict(p).items() if k in
-                               ("time_budget_min", "shares", "eval_limit", "max_files", "compile", "sources")},
+                               ("time_budget_min", "shares", "eval_limit", "max_files", "compile", "sources",
+                                "funcall_data")},
                       "stages": {s: {"status": "pending", "planned_s": t} for s, t in p.planned_s().items()}}
         self.resume = resume
 
@@ -207,17 +240,18 @@ class Speedrun:
         """
         t_invocation = time.perf_counter()
         self._print_plan()
-        for i, name in enumerate(STAGES):
+        stages = self.p.stages
+        for i, name in enumerate(stages):
             st = self.m["stages"][name]
             if st["status"] == "done":
-                print(f"[{i + 1}/{len(STAGES)}] {name}: done in an earlier attempt, skipped")
+                print(f"[{i + 1}/{len(stages)}] {name}: done in an earlier attempt, skipped")
                 continue
             grant = st.get("granted_s") if st["status"] in ("running", "failed") else None
             st.update(status="running", granted_s=grant or self._grant(name), error=None)
             self._write()
             t0 = time.perf_counter()
             try:
-                self.m[name] = getattr(self, f"_{name}")(st["granted_s"], f"[{i + 1}/{len(STAGES)}]")
+                self.m[name] = getattr(self, f"_{name}")(st["granted_s"], f"[{i + 1}/{len(stages)}]")
             except BaseException as e:
                 st["wall_s"] = st.get("wall_s", 0.0) + time.perf_counter() - t0
                 interrupted = isinstance(e, KeyboardInterrupt)
@@ -241,19 +275,20 @@ class Speedrun:
 
     def _grant(self, name: str) -> float:
         """Seconds for stage ``name``: the budget left times its share of the stages still to run."""
-        spent = sum(self.m["stages"][s].get("wall_s", 0.0) for s in STAGES)
-        rest = [s for s in STAGES[STAGES.index(name):] if self.m["stages"][s]["status"] != "done"]
+        stages = self.p.stages
+        spent = sum(self.m["stages"][s].get("wall_s", 0.0) for s in stages)
+        rest = [s for s in stages[stages.index(name):] if self.m["stages"][s]["status"] != "done"]
         left = self.p.time_budget_min * 60 - spent
         return max(0.0, left) * self.p.shares[name] / sum(self.p.shares[s] for s in rest)
 
     def _print_plan(self) -> None:
         st = self.m["stages"]
         print(f"speedrun {self.p.preset} on {self.dev}: {self.p.time_budget_min:g} min in all, planned as "
-              + ", ".join(f"{s} {st[s]['planned_s']:.0f} s" for s in STAGES))
+              + ", ".join(f"{s} {st[s]['planned_s']:.0f} s" for s in self.p.stages))
 
     def _write(self) -> None:
         """``metrics.json`` and ``report.md`` as they stand (both written atomically)."""
-        self.m["total_wall_s"] = sum(self.m["stages"][s].get("wall_s", 0.0) for s in STAGES)
+        self.m["total_wall_s"] = sum(self.m["stages"][s].get("wall_s", 0.0) for s in self.p.stages)
         write_text(self.run / "metrics.json", json.dumps(self.m, indent=1))
         write_text(self.run / "report.md", speedrun_report(self.m))
 
@@ -399,10 +434,44 @@ class Speedrun:
                 "verdict": res["verdict_band"], "verdict_text": res["verdict"]}
 
 
+    def _funcall(self, grant: float, tag: str) -> dict[str, Any]:
+        p, pre = self.p, self.m["pretrain"]
+        train_s = max(p.min_train_s, p.sft_train_share * grant)
+        print(f"{tag} function-calling SFT for {train_s:.0f} s of {grant:.0f} s on {p.funcall_data}@train")
+        cfg = SFTStageConfig(
+            init=str(self.run / "sft"),
+            # budgets follow the model: tool schemas make long system turns
+            sft=SFTConfig(data=f"{p.funcall_data}@train", packing=True, seed=self.seed),
+            train=TrainConfig(time_budget_s=train_s,
+                              micro_batch_size=p.sft_micro_batch_size or pre["config"]["train"]["micro_batch_size"],
+                              log_every=10, eval_every=10**9, save_every=10**9, save_every_s=p.checkpoint_every_s,
+                              compile=False),
+            optim=OptimConfig(lr=pre["config"]["optim"]["lr"] / 2, warmup_steps=10, schedule="linear",
+                              min_lr_ratio=0.0, weight_decay=0.0),
+            run=RunConfig(out=str(self.run / "funcall"), seed=self.seed, device=self.device_arg, resume=self.resume))
+        out = run_sft(cfg)
+        pre_c = out["data"]["preflight"]
+        return {"steps": out["step"], "train_budget_s": train_s, "data": f"{p.funcall_data}@train",
+                "examples_seen": pre_c["seen"], "examples_kept": pre_c["kept"],
+                "supervised_token_share": out["data"]["supervised_share"], "train_loss_final": out.get("loss")}
+
+    def _funcall_eval(self, grant: float, tag: str) -> dict[str, Any]:
+        print(f"{tag} function-calling evaluation on {self.p.funcall_data} (held out)")
+        from .checkpoint import load_model
+        from .eval.funcall import format_summary, run_funcall_suite
+        model, tok, _ = load_model(self.run / "funcall", self.dev)
+        res = run_funcall_suite(Engine(model), tok, path=self.p.funcall_data, out_dir=self.run / "eval" / "funcall",
+                                split="heldout", max_new_tokens=self.p.funcall_tokens,
+                                limit=self.p.funcall_eval_limit or None, model_id=str(self.run / "funcall"))
+        print(format_summary(res))
+        return {k: res[k] for k in ("cases", "call_turns", "text_turns", "parse_rate", "schema_valid_rate",
+                                    "name_accuracy", "arguments_exact_match", "no_call_accuracy")}
+
+
 def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_min: float | None = None,
                  seed: int | None = None, device: str = "auto", max_files: int = 0,
                  eval_limit: int | None = None, checkpoint_every_s: float | None = None,
-                 resume: bool = False) -> dict[str, Any]:
+                 resume: bool = False, funcall_data: str = "") -> dict[str, Any]:
     """Run every stage into ``out`` (``report.md``, ``metrics.json`` after each); returns the metrics.
 
     Raises:
@@ -410,7 +479,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
         SpeedrunFailed: a stage raised; the finished ones are kept and ``resume=True`` continues.
     """
     dev = resolve_device(device)
-    p = plan(dev, preset, time_budget_min, max_files)
+    p = plan(dev, preset, time_budget_min, max_files, funcall_data)
     if eval_limit is not None:
         p = replace(p, eval_limit=eval_limit)
     if checkpoint_every_s is not None:

@@ -101,14 +101,15 @@ def test_speedrun_killed_during_sft_keeps_finished_stages_and_resumes_from_its_c
     assert m["sft"]["steps"] >= max(sft_saved) >= 1  # continued from its newest checkpoint
 
 
-def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_that_stage(tmp_path):
+def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_that_stage(tmp_path, shared_dir):
     out = tmp_path / "run"
+    glaive = shared_dir / "data" / "function_calling_glaive" / "glaive_toolcall_en_demo.json"
     # A HumanEval directory left by an evaluation with other settings: the stage refuses to mix them.
     stale = out / "eval" / "humaneval"
     stale.mkdir(parents=True)
     (stale / "run.json").write_text(json.dumps({"suite": "humaneval", "seed": -1}))
     (stale / "samples.jsonl").write_text(json.dumps({"task_id": "HumanEval/0", "sample": 0}) + "\n")
-    p = subprocess.run(_cmd(out), capture_output=True, text=True, timeout=600)
+    p = subprocess.run(_cmd(out, "--funcall-data", str(glaive)), capture_output=True, text=True, timeout=600)
     assert p.returncode == 1, p.stderr[-3000:]
     assert "stage eval failed" in p.stderr and "--resume" in p.stderr
 
@@ -127,6 +128,13 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
     assert [(out / s / "metrics.jsonl").read_text() for s in ("pretrain", "sft")] == [pre_rows, sft_rows]
     m = _assert_complete(out)
     assert m["stages"]["eval"]["wall_s"] > 0
+    # --funcall-data (kept by the resumed plan): function-calling SFT on FILE@train, then its evaluation
+    assert [m["stages"][s]["status"] for s in ("funcall", "funcall_eval")] == ["done", "done"]
+    assert m["funcall"]["data"].endswith("@train") and m["funcall"]["examples_kept"] > 200
+    f = m["funcall_eval"]
+    assert f["call_turns"] > 0 and f["text_turns"] > 0 and 0.0 <= f["parse_rate"] <= 1.0
+    assert json.loads((out / "eval" / "funcall" / "results.json").read_text())["split"] == "heldout"
+    assert "## Function calling (held-out conversations)" in (out / "report.md").read_text()
 
 
 def test_a_second_speedrun_into_the_same_directory_is_refused(tmp_path):
