@@ -6,7 +6,8 @@ from dataclasses import replace
 from typing import Callable, TextIO
 
 from .budget import render_for_completion_within
-from .chat import Conversation, Message, Reply, parse_reply_ids, render_for_completion
+from .calls import Reply, parse_reply_ids
+from .chat import Conversation, Message, render_for_completion, reply_message
 from .engine import Engine, Request, SamplingConfig
 from .tokenizer import Tokenizer
 
@@ -27,7 +28,7 @@ def generate_reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: Samp
     than :data:`REPLY_SHARE` of the context — drops its oldest turns (the system turn kept;
     :func:`codechat.budget.render_for_completion_within`) and says so through ``on_notice``. The
     reply gets what room is left, up to ``cfg.max_new_tokens``. Returns the reply read by
-    :func:`codechat.chat.parse_reply_ids`: content, and a function call or why there is none.
+    :func:`codechat.calls.parse_reply_ids`: content, and a function call or why there is none.
     """
     new = min(cfg.max_new_tokens, max(1, int(engine.max_len * REPLY_SHARE)))
     prompt = render_for_completion(tok, conv)
@@ -53,7 +54,7 @@ def reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: SamplingConfi
           on_text: Callable[[str], None] = lambda s: None,
           on_notice: Callable[[str], None] = lambda s: None) -> Message:
     """:func:`generate_reply` as the assistant :class:`~codechat.chat.Message` for the history."""
-    return generate_reply(engine, tok, conv, cfg, seed=seed, on_text=on_text, on_notice=on_notice).message()
+    return reply_message(generate_reply(engine, tok, conv, cfg, seed=seed, on_text=on_text, on_notice=on_notice))
 
 
 def repl(engine: Engine, tok: Tokenizer, cfg: SamplingConfig, *, system: str = "", stdin: TextIO = sys.stdin,

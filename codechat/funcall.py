@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence, TextIO
 
-from .chat import Conversation, Message
+from .chat import Conversation, Message, reply_message
 from .chat_repl import generate_reply
 from .engine import Engine, SamplingConfig
 from .tokenizer import Tokenizer
@@ -59,7 +59,7 @@ def answer(engine: Engine, tok: Tokenizer, messages: list[Message], tools: Seque
         reply = generate_reply(engine, tok, Conversation(tuple(messages), schemas), cfg, seed=seed + len(messages),
                                on_text=on_text, on_notice=on_notice)
         wants_call = reply.call is not None or reply.error is not None
-        msg = reply.message() if reply.call is not None else Message("assistant", reply.content)
+        msg = reply_message(reply) if reply.call is not None else Message("assistant", reply.content)
         messages.append(msg)
         on_step(Step(msg))
         if not wants_call:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from codechat.chat import FUNCTION_CALL_TOKEN, Message
+from codechat.calls import FUNCTION_CALL_TOKEN
+from codechat.chat import Message
 from codechat.engine import Sample
 from codechat.data.benchmarks import conversation_split as split_of
 from codechat.eval.funcall import load_cases, normalize_value, run_funcall_suite, score_case

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from codechat.chat import FUNCTION_CALL_TOKEN, Conversation, Message, render, supervised_spans
+from codechat.calls import FUNCTION_CALL_TOKEN
+from codechat.chat import Conversation, Message, render, supervised_spans
 from codechat.data.formats import (HUMANEVAL_PROMPT, FormatError, LoadCounts, detect_format, load_records, mbpp_prompt,
                                    read_rows, to_conversation)
 from codechat.data.mining import humaneval_file

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codechat.chat import (FUNCTION_CALL_TOKEN, PARSE_ERROR_REASONS, Conversation, Message, ParseError, format_call,
-                           normalize_call, parse_assistant, parse_assistant_text, parse_call, parse_conversation,
-                           parse_reply, parse_reply_ids, render)
+from codechat.calls import (FUNCTION_CALL_TOKEN, PARSE_ERROR_REASONS, ParseError, format_call, normalize_call,
+                            parse_assistant, parse_assistant_text, parse_call, parse_reply, parse_reply_ids)
+from codechat.chat import Conversation, Message, parse_conversation, reply_message, render
 from codechat.data.formats import load_records, read_rows
 from codechat.tools import Tool, validate_arguments
 
@@ -190,7 +190,7 @@ def test_ids_with_the_call_token_report_positions_in_the_spelled_out_text(tok):
     assert parse_assistant(tok, ok) == ("Hm. ", F)
     with pytest.raises(ParseError, match="trailing_text"):
         parse_assistant(tok, ok, strict=True)
-    assert reply.message() == Message("assistant", "Hm. ", F)
+    assert reply_message(reply) == Message("assistant", "Hm. ", F)
 
 
 # ----------------------------------------------------------------------------- rendering

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from codechat.chat import FUNCTION_CALL_TOKEN
+from codechat.calls import FUNCTION_CALL_TOKEN
 from codechat.config import ConfigError
 from codechat.data import corpus
 from codechat.data import inspect as data_inspect

@@ -35,7 +35,7 @@ text       ``text``             plain text, pretraining-style: ONE assistant tur
 
 In the chat formats (messages, sharegpt, glaive), assistant text that holds a call in the seed
 system's spelling ``<functioncall> {json}`` becomes a structured function call, read by
-:func:`codechat.chat.parse_assistant_text` with ``strict``: a marker not followed by exactly one
+:func:`codechat.calls.parse_assistant_text` with ``strict``: a marker not followed by exactly one
 valid call (text after the call included) makes the record invalid, with the parser's reason and
 character offset in the message (never trained on as text, never cut silently).
 
@@ -57,7 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codechat.chat import CALL_MARKERS, Conversation, Message, normalize_tool, parse_assistant_text, parse_call
+from codechat.calls import CALL_MARKERS, parse_assistant_text, parse_call
+from codechat.chat import Conversation, Message, normalize_tool
 
 #: Formats in detection order, each with the field that identifies it.
 DETECT_BY: tuple[tuple[str, str], ...] = (("messages", "messages"), ("sharegpt", "conversations"), ("glaive", "chat"),

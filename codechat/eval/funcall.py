@@ -8,7 +8,7 @@ conversation before it (system turn with the declared tools, earlier turns, func
 is the prompt; the model answers greedily through the engine. A turn that calls a function is
 scored for
 
-- ``parsed``: the reply holds a call that parses (:func:`codechat.chat.parse_assistant`);
+- ``parsed``: the reply holds a call that parses (:func:`codechat.calls.parse_assistant`);
 - ``schema_valid``: its arguments validate against the called tool's schema
   (:func:`codechat.tools.validate_arguments`, the schema first normalised by
   :func:`codechat.tools.schema.normalize_schema`: sloppy schemas in the wild, counted);
@@ -139,7 +139,8 @@ def run_funcall_suite(engine: Any, tok: Any, *, path: str | Path, out_dir: str |
         ValueError: see :func:`load_cases`.
     """
     from codechat.budget import render_for_completion_within
-    from codechat.chat import FUNCTION_CALL_TOKEN, normalize_tool, parse_assistant
+    from codechat.calls import FUNCTION_CALL_TOKEN, parse_assistant
+    from codechat.chat import normalize_tool
     from codechat.engine import Request, SamplingConfig
     from codechat.tools.schema import normalize_schema
     t0 = time.perf_counter()

@@ -143,7 +143,7 @@ class ModelSampler:
     """
 
     def __init__(self, engine: Any, tok: Any, cfg: Any, *, mode: str, stop_sequences: Sequence[str] = ()) -> None:
-        from codechat.chat import FUNCTION_CALL_TOKEN
+        from codechat.calls import FUNCTION_CALL_TOKEN
         self.engine, self.tok, self.cfg, self.mode = engine, tok, cfg, mode
         self.stop_sequences = tuple(stop_sequences)
         self.stop_ids = sorted(tok.special_ids - {tok.special_id(FUNCTION_CALL_TOKEN)})
@@ -151,7 +151,7 @@ class ModelSampler:
     def __call__(self, jobs: Iterator[Job]) -> Iterator[tuple[Job, int, Generation]]:
         from dataclasses import replace
 
-        from codechat.chat import parse_assistant
+        from codechat.calls import parse_assistant
         from codechat.engine import Request
         eng, stop = self.engine, set(self.stop_ids)
         rows: dict[tuple[int, int], dict[str, Any]] = {}

@@ -325,7 +325,7 @@ class Dispatcher:
         Args:
             call: the parsed call ``{"name": str, "arguments": dict}`` (arguments may also be a
                 JSON string, decoded once, or missing: ``{}``); call text, parsed with
-                :func:`codechat.chat.parse_call`; or, when the model's call did not parse,
+                :func:`codechat.calls.parse_call`; or, when the model's call did not parse,
                 None with ``error`` the parser's reason, or the parser's exception itself.
             error: the parse failure when ``call`` is None.
             timeout_s: this call's executor timeout in seconds (default ``limits.timeout_s``).
@@ -347,7 +347,7 @@ class Dispatcher:
     def _dispatch(self, call: Any, error: str | None, timeout_s: float, t0: float) -> CallResult:
         if isinstance(call, str):
             try:
-                from codechat.chat import parse_call  # lazy: chat imports the tokenizer
+                from codechat.calls import parse_call  # lazy: calls imports the tokenizer
 
                 call = parse_call(call)
             except Exception as e:  # noqa: BLE001
