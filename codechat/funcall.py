@@ -106,25 +106,23 @@ def run_session(engine: Engine, tok: Tokenizer, tools: Sequence[Tool], cfg: Samp
         stdout.write(s)
         stdout.flush()
 
-    def step(s: Step) -> None:
+    def trace(s: Step) -> None:  # with --show-trace: every turn, parsed (calls are not streamed as raw JSON)
         m = s.message
         if m.function_call is not None:
             write(f"\n[call] {m.function_call['name']}({_args(m.function_call['arguments'])})\n")
         elif m.role == "function_response":
             write(f"[{'response' if s.ok else 'error'}] {m.content[:2000]}\n")
-
-    def on_step(s: Step) -> None:
-        if show_trace:
-            step(s)
+        else:
+            write(f"[assistant] {m.content}\n")
 
     messages: list[Message] = [Message("system", system)] if system else []
+    pending = [user] if user is not None else None
     with Dispatcher({t.name: t for t in tools}) as dispatcher:
-        turns = [user] if user is not None else None
         while True:
-            if turns is not None:
-                if not turns:
+            if pending is not None:
+                if not pending:
                     break
-                text = turns.pop(0)
+                text = pending.pop()
             else:
                 write("\nyou> ")
                 line = stdin.readline()
@@ -133,25 +131,14 @@ def run_session(engine: Engine, tok: Tokenizer, tools: Sequence[Tool], cfg: Samp
                 text = line.rstrip("\n")
                 if not text.strip():
                     continue
+                write("assistant> ")
             messages.append(Message("user", text))
-            write("" if turns is not None else "assistant> ")
             answer(engine, tok, messages, tools, dispatcher, cfg, max_tool_calls=max_tool_calls, seed=seed,
-                   on_text=write if not show_trace else (lambda s: None), on_step=_final_text(write, on_step, show_trace),
+                   on_text=(lambda s: None) if show_trace else write, on_step=trace if show_trace else (lambda s: None),
                    on_notice=lambda s: write(s + "\n"))
-            write("\n")
+            if not show_trace:
+                write("\n")
     return messages
-
-
-def _final_text(write: Callable[[str], None], on_step: Callable[[Step], None], show_trace: bool
-                ) -> Callable[[Step], None]:
-    """With a trace, each assistant text turn is printed whole after it is parsed (calls are traced
-    instead of streamed as raw JSON)."""
-    def f(s: Step) -> None:
-        on_step(s)
-        m = s.message
-        if show_trace and m.role == "assistant" and m.function_call is None:
-            write(f"[assistant] {m.content}")
-    return f
 
 
 def _args(arguments: dict) -> str:
