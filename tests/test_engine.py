@@ -354,6 +354,8 @@ def test_max_new_tokens_gives_exactly_that_many_tokens(model, prompts, greedy):
 def test_context_limit_is_refused_at_add_and_a_request_filling_it_exactly_runs_whole(model, greedy):
     eng = Engine(model, EngineConfig(slots=2))
     assert eng.max_len == MAX_LEN
+    with pytest.raises(ValueError, match=f"max_len={MAX_LEN + 1} is over the model's max_seq_len={MAX_LEN}"):
+        Engine(model, EngineConfig(slots=1, max_len=MAX_LEN + 1))
     long = prompt_of(MAX_LEN - 8, seed=99)
     with pytest.raises(ValueError, match=r"prompt of 120 tokens \+ max_new_tokens 9 = 129 is over the engine's "
                                          r"context of 128 positions .*shorten the prompt or lower max_new_tokens"):

@@ -40,7 +40,7 @@ class EngineConfig:
             cache would take over ``cache_memory_frac`` of free GPU memory) and 16 elsewhere
             (fewer when the cache would pass :data:`CPU_CACHE_BYTES`).
         max_len: positions per slot, prompt plus generated tokens; 0 is the model's
-            ``max_seq_len``. A request longer than this is refused when it is added.
+            ``max_seq_len``, which bounds it. A request longer than this is refused when it is added.
         max_prefill_tokens: prompt tokens prefilled in one step at most (one prompt always goes).
         cuda_graphs: capture each decode batch size in a CUDA graph (CUDA only).
         compile: fuse the elementwise work between matmuls with ``torch.compile`` (CUDA only).
@@ -157,6 +157,10 @@ class Engine:
         model: a :class:`codechat.model.GPT`; its weights are copied (:meth:`load_weights` copies
             them again after training changed them).
         config: an :class:`EngineConfig`.
+
+    Raises:
+        ValueError: ``config.max_len`` is over the model's ``max_seq_len``, or an ``attention``
+            kernel this device cannot run.
     """
 
     def __init__(self, model: GPT, config: EngineConfig = EngineConfig()) -> None:
@@ -164,6 +168,9 @@ class Engine:
         dev = model.embed_tokens.weight.device
         cuda = dev.type == "cuda"
         dtype = torch.bfloat16 if c.dtype == "bf16" or (c.dtype == "auto" and cuda) else torch.float32
+        if c.max_len > model.cfg.max_seq_len:
+            raise ValueError(f"EngineConfig.max_len={c.max_len} is over the model's max_seq_len={model.cfg.max_seq_len}: "
+                             "positions past what it was trained on are untrained; lower max_len (0: the model's)")
         self.max_len = c.max_len or model.cfg.max_seq_len
         self.model = InferenceModel(model, dtype, self.max_len, compile=c.compile and cuda, attention=c.attention)
         self.device, self.cuda = dev, cuda
