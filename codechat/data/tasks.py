@@ -1,0 +1,697 @@
+"""RL tasks: a chat prompt the policy continues, and what its answer is judged with.
+
+A :class:`Task` is either
+
+- ``code``: the answer's code is judged in :mod:`codechat.eval.sandbox` exactly as
+  ``codechat eval run`` judges chat-mode samples. A code task wraps a
+  :class:`codechat.eval.problems.Problem` and delegates to it: :meth:`Task.code` is
+  :func:`codechat.eval.suites.solution_code` (code out of the answer; HumanEval's header and
+  body-only answers), :meth:`Task.program` is :meth:`Problem.program` (the code, then
+  ``test_setup_code``), and the program runs against ``tests`` (statements, usually asserts, in
+  order). :meth:`Task.job` is the whole thing as a :class:`~codechat.eval.sandbox.Job`; a reward
+  of :mod:`codechat.eval.rewards` is a function of its result;
+- ``funcall``: the answer should be the function call ``expected_call``
+  (``{"name", "arguments"}``) to one of ``tools`` (the JSON schemas the prompt declares).
+
+:func:`load_tasks` reads a spec:
+
+============================ ==================================================================
+spec                         tasks
+============================ ==================================================================
+``mbpp:PATH``                the published ``mbpp.jsonl``; ``split`` default ``train`` (601-974;
+                             also prompt, test, validation, all). Prompt: the user turn of SFT and
+                             eval (:data:`codechat.data.formats.MBPP_PROMPT`); ids ``MBPP/N``.
+``humaneval[:PATH]``         the 164 problems (shipped copy by default), split ``test`` only;
+                             a warning says this trains on an evaluation set.
+``tasks:PATH``               the ``tasks.jsonl`` written by ``codechat eval filter``: one JSON row
+                             per problem with ``task_id``, ``suite``, ``split``, ``prompt`` (the user
+                             turn), ``tests``, ``test_setup_code``, ``entry_point`` (and ``n``, ``c``,
+                             ``pass_rate``); rows with MBPP's ``text`` + ``test_list`` instead of
+                             ``prompt`` + ``tests`` are read too, and optional ``reference``,
+                             ``header``, ``base_prompt`` fields are kept. HumanEval rows get their
+                             header / reference back from the shipped copy (matched by id and
+                             prompt). ``split`` (default: every row) keeps rows whose ``split`` is it.
+``funcall:PATH``             conversations with tools (any chat format of
+                             :mod:`codechat.data.formats`): every assistant turn that calls a
+                             function is a task whose prompt is the conversation before it;
+                             ``split`` default ``train`` of
+                             :func:`codechat.data.benchmarks.conversation_split` (also
+                             ``heldout``, ``all``). Ids ``FILE:LINE:TURN``.
+``doctest[:PATH]``           mined from doctests in Python source (default: this Python's
+                             standard library, :func:`codechat.config.default_corpus_dirs`); see
+                             :func:`mine_doctest_tasks`.
+============================ ==================================================================
+
+Doctest tasks (:func:`mine_doctest_tasks`). A module-level function whose docstring holds ``>>>``
+examples becomes a task, under the limits of SFT's mined pairs (:mod:`codechat.data.mining`: not
+decorated, not a dunder, a docstring of at most ``MAX_DOC_CHARS`` characters, at most
+``MAX_FUNCTION_LINES`` lines, a body that is not only ``pass`` / ``...``); methods are not
+(they need their class):
+
+- prompt: the user turn of SFT's mined pairs (:data:`codechat.data.mining.MINED_PROMPT`,
+  ``Write a Python function `name(args)` that: <docstring>``) with the *whole* docstring,
+  examples included: it is the format SFT trained on, and, as MBPP's prompt shows its asserts, the
+  examples state the contract (a docstring without them is often underspecified);
+- tests (:func:`doctest_tests`): each example with an expected output becomes one test. A
+  literal output (``ast.literal_eval`` parses it) is compared by value, ``assert (EXPR) == LIT``
+  (robust to set / dict order and to how the literal is spelt; ``1 == 1.0 == True``); any other
+  output, and any statement's or ``print(...)``'s, by the text doctest would compare: what it
+  prints (stdout captured) and the ``repr`` of an expression's value unless ``None``
+  (``NORMALIZE_WHITESPACE`` honoured); an expected traceback by the exception's class name (not
+  its message); an expression that shows nothing by ``assert (EXPR) is None``; an ``assert``
+  example is a test as it is. Statements without output (``>>> x = 3``) are set-up: they run at
+  the start of the next test, and so does a check that does not mention the function (it tests
+  nothing of the answer's). ``+SKIP`` examples, ``+ELLIPSIS`` outputs holding ``...`` and outputs with ``<BLANKLINE>`` are
+  dropped. A function whose examples rebind its name (``from statistics import median``) is
+  skipped: its tests would judge the original instead of the answer;
+- ``test_setup_code`` is empty; the module's top-level absolute imports that bind a name the
+  function or its examples use (``from typing import List``, ``import re``) form the problem's
+  ``header``, put before the answer's code when it is judged (annotations and defaults are
+  evaluated when the ``def`` runs);
+- reference: the header, then the function's own source. A task is kept only when its reference
+  passes its tests in the sandbox, so a function that needs the rest of its module (globals,
+  helpers, classes) is excluded; so is any task whose text (prompt, reference, tests) overlaps a
+  HumanEval problem or an MBPP test problem (``mbpp_file``) by the rule of
+  :class:`codechat.data.mining.Decontaminator`.
+
+The yield is small: CPython 3.11's standard library (1790 files) has 161 module-level functions
+with doctests in 34 files; 76 become candidates and 37 keep (the others mostly need their
+module's helpers), in about 3 s on 2 cores.
+
+Errors are :class:`ValueError` (:class:`codechat.data.formats.FormatError` for unreadable
+records) naming the spec, file and line: an unknown spec prefix, a missing file, a bad split or
+limit, a task without tests, a call turn whose conversation declares no tools, duplicate task ids,
+an empty result, and, with ``check_references=True``, references that fail their own tests
+(the ids are listed).
+
+Departure from DESIGN.md's arrows: this module (``data/``) imports :mod:`codechat.eval.problems`
+and :mod:`codechat.eval.sandbox`, so that a task is judged by the very code that judges
+evaluation samples (no second copy of prompts or programs).
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import doctest
+import functools
+import hashlib
+import json
+import textwrap
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from codechat.chat import Conversation, Message
+from codechat.data.benchmarks import CONVERSATION_SPLITS, HUMANEVAL_FILE, MBPP_SPLITS, conversation_split
+from codechat.data.formats import HUMANEVAL_PROMPT, mbpp_prompt
+from codechat.data.mining import MAX_DOC_CHARS, MAX_FUNCTION_LINES, MINED_PROMPT, _trivial
+from codechat.eval import sandbox
+from codechat.eval.problems import Problem, load_humaneval, load_mbpp_problems
+
+KINDS = ("code", "funcall")
+PREFIXES = ("mbpp", "humaneval", "tasks", "funcall", "doctest")
+#: The split each spec reads unless ``split`` is given (the RL default: held-in data).
+DEFAULT_SPLITS: dict[str, str | None] = {"mbpp": "train", "humaneval": "test", "tasks": None, "funcall": "train",
+                                         "doctest": None}
+#: Splits that evaluation reports on: training on them is warned about.
+EVAL_SPLITS: dict[str, tuple[str, ...]] = {"mbpp": ("test", "validation", "all"), "humaneval": ("test",),
+                                           "funcall": ("heldout", "all")}
+#: Seconds a doctest reference may run when it is checked.
+DOCTEST_TIMEOUT_S = 5.0
+#: Programs judged per sandbox batch while mining doctests (mining stops early at ``max_tasks``).
+DOCTEST_BATCH = 32
+
+
+# ----------------------------------------------------------------------------- the task
+@dataclass(frozen=True)
+class Task:
+    """One RL task: ``prompt`` (the conversation the policy continues) and its judge.
+
+    Code tasks (``kind="code"``) carry ``tests`` (statements run in order after the program),
+    ``test_setup_code``, ``entry_point`` and ``reference`` (a known-good solution, as judged, or
+    ``None``), all those of ``problem``, the :class:`~codechat.eval.problems.Problem` that judges
+    them (built from the fields when not given). Funcall tasks carry ``expected_call``
+    (``{"name": str, "arguments": dict}``) and ``tools`` (the schemas declared by the prompt).
+    ``source`` says where the task was read (``FILE:LINE`` where there is a line).
+
+    Raises:
+        ValueError: unknown kind, a prompt that ends with an assistant turn, a code task without
+            tests, a funcall task without an expected call or tools, or fields that contradict
+            ``problem``.
+    """
+
+    task_id: str
+    kind: str
+    prompt: Conversation
+    tests: tuple[str, ...] = ()
+    test_setup_code: str = ""
+    entry_point: str | None = None
+    reference: str | None = None
+    expected_call: dict[str, Any] | None = None
+    tools: tuple[dict[str, Any], ...] = ()
+    source: str = ""
+    problem: Problem | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        where = f"task {self.task_id!r}" + (f" ({self.source})" if self.source else "")
+        if self.kind not in KINDS:
+            raise ValueError(f"{where}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if not isinstance(self.prompt, Conversation):
+            raise ValueError(f"{where}: prompt must be a Conversation, got {type(self.prompt).__name__}")
+        if self.prompt.messages[-1].role == "assistant":
+            raise ValueError(f"{where}: the prompt ends with an assistant turn; the policy must answer it")
+        object.__setattr__(self, "tests", tuple(self.tests))
+        object.__setattr__(self, "tools", tuple(self.tools or ()))
+        if self.kind == "code":
+            if not self.tests or not all(isinstance(t, str) and t.strip() for t in self.tests):
+                raise ValueError(f"{where}: a code task needs tests (non-empty statements), got {list(self.tests)!r}")
+            if self.expected_call is not None or self.tools:
+                raise ValueError(f"{where}: a code task has no expected_call or tools")
+            if self.problem is None:
+                user = [m.content for m in self.prompt.messages if m.role == "user"]
+                object.__setattr__(self, "problem", Problem(
+                    "task", self.task_id, "", user[-1] if user else "", "", self.entry_point, self.tests,
+                    self.test_setup_code, reference=self.reference or ""))
+            p = self.problem
+            if (p.tests, p.test_setup_code, p.entry_point, p.reference or None) != \
+                    (self.tests, self.test_setup_code, self.entry_point, self.reference):
+                raise ValueError(f"{where}: tests, test_setup_code, entry_point and reference must be the problem's")
+        else:
+            if not isinstance(self.expected_call, dict) or not isinstance(self.expected_call.get("name"), str):
+                raise ValueError(f"{where}: a funcall task needs expected_call {{'name', 'arguments'}}, "
+                                 f"got {self.expected_call!r}")
+            if not self.tools:
+                raise ValueError(f"{where}: a funcall task needs the tools its prompt declares")
+            if self.tests or self.reference is not None or self.problem is not None:
+                raise ValueError(f"{where}: a funcall task has no tests, reference or problem")
+
+    @classmethod
+    def from_problem(cls, problem: Problem, source: str, task_id: str | None = None) -> Task:
+        """The code task of ``problem``: its user turn (the chat-mode prompt of ``codechat eval``)."""
+        return cls(task_id if task_id is not None else str(problem.task_id), "code",
+                   Conversation((Message("user", problem.prompt),)), problem.tests, problem.test_setup_code,
+                   problem.entry_point, problem.reference or None, source=source, problem=problem)
+
+    def _code_problem(self) -> Problem:
+        if self.kind != "code" or self.problem is None:
+            raise ValueError(f"task {self.task_id!r} is a {self.kind} task: judge its call against expected_call")
+        return self.problem
+
+    def code(self, answer: str) -> str:
+        """The code judged for the policy's chat ``answer`` (as ``codechat eval`` in chat mode); a
+        non-HumanEval problem's ``header`` (doctest tasks: the imports) comes first when there is code."""
+        from codechat.eval.suites import solution_code  # the eval runner, imported only when judging
+        p = self._code_problem()
+        code = solution_code(p, "chat", answer)
+        return p.header + code if p.suite != "humaneval" and p.header and code.strip() else code
+
+    def program(self, code: str) -> str:
+        """The program the sandbox runs for ``code``: :meth:`Problem.program` (code, then setup)."""
+        return self._code_problem().program(code)
+
+    def job(self, answer: str, *, timeout_s: float = 10.0, memory_mb: int = 1024) -> sandbox.Job:
+        """The sandbox job judging ``answer``: ``program(code(answer))`` against ``tests``."""
+        return sandbox.Job(self.program(self.code(answer)), self.tests, timeout_s, memory_mb)
+
+    def reference_job(self, *, timeout_s: float = 10.0, memory_mb: int = 1024) -> sandbox.Job:
+        """The sandbox job judging ``reference``.
+
+        Raises:
+            ValueError: a funcall task, or no reference.
+        """
+        self._code_problem()
+        if self.reference is None:
+            raise ValueError(f"task {self.task_id!r} has no reference solution")
+        return sandbox.Job(self.program(self.reference), self.tests, timeout_s, memory_mb)
+
+
+def failing_references(tasks: Sequence[Task], *, box: sandbox.Sandbox | None = None, workers: int = 2,
+                       timeout_s: float = 10.0, memory_mb: int = 1024) -> list[tuple[Task, sandbox.ExecResult]]:
+    """Run the reference of every code task that has one; the ``(task, result)`` of those that fail."""
+    todo = [t for t in tasks if t.kind == "code" and t.reference is not None]
+    jobs = [t.reference_job(timeout_s=timeout_s, memory_mb=memory_mb) for t in todo]
+    if not jobs:
+        return []
+    results = box.run_many(jobs, workers=workers) if box is not None else sandbox.run_many(jobs, workers=workers)
+    return [(t, r) for t, r in zip(todo, results) if not r.passed]
+
+
+def _describe_failure(result: sandbox.ExecResult) -> str:
+    failed = next((o for o in result.tests if o.outcome != "passed"), None)
+    detail = result.error or (f"test {failed.index}: {failed.error or failed.outcome}" if failed else "")
+    return f"{result.status}" + (f": {detail}" if detail else "")
+
+
+# ----------------------------------------------------------------------------- doctests -> tests
+def _parenthesised(source: str) -> str:
+    """``source`` (one expression) in parentheses, safe with a trailing comment or several lines."""
+    return f"({source}\n)" if "\n" in source or "#" in source else f"({source})"
+
+
+def _captured(source: str, expression: bool, want: str, normalize: bool) -> str:
+    """A test comparing what running ``source`` shows with ``want``, as doctest does: its printed
+    output, then (an expression) the ``repr`` of its value unless that is ``None``."""
+    body = f"_v = {_parenthesised(source)}\nif _v is not None:\n    print(repr(_v))" if expression else source
+    got = "' '.join(_out.getvalue().split())" if normalize else "_out.getvalue()"
+    expected = " ".join(want.split()) if normalize else want
+    return ("import contextlib as _contextlib, io as _io\n"
+            "with _contextlib.redirect_stdout(_io.StringIO()) as _out:\n"
+            f"{textwrap.indent(body, '    ')}\n"
+            f"assert {got} == {expected!r}, {got}")
+
+
+def _example_test(ex: doctest.Example) -> tuple[str, str] | None:
+    """``("setup", code)``, ``("test", code)`` for one doctest example, or ``None`` (dropped)."""
+    source = ex.source.rstrip("\n")
+    if ex.options.get(doctest.SKIP):
+        return None
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    if ex.exc_msg is not None:
+        name = ex.exc_msg.split(":", 1)[0].strip().rsplit(".", 1)[-1]
+        if not name.isidentifier():
+            return None
+        return "test", (f"try:\n{textwrap.indent(source, '    ')}\n"
+                        f"except BaseException as _e:\n    assert type(_e).__name__ == {name!r}, repr(_e)\n"
+                        f"else:\n    raise AssertionError('no {name} raised')")
+    want = ex.want
+    expr = tree.body[0].value if len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr) else None
+    printing = isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "print"
+    if not want:
+        if len(tree.body) == 1 and isinstance(tree.body[0], ast.Assert):
+            return "test", source  # the example is a check itself
+        if expr is not None and not printing:  # an expression that shows nothing evaluates to None
+            return "test", f"assert {_parenthesised(source)} is None"
+        return "setup", source
+    if "<BLANKLINE>" in want or (ex.options.get(doctest.ELLIPSIS) and doctest.ELLIPSIS_MARKER in want):
+        return None
+    if expr is not None and not printing:
+        text = want.strip()
+        try:
+            ast.literal_eval(text)
+            return "test", f"assert {_parenthesised(source)} == {_parenthesised(text)}"
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            pass
+    return "test", _captured(source, expr is not None, want, bool(ex.options.get(doctest.NORMALIZE_WHITESPACE)))
+
+
+def _names(code: str) -> set[str]:
+    tree = ast.parse(code)
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+def _binds(code: str, name: str) -> bool:
+    """Whether ``code`` rebinds ``name`` (an import, assignment, ``def`` or ``class``): a test that
+    imports the original function would judge it instead of the answer."""
+    for n in ast.walk(ast.parse(code)):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)) and n.id == name:
+            return True
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name:
+            return True
+        if isinstance(n, (ast.Import, ast.ImportFrom)) and any(
+                (a.asname or a.name.split(".")[0]) == name or a.name == "*" for a in n.names):
+            return True
+    return False
+
+
+def doctest_tests(docstring: str, entry_point: str) -> tuple[str, ...]:
+    """The tests made of ``docstring``'s ``>>>`` examples (rules in the module docstring).
+
+    Each test is the set-up examples since the previous test, then one check; a check that does
+    not mention ``entry_point`` becomes set-up of the next one.
+
+    Raises:
+        ValueError: the docstring's examples cannot be parsed (:class:`doctest.DocTestParser`).
+    """
+    tests, setup = [], []
+    for ex in doctest.DocTestParser().get_examples(docstring):
+        made = _example_test(ex)
+        if made is None:
+            continue
+        what, code = made
+        if what == "setup":
+            setup.append(code)
+            continue
+        block = "\n".join(setup + [code])
+        if entry_point in _names(block):
+            tests.append(block)
+            setup = []
+        else:  # it checks nothing of the function's, but later examples may need what it did
+            setup.append(code)
+    return tuple(tests)
+
+
+# ----------------------------------------------------------------------------- doctest mining
+@dataclass
+class DoctestCounts:
+    """What :func:`mine_doctest_tasks` saw: files, functions with doctests, and why each was dropped."""
+
+    files: int = 0
+    files_with_doctests: int = 0
+    unparsable_files: int = 0
+    functions: int = 0  # module-level functions whose docstring holds ">>>"
+    candidates: int = 0  # with tests, not contaminated, not a duplicate: their references were run
+    kept: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    reference_failures: dict[str, int] = field(default_factory=dict)  # sandbox status -> count
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"files": self.files, "files_with_doctests": self.files_with_doctests,
+                "unparsable_files": self.unparsable_files, "functions": self.functions,
+                "candidates": self.candidates, "kept": self.kept, "skipped": dict(self.skipped),
+                "reference_failures": dict(self.reference_failures)}
+
+
+def _import_header(tree: ast.Module, used: set[str]) -> str:
+    """The module's top-level absolute imports (not ``__future__``) that bind a name in ``used``."""
+    lines = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            bound = {(a.asname or a.name.split(".")[0]) for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module != "__future__":
+            bound = {(a.asname or a.name) for a in node.names if a.name != "*"}
+        else:
+            continue
+        if bound & used:
+            lines.append(ast.unparse(node))
+    return "".join(line + "\n" for line in lines) + ("\n\n" if lines else "")
+
+
+def _doctest_candidate(node: ast.FunctionDef | ast.AsyncFunctionDef, tree: ast.Module, lines: list[str],
+                       relpath: str, path: str) -> Task | str:
+    """The task of one function with doctests (its reference not yet run), or why it is skipped."""
+    if node.name.startswith("__") or node.decorator_list:
+        return "decorated_or_dunder"
+    doc = ast.get_docstring(node, clean=True) or ""
+    if len(doc) > MAX_DOC_CHARS:
+        return "docstring_length"
+    if node.end_lineno is None or node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+        return "too_long"
+    if _trivial(node.body[1:]):
+        return "trivial_body"
+    try:
+        tests = doctest_tests(doc, node.name)
+    except ValueError:
+        return "bad_doctest"
+    if not tests:
+        return "no_tests"
+    if any(_binds(t, node.name) for t in tests):
+        return "tests_rebind_the_function"
+    source = "\n".join(lines[node.lineno - 1:node.end_lineno]) + "\n"
+    used = _names(source) | set().union(*(_names(t) for t in tests))
+    header = _import_header(tree, used - set(dir(builtins)))
+    signature = f"{node.name}({ast.unparse(node.args)})"
+    doc_end = node.body[0].end_lineno or node.lineno
+    problem = Problem("doctest", f"{relpath}::{node.name}", "train", MINED_PROMPT.format(signature=signature, doc=doc),
+                      header + "\n".join(lines[node.lineno - 1:doc_end]) + "\n", node.name, tests, "",
+                      header=header, reference=header + source)
+    return Task.from_problem(problem, f"{path}:{node.lineno}", task_id=f"doctest/{relpath}::{node.name}")
+
+
+def _decontaminator(mbpp_file: str | Path | None) -> Any:
+    from codechat.data.mining import Decontaminator, humaneval_problems, mbpp_problems
+    problems = humaneval_problems()
+    if mbpp_file:
+        problems += mbpp_problems(mbpp_file)
+    else:
+        warnings.warn("doctest tasks are checked against HumanEval only: give mbpp_file (the published mbpp.jsonl) "
+                      "to exclude tasks overlapping MBPP's test problems too", stacklevel=3)
+    return Decontaminator(problems)
+
+
+def mine_doctest_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: int = 0, max_tasks: int = 0,
+                       mbpp_file: str | Path | None = None, box: sandbox.Sandbox | None = None, workers: int = 2,
+                       timeout_s: float = DOCTEST_TIMEOUT_S, counts: DoctestCounts | None = None) -> list[Task]:
+    """Code tasks mined from the doctests of the ``.py`` files under ``srcs`` (default: this
+    Python's standard library), in file then line order; rules in the module docstring.
+
+    Only files whose text holds ``>>>`` are parsed. Candidates are decontaminated (HumanEval, and
+    MBPP's test problems when ``mbpp_file`` is given; warned otherwise), deduplicated by reference,
+    then their references run in the sandbox (``box``, or the shared pool) ``DOCTEST_BATCH`` at a
+    time, ``timeout_s`` each; those that pass are kept. ``max_files`` / ``max_tasks`` > 0 stop early.
+    ``counts`` receives what was seen and dropped (:class:`DoctestCounts`).
+
+    Raises:
+        codechat.config.ConfigError: a source does not exist or holds no ``.py`` file.
+    """
+    from codechat.config import default_corpus_dirs
+    from codechat.data.corpus import collect_files
+    counts = counts if counts is not None else DoctestCounts()
+    decon = _decontaminator(mbpp_file)
+    kept: list[Task] = []
+    pending: list[Task] = []
+    seen: set[bytes] = set()
+
+    def flush() -> None:
+        jobs = [t.reference_job(timeout_s=timeout_s) for t in pending]
+        results = box.run_many(jobs, workers=workers) if box is not None else sandbox.run_many(jobs, workers=workers)
+        for t, r in zip(pending, results):
+            if r.passed:
+                kept.append(t)
+            else:
+                counts.reference_failures[r.status] = counts.reference_failures.get(r.status, 0) + 1
+        pending.clear()
+
+    for f in collect_files(list(srcs) if srcs else list(default_corpus_dirs()), (".py",), max_files):
+        counts.files += 1
+        try:
+            text = f.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            counts.unparsable_files += 1
+            continue
+        if ">>>" not in text:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # invalid escapes in old code
+                tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            counts.unparsable_files += 1
+            continue
+        lines = text.splitlines()
+        found = False
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if ">>>" not in (ast.get_docstring(node, clean=True) or ""):
+                continue
+            found = True
+            counts.functions += 1
+            task = _doctest_candidate(node, tree, lines, f.relpath, str(f.path))
+            if isinstance(task, str):
+                counts.skip(task)
+                continue
+            if decon.overlap("\n".join([task.prompt.messages[-1].content, task.reference or "", *task.tests])):
+                counts.skip("contaminated")
+                continue
+            digest = hashlib.sha256((task.reference or "").encode()).digest()
+            if digest in seen:
+                counts.skip("duplicate")
+                continue
+            seen.add(digest)
+            counts.candidates += 1
+            pending.append(task)
+            if len(pending) >= DOCTEST_BATCH:
+                flush()
+                if max_tasks and len(kept) >= max_tasks:
+                    break
+        counts.files_with_doctests += found
+        if max_tasks and len(kept) >= max_tasks:
+            break
+    if pending and not (max_tasks and len(kept) >= max_tasks):
+        flush()
+    kept = kept[:max_tasks] if max_tasks else kept
+    counts.kept = len(kept)
+    return kept
+
+
+# ----------------------------------------------------------------------------- the other loaders
+def _task_id(suite: Any, raw: Any) -> str:
+    """``MBPP/N`` for an MBPP problem, the problem's own id otherwise (``HumanEval/0``)."""
+    return f"MBPP/{raw}" if suite == "mbpp" else str(raw)
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_humaneval() -> dict[str, Problem]:
+    return {str(p.task_id): p for p in load_humaneval()}
+
+
+def _humaneval_parts(task_id: Any, prompt: str, entry_point: str | None) -> tuple[str, str, str]:
+    """``(base_prompt, header, reference)`` of a HumanEval row: from the shipped copy when its
+    problem has the same id and chat prompt, else derived from the chat prompt (no reference)."""
+    from codechat.eval.problems import _humaneval_header
+    p = _shipped_humaneval().get(task_id)
+    if p is not None and p.prompt == prompt:
+        return p.base_prompt, p.header, p.reference
+    prefix = HUMANEVAL_PROMPT.split("{prompt}")[0]
+    base = prompt[len(prefix):] if prompt.startswith(prefix) else ""
+    return base, _humaneval_header(base, entry_point) if base and entry_point else "", ""
+
+
+def _row_task(row: Any, where: str) -> Task:
+    """The code task of one ``tasks.jsonl`` row (format in the module docstring)."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: a task row must be a JSON object, got {type(row).__name__}")
+    if "task_id" not in row:
+        raise ValueError(f"{where}: the row has no task_id (fields: {', '.join(sorted(row)) or 'none'})")
+    tests = row.get("tests") if row.get("tests") is not None else row.get("test_list")
+    if not tests:
+        raise ValueError(f"{where}: task {row['task_id']!r} has no tests (fields 'tests' / 'test_list')")
+    if not isinstance(tests, list) or not all(isinstance(t, str) for t in tests):
+        raise ValueError(f"{where}: the tests of task {row['task_id']!r} must be a list of strings")
+    prompt = row.get("prompt")
+    if prompt is None and isinstance(row.get("text"), str):
+        prompt = mbpp_prompt(row["text"], tests)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"{where}: task {row['task_id']!r} has no prompt (fields 'prompt' / 'text')")
+    suite, entry = row.get("suite") or "task", row.get("entry_point")
+    base, header, reference = row.get("base_prompt") or "", row.get("header") or "", row.get("reference") or ""
+    if suite == "humaneval" and not (base and header):
+        b, h, r = _humaneval_parts(row["task_id"], prompt, entry)
+        base, header, reference = base or b, header or h, reference or r
+    problem = Problem(suite, row["task_id"], row.get("split") or "", prompt, base, entry, tuple(tests),
+                      row.get("test_setup_code") or "", header, reference)
+    try:
+        return Task.from_problem(problem, where, task_id=_task_id(suite, row["task_id"]))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _load_rows(path: Path, split: str | None) -> list[Task]:
+    tasks, ids = [], {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not JSON ({e})") from None
+            task = _row_task(row, where)
+            if split is not None and row.get("split") != split:
+                continue
+            if task.task_id in ids:
+                raise ValueError(f"{where}: task {task.task_id!r} already read at line {ids[task.task_id]}")
+            ids[task.task_id] = lineno
+            tasks.append(task)
+    return tasks
+
+
+def _load_funcall(path: Path, split: str) -> list[Task]:
+    from codechat.data.formats import read_rows, records_from_rows
+    if split not in CONVERSATION_SPLITS + ("all",):
+        raise ValueError(f"funcall:{path}: split must be one of {', '.join(CONVERSATION_SPLITS + ('all',))}, "
+                         f"got {split!r}")
+    tasks = []
+    for line, raw in read_rows(path):
+        record = next(records_from_rows([(line, raw)], str(path)))  # FormatError names file and line
+        if split != "all" and conversation_split(raw) != split:
+            continue
+        conv = record.conversation
+        for i, m in enumerate(conv.messages):
+            if m.role != "assistant" or m.function_call is None or i == 0:
+                continue
+            if not conv.tools:
+                raise ValueError(f"{path}:{line}: turn {i} calls {m.function_call['name']!r} but the conversation "
+                                 "declares no tools")
+            tasks.append(Task(f"{path.name}:{line}:{i}", "funcall", Conversation(conv.messages[:i], conv.tools),
+                              expected_call=m.function_call, tools=conv.tools, source=f"{path}:{line}"))
+    return tasks
+
+
+def parse_spec(spec: str) -> tuple[str, Path | None]:
+    """``"PREFIX[:PATH]"`` -> ``(prefix, path or None)``.
+
+    Raises:
+        ValueError: an unknown prefix, a missing path where one is needed, or a path that does not exist.
+    """
+    prefix, _, path = spec.partition(":")
+    if prefix not in PREFIXES:
+        raise ValueError(f"unknown task spec {spec!r}: use mbpp:PATH, humaneval[:PATH], tasks:PATH, funcall:PATH "
+                         "or doctest[:DIR]")
+    if prefix in ("mbpp", "tasks", "funcall") and not path:
+        raise ValueError(f"task spec {spec!r} needs a file: {prefix}:PATH")
+    if path and not Path(path).exists():
+        raise ValueError(f"task spec {spec!r}: {path} does not exist")
+    if path and prefix != "doctest" and not Path(path).is_file():
+        raise ValueError(f"task spec {spec!r}: {path} is not a file")
+    return prefix, Path(path) if path else None
+
+
+def load_tasks(spec: str, *, split: str | None = None, limit: int | None = None, check_references: bool = False,
+               mbpp_file: str | Path | None = None, max_files: int = 0, box: sandbox.Sandbox | None = None,
+               workers: int = 2, timeout_s: float = 10.0) -> list[Task]:
+    """The tasks of ``spec`` (table in the module docstring), the first ``limit`` of them.
+
+    Args:
+        split: the split to read; ``None``: the spec's RL default (:data:`DEFAULT_SPLITS`). An
+            evaluation split (:data:`EVAL_SPLITS`) is read with a warning.
+        limit: keep the first ``limit`` tasks (doctest: stop mining once that many are kept).
+        check_references: run the references of the tasks that carry one (MBPP, HumanEval, rows
+            with a reference) in the sandbox and raise if any fails. Doctest references are
+            always run (a failing one excludes its task).
+        mbpp_file: doctest: also exclude tasks overlapping the MBPP test problems of this file.
+        max_files: doctest: read at most this many files (0: all).
+        box, workers, timeout_s: the sandbox pool, its parallel programs and seconds per program
+            (doctest references: :data:`DOCTEST_TIMEOUT_S` at most).
+
+    Raises:
+        ValueError: an unknown spec prefix, a missing file, a bad split or limit, a bad row or
+            record (file and line named), a task without tests, failing references (ids named)
+            or no task at all.
+    """
+    prefix, path = parse_spec(spec)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    split = DEFAULT_SPLITS[prefix] if split is None else split
+    if prefix == "doctest" and split is not None:
+        raise ValueError(f"task spec {spec!r}: doctest tasks have no splits, got split {split!r}")
+    if split in EVAL_SPLITS.get(prefix, ()):
+        warnings.warn(f"RL on {spec} split {split!r} trains on data that evaluation reports on; its scores "
+                      "will no longer measure generalisation", stacklevel=2)
+    if prefix == "mbpp":
+        if split != "all" and split not in MBPP_SPLITS:
+            raise ValueError(f"task spec {spec!r}: unknown MBPP split {split!r}; use one of "
+                             f"{', '.join(list(MBPP_SPLITS) + ['all'])}")
+        tasks = [Task.from_problem(p, str(path), task_id=_task_id("mbpp", p.task_id))
+                 for p in load_mbpp_problems(path, split, shots=0)]
+    elif prefix == "humaneval":
+        if split != "test":
+            raise ValueError(f"task spec {spec!r}: HumanEval has only a test split, got {split!r}")
+        tasks = [Task.from_problem(p, str(path or HUMANEVAL_FILE)) for p in load_humaneval(path)]
+    elif prefix == "tasks":
+        tasks = _load_rows(path, split)
+    elif prefix == "funcall":
+        tasks = _load_funcall(path, split)
+    else:
+        counts = DoctestCounts()
+        tasks = mine_doctest_tasks([path] if path else None, max_files=max_files, max_tasks=limit or 0,
+                                   mbpp_file=mbpp_file, box=box, workers=workers,
+                                   timeout_s=min(timeout_s, DOCTEST_TIMEOUT_S), counts=counts)
+        if not tasks:
+            raise ValueError(f"task spec {spec!r}: no doctest task survived: {json.dumps(counts.as_dict())}")
+    if not tasks:
+        raise ValueError(f"task spec {spec!r}" + (f" (split {split!r})" if split else "") + ": no task")
+    tasks = tasks[:limit] if limit else tasks
+    if check_references and prefix != "doctest":
+        if not any(t.reference is not None for t in tasks):
+            warnings.warn(f"check_references: no task of {spec} carries a reference solution; nothing was checked",
+                          stacklevel=2)
+        failed = failing_references(tasks, box=box, workers=workers, timeout_s=timeout_s)
+        if failed:
+            raise ValueError(f"task spec {spec!r}: the references of {len(failed)} tasks fail their own tests "
+                             "in the sandbox: " + "; ".join(f"{t.task_id} ({t.source}): {_describe_failure(r)}"
+                                                            for t, r in failed[:20]))
+    return tasks
+
+
+__all__ = ["KINDS", "PREFIXES", "DEFAULT_SPLITS", "EVAL_SPLITS", "DOCTEST_TIMEOUT_S", "Task", "failing_references",
+           "doctest_tests", "DoctestCounts", "mine_doctest_tasks", "parse_spec", "load_tasks"]

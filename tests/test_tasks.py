@@ -1,0 +1,334 @@
+"""RL tasks (codechat.data.tasks): every loader on real files, doctest mining, and bad input.
+
+One sandbox pool is shared by the module; MBPP and the glaive sample come from ``shared/``.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from codechat.chat import Conversation, Message
+from codechat.data import tasks as T
+from codechat.data.benchmarks import HUMANEVAL_FILE, conversation_split
+from codechat.eval import rewards, sandbox
+from codechat.eval.cli import _cli_filter
+from codechat.eval.problems import load_humaneval
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+MBPP = SHARED / "data" / "mbpp" / "mbpp.jsonl"
+GLAIVE = SHARED / "data" / "function_calling_glaive" / "glaive_toolcall_en_demo.json"
+
+
+@pytest.fixture(scope="module")
+def box():
+    with sandbox.Sandbox(2) as b:
+        yield b
+
+
+def fenced(code: str) -> str:
+    return f"Here is the function:\n\n```python\n{code}\n```\n"
+
+
+# ----------------------------------------------------------------------------- MBPP / HumanEval
+def test_mbpp_default_split_is_train_601_to_974_and_references_pass(box):
+    tasks = T.load_tasks(f"mbpp:{MBPP}", check_references=True, box=box)
+    assert [t.task_id for t in tasks] == [f"MBPP/{i}" for i in range(601, 975)]
+    t = tasks[0]
+    assert t.kind == "code" and t.problem.split == "train" and t.source == str(MBPP)
+    assert [m.role for m in t.prompt.messages] == ["user"]
+    assert t.prompt.messages[0].content == t.problem.prompt and "Your code should pass these tests" in t.problem.prompt
+    assert len(t.tests) == 3 and t.entry_point and t.reference
+
+
+def test_mbpp_task_judges_a_chat_answer_like_eval(box):
+    t = T.load_tasks(f"mbpp:{MBPP}", limit=1)[0]
+    good, bad = box.run_many([t.job(fenced(t.reference)), t.job(fenced("def nothing():\n    return 1"))])
+    assert good.passed and rewards.tiered(good) == 1.0
+    assert not bad.passed and bad.tests_total == 3
+    assert t.code("no code at all") == ""
+
+
+def test_mbpp_other_splits_and_limit():
+    assert [t.task_id for t in T.load_tasks(f"mbpp:{MBPP}", split="prompt")] == [f"MBPP/{i}" for i in range(1, 11)]
+    with pytest.warns(UserWarning, match="evaluation reports on"):
+        assert len(T.load_tasks(f"mbpp:{MBPP}", split="test", limit=5)) == 5
+
+
+def test_humaneval_shipped_and_by_path_with_references(box):
+    with pytest.warns(UserWarning, match="evaluation reports on"):
+        tasks = T.load_tasks("humaneval", check_references=True, box=box)
+    assert len(tasks) == 164 and tasks[0].task_id == "HumanEval/0" and tasks[0].tests == ("check(has_close_elements)",)
+    with pytest.warns(UserWarning):
+        again = T.load_tasks(f"humaneval:{HUMANEVAL_FILE}", limit=3)
+    assert [t.task_id for t in again] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert again[0].prompt == tasks[0].prompt
+
+
+# ----------------------------------------------------------------------------- tasks.jsonl
+def test_tasks_jsonl_written_by_eval_filter_round_trips(tmp_path, box):
+    """Sample rows as ``codechat eval run`` writes them -> ``codechat eval filter`` -> load_tasks."""
+    problems = [T.load_tasks(f"mbpp:{MBPP}", limit=2)[i].problem for i in range(2)]
+    with pytest.warns(UserWarning):
+        problems += [t.problem for t in T.load_tasks("humaneval", limit=2)]
+    samples = tmp_path / "samples.jsonl"
+    with open(samples, "w") as f:
+        for p in problems:
+            for i, passed in enumerate((True, False)):  # pass rate 0.5: kept
+                f.write(json.dumps({**p.row(), "sample": i, "status": "passed" if passed else "failed",
+                                    "passed": passed}) + "\n")
+    out = tmp_path / "tasks.jsonl"
+    assert _cli_filter(argparse.Namespace(samples=samples, min_rate=0.05, max_rate=0.95, out=out)) == 0
+    tasks = T.load_tasks(f"tasks:{out}", check_references=True, box=box)
+    assert [t.task_id for t in tasks] == ["MBPP/601", "MBPP/602", "HumanEval/0", "HumanEval/1"]
+    assert [t.source for t in tasks] == [f"{out}:{i}" for i in range(1, 5)]
+    mbpp, he = tasks[0], tasks[2]
+    assert mbpp.reference is None and mbpp.tests == problems[0].tests  # rows carry no MBPP reference
+    shipped = load_humaneval()[0]
+    assert (he.problem.header, he.problem.base_prompt, he.reference) == \
+           (shipped.header, shipped.base_prompt, shipped.reference)  # recovered from the shipped copy
+    # a HumanEval answer that is only the body is put under the signature, as in eval
+    body = shipped.reference[len(shipped.base_prompt):]
+    assert box.run_many([he.job(fenced(body))])[0].passed
+    assert [t.task_id for t in T.load_tasks(f"tasks:{out}", split="test")] == ["HumanEval/0", "HumanEval/1"]
+
+
+# ----------------------------------------------------------------------------- funcall
+def test_funcall_tasks_are_train_call_turns_with_tools():
+    raw = json.loads(GLAIVE.read_text())
+    tasks = T.load_tasks(f"funcall:{GLAIVE}")
+    assert len(tasks) == 171  # the call turns of the 238 train conversations of 300
+    for t in tasks:
+        _, line, turn = t.task_id.rsplit(":", 2)
+        record = raw[int(line) - 1]
+        assert conversation_split(record) == "train"
+        assert t.kind == "funcall" and t.expected_call["name"] and isinstance(t.expected_call["arguments"], dict)
+        assert t.tools and t.tools == t.prompt.tools
+        assert t.prompt.messages[-1].role in ("user", "function_response")
+        assert len(t.prompt.messages) == int(turn) and t.tests == () and t.reference is None
+    with pytest.raises(ValueError, match="funcall task"):
+        tasks[0].job("{}")
+    with pytest.warns(UserWarning, match="evaluation reports on"):
+        held = T.load_tasks(f"funcall:{GLAIVE}", split="heldout")
+    assert held and all(conversation_split(raw[int(t.task_id.rsplit(":", 2)[1]) - 1]) == "heldout" for t in held)
+    assert len(T.load_tasks(f"funcall:{GLAIVE}", limit=7)) == 7
+
+
+# ----------------------------------------------------------------------------- doctests
+GOOD = '''import re
+from typing import List
+import json
+
+
+def words(text: str) -> List[str]:
+    """Split text into lower-case words.
+
+    >>> words("Hello, World!")
+    ['hello', 'world']
+    >>> words("")
+    []
+    """
+    return [w.lower() for w in re.findall(r"[A-Za-z]+", text)]
+
+
+def safe_div(a, b):
+    """Divide a by b, as floats.
+
+    >>> safe_div(6, 3)
+    2.0
+    >>> safe_div(1, 0)
+    Traceback (most recent call last):
+      ...
+    ZeroDivisionError: division by zero
+    >>> print(safe_div(1, 4))
+    0.25
+    >>> x = safe_div(9, 3)
+    >>> x
+    3.0
+    """
+    return a / b
+'''
+BAD = '''def add(a, b):
+    """Add two numbers (its doctest is wrong).
+
+    >>> add(2, 2)
+    5
+    """
+    return a + b
+
+
+def undocumented(a):
+    return a
+'''
+
+
+def test_doctest_examples_become_asserts():
+    doc = ('>>> f(1)\n3\n>>> f(2)  # doctest: +NORMALIZE_WHITESPACE\n'
+           'Point(x=1,   y=2)\n>>> y = 4\n>>> f(y)\n>>> g(3)\n9\n>>> f(0)  # doctest: +SKIP\n1\n'
+           '>>> f(-1)\nTraceback (most recent call last):\nValueError: negative\n')
+    assert T.doctest_tests(doc, "f") == (
+        "assert (f(1)) == (3)",
+        "import contextlib as _contextlib, io as _io\n"
+        "with _contextlib.redirect_stdout(_io.StringIO()) as _out:\n"
+        "    _v = (f(2)  # doctest: +NORMALIZE_WHITESPACE\n    )\n    if _v is not None:\n        print(repr(_v))\n"
+        "assert ' '.join(_out.getvalue().split()) == 'Point(x=1, y=2)', ' '.join(_out.getvalue().split())",
+        "y = 4\nassert (f(y)) is None",
+        # g(3) does not mention f: it runs as set-up of the next test
+        "assert (g(3)) == (9)\ntry:\n    f(-1)\nexcept BaseException as _e:\n"
+        "    assert type(_e).__name__ == 'ValueError', repr(_e)\n"
+        "else:\n    raise AssertionError('no ValueError raised')",
+    )
+
+
+def test_doctest_mining_keeps_passing_drops_failing_and_contaminated(tmp_path, box):
+    he = json.loads(gzip.open(HUMANEVAL_FILE, "rt").readline())  # HumanEval/0 has doctests in its prompt
+    (tmp_path / "good.py").write_text(GOOD)
+    (tmp_path / "bad.py").write_text(BAD)
+    (tmp_path / "leak.py").write_text(he["prompt"] + he["canonical_solution"])
+    (tmp_path / "broken.py").write_text("def f(:\n    '''>>> f()'''\n")
+    counts = T.DoctestCounts()
+    tasks = T.mine_doctest_tasks([tmp_path], mbpp_file=MBPP, box=box, counts=counts)
+    assert [t.task_id for t in tasks] == ["doctest/good.py::words", "doctest/good.py::safe_div"]
+    assert counts.as_dict() == {"files": 4, "files_with_doctests": 3, "unparsable_files": 1, "functions": 4,
+                                "candidates": 3, "kept": 2, "skipped": {"contaminated": 1},
+                                "reference_failures": {"failed": 1}}
+    words, div = tasks
+    assert words.prompt.messages[0].content.startswith(
+        "Write a Python function `words(text: str)` that: Split text into lower-case words.")  # as SFT's mined pairs
+    assert ">>> words(\"\")" in words.prompt.messages[0].content  # the examples stay in the prompt
+    assert words.problem.header == "import re\nfrom typing import List\n\n\n"  # not json: unused
+    assert words.tests == ("assert (words(\"Hello, World!\")) == (['hello', 'world'])", "assert (words(\"\")) == ([])")
+    assert len(div.tests) == 4 and div.source == f"{tmp_path / 'good.py'}:17"
+    # the answer needs no imports of its own: the header comes first; a wrong answer fails
+    answer = fenced('def words(text: str) -> List[str]:\n    return re.findall("[a-z]+", text.lower())')
+    wrong = fenced("def words(text):\n    return text.split()")
+    ok, ko, empty = box.run_many([words.job(answer), words.job(wrong), words.job("I cannot do that.")])
+    assert ok.passed and not ko.passed and empty.status == "syntax"
+
+
+def test_doctest_spec_on_the_standard_library(box):
+    tasks = T.load_tasks("doctest", limit=4, mbpp_file=MBPP, box=box)
+    assert len(tasks) == 4 and len({t.task_id for t in tasks}) == 4
+    assert all(t.kind == "code" and t.task_id.startswith("doctest/") and t.tests and t.reference for t in tasks)
+    assert T.failing_references(tasks, box=box) == []
+
+
+def test_doctest_mining_warns_without_mbpp(tmp_path, box):
+    (tmp_path / "good.py").write_text(GOOD)
+    with pytest.warns(UserWarning, match="HumanEval only"):
+        assert len(T.load_tasks(f"doctest:{tmp_path}", box=box)) == 2
+
+
+# ----------------------------------------------------------------------------- bad input
+def write_rows(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+ROW = {"task_id": 7, "suite": "task", "split": "train", "prompt": "Write f.", "tests": ["assert f() == 1"],
+       "test_setup_code": "", "entry_point": "f"}
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("gsm8k:x.jsonl", "unknown task spec"),
+    ("mbpp", "needs a file"),
+    ("tasks:/nonexistent/tasks.jsonl", "does not exist"),
+])
+def test_bad_specs(spec, match):
+    with pytest.raises(ValueError, match=match):
+        T.load_tasks(spec)
+
+
+def test_bad_split_and_limit():
+    with pytest.raises(ValueError, match="unknown MBPP split 'dev'"):
+        T.load_tasks(f"mbpp:{MBPP}", split="dev")
+    with pytest.raises(ValueError, match="only a test split"):
+        T.load_tasks("humaneval", split="train")
+    with pytest.raises(ValueError, match="funcall split|split must be one of"):
+        T.load_tasks(f"funcall:{GLAIVE}", split="test")
+    with pytest.raises(ValueError, match="no splits"):
+        T.load_tasks("doctest", split="train")
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        T.load_tasks(f"mbpp:{MBPP}", limit=0)
+
+
+def test_task_rows_without_tests_or_bad_json_name_file_and_line(tmp_path):
+    path = write_rows(tmp_path / "t.jsonl", [ROW, {**ROW, "task_id": 8, "tests": []}])
+    with pytest.raises(ValueError, match=rf"{path}:2: task 8 has no tests"):
+        T.load_tasks(f"tasks:{path}")
+    path = write_rows(tmp_path / "t.jsonl", [ROW, "", "{not json"])
+    with pytest.raises(ValueError, match=rf"{path}:3: not JSON"):
+        T.load_tasks(f"tasks:{path}")
+    path = write_rows(tmp_path / "t.jsonl", [ROW, ROW])
+    with pytest.raises(ValueError, match=rf"{path}:2: task '7' already read at line 1"):
+        T.load_tasks(f"tasks:{path}")
+    path = write_rows(tmp_path / "t.jsonl", [{k: v for k, v in ROW.items() if k != "prompt"}])
+    with pytest.raises(ValueError, match=rf"{path}:1: task 7 has no prompt"):
+        T.load_tasks(f"tasks:{path}")
+
+
+def test_failing_references_raise_naming_the_task_ids(tmp_path, box):
+    good = {**ROW, "reference": "def f():\n    return 1"}
+    bad = {**ROW, "task_id": 9, "reference": "def f():\n    return 2"}
+    path = write_rows(tmp_path / "t.jsonl", [good, bad])
+    assert len(T.load_tasks(f"tasks:{path}")) == 2  # not checked unless asked
+    with pytest.raises(ValueError, match=r"references of 1 tasks fail .*9 \(.*t.jsonl:2\): failed"):
+        T.load_tasks(f"tasks:{path}", check_references=True, box=box)
+    rows = [json.loads(line) for line in MBPP.read_text().splitlines() if line.strip()]
+    broken = next(r for r in rows if r["task_id"] == 601)
+    broken["code"] = "def max_chain_length(arr, n):\n    return -1\n"
+    mbpp = write_rows(tmp_path / "mbpp.jsonl", [broken] + [r for r in rows if r["task_id"] in (602, 603)])
+    with pytest.raises(ValueError, match=r"references of 1 tasks fail .*MBPP/601"):
+        T.load_tasks(f"mbpp:{mbpp}", check_references=True, box=box)
+    nothing = write_rows(tmp_path / "n.jsonl", [ROW])
+    with pytest.warns(UserWarning, match="nothing was checked"):
+        T.load_tasks(f"tasks:{nothing}", check_references=True, box=box)
+
+
+@pytest.mark.filterwarnings("ignore:RL on funcall")
+def test_empty_results_are_errors(tmp_path, box):
+    path = write_rows(tmp_path / "t.jsonl", [ROW])
+    with pytest.raises(ValueError, match=r"split 'test'\): no task"):
+        T.load_tasks(f"tasks:{path}", split="test")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "bad.py").write_text(BAD)
+    with pytest.raises(ValueError, match=r"no doctest task survived: .*\"reference_failures\": \{\"failed\": 1\}"):
+        T.load_tasks(f"doctest:{tmp_path / 'src'}", mbpp_file=MBPP, box=box)
+    empty = tmp_path / "empty.json"
+    chat = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]
+    empty.write_text(json.dumps([{"conversations": chat, "tools": "[]"}] * 3))
+    with pytest.raises(ValueError, match="no task"):
+        T.load_tasks(f"funcall:{empty}", split="all")
+
+
+@pytest.mark.filterwarnings("ignore:RL on funcall")
+def test_call_without_tools_and_bad_records_name_file_and_line(tmp_path):
+    call = {"messages": [{"role": "user", "content": "weather?"},
+                         {"role": "assistant", "content": None,
+                          "tool_calls": [{"function": {"name": "weather", "arguments": "{}"}}]}]}
+    path = tmp_path / "calls.jsonl"
+    write_rows(path, [call])
+    with pytest.raises(ValueError, match=rf"{path}:1: turn 1 calls 'weather' but the conversation declares no tools"):
+        T.load_tasks(f"funcall:{path}", split="all")
+    write_rows(path, ["{oops"])
+    with pytest.raises(ValueError, match=rf"{path}:1"):
+        T.load_tasks(f"funcall:{path}", split="all")
+
+
+def test_task_validation(box):
+    prompt = Conversation((Message("user", "Write f."),))
+    with pytest.raises(ValueError, match="needs tests"):
+        T.Task("x", "code", prompt)
+    with pytest.raises(ValueError, match="kind must be"):
+        T.Task("x", "math", prompt, tests=("assert 1",))
+    with pytest.raises(ValueError, match="ends with an assistant turn"):
+        T.Task("x", "code", Conversation((Message("user", "q"), Message("assistant", "a"))), tests=("assert 1",))
+    with pytest.raises(ValueError, match="needs the tools"):
+        T.Task("x", "funcall", prompt, expected_call={"name": "f", "arguments": {}})
+    t = T.Task("x", "code", prompt, tests=["assert f() == 1"], entry_point="f", reference="def f():\n    return 1")
+    assert t.tests == ("assert f() == 1",) and t.problem.suite == "task"
+    assert t.program(t.code(fenced("def f():\n    return 1"))) == "def f():\n    return 1\n"
+    assert T.failing_references([t], box=box) == []
