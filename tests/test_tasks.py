@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from codechat.chat import Conversation, Message
+from codechat.data import doctest_tasks as D
 from codechat.data import tasks as T
 from codechat.data.benchmarks import HUMANEVAL_FILE, conversation_split
 from codechat.eval import rewards, sandbox
@@ -169,7 +170,7 @@ def test_doctest_examples_become_asserts():
     doc = ('>>> f(1)\n3\n>>> f(2)  # doctest: +NORMALIZE_WHITESPACE\n'
            'Point(x=1,   y=2)\n>>> y = 4\n>>> f(y)\n>>> g(3)\n9\n>>> f(0)  # doctest: +SKIP\n1\n'
            '>>> f(-1)\nTraceback (most recent call last):\nValueError: negative\n')
-    assert T.doctest_tests(doc, "f") == (
+    assert D.doctest_tests(doc, "f") == (
         "assert (f(1)) == (3)",
         "import contextlib as _contextlib, io as _io\n"
         "with _contextlib.redirect_stdout(_io.StringIO()) as _out:\n"
@@ -189,8 +190,8 @@ def test_doctest_mining_keeps_passing_drops_failing_and_contaminated(tmp_path, b
     (tmp_path / "bad.py").write_text(BAD)
     (tmp_path / "leak.py").write_text(he["prompt"] + he["canonical_solution"])
     (tmp_path / "broken.py").write_text("def f(:\n    '''>>> f()'''\n")
-    counts = T.DoctestCounts()
-    tasks = T.mine_doctest_tasks([tmp_path], mbpp_file=MBPP, box=box, counts=counts)
+    counts = D.DoctestCounts()
+    tasks = D.mine_doctest_tasks([tmp_path], mbpp_file=MBPP, box=box, counts=counts)
     assert [t.task_id for t in tasks] == ["doctest/good.py::words", "doctest/good.py::safe_div"]
     assert counts.as_dict() == {"files": 4, "files_with_doctests": 3, "unparsable_files": 1, "functions": 4,
                                 "candidates": 3, "kept": 2, "skipped": {"contaminated": 1},
