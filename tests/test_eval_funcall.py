@@ -17,7 +17,7 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": 
            "required": ["city"]}
 
 
-def test_the_glaive_sample_splits_by_hash_into_238_train_and_62_heldout_conversations(shared_dir):
+def test_the_glaive_sample_splits_by_hash_into_238_train_and_62_heldout_conversations(shared_dir, tmp_path):
     records = json.loads(GLAIVE.read_text())
     splits = [split_of(r) for r in records]
     assert splits.count("heldout") == 62 and splits.count("train") == 238
@@ -28,6 +28,10 @@ def test_the_glaive_sample_splits_by_hash_into_238_train_and_62_heldout_conversa
     assert sum(c["expected"].function_call is not None for c in held) > 30
     with pytest.raises(ValueError, match="split"):
         load_cases(GLAIVE, "test")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(records[0]) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):  # FormatError names file and line
+        load_cases(bad, "heldout")
     from codechat.config import SFTConfig
     from codechat.data.mixture import load_source, parse_spec
     [spec] = parse_spec(f"{GLAIVE}@train:2")

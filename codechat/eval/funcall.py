@@ -49,17 +49,18 @@ def load_cases(path: str | Path, split: str = "heldout", limit: int | None = Non
         codechat.data.formats.FormatError: a record in no known format (file and line named).
     """
     from codechat.chat import Conversation
-    from codechat.data.formats import read_rows, to_conversation
+    from codechat.data.formats import read_rows, records_from_rows
     if split not in SPLITS:
         raise ValueError(f"funcall split must be one of {', '.join(SPLITS)}, got {split!r}")
+    # a row that is not a JSON object goes on to records_from_rows, which names its file and line
+    rows = ((line, r) for line, r in read_rows(path)
+            if split == "all" or not isinstance(r, dict) or conversation_split(r) == split)
     cases = []
-    for line, rec in read_rows(path):
-        if split != "all" and conversation_split(rec) != split:
-            continue
-        conv, _ = to_conversation(rec)
+    for rec in records_from_rows(rows, str(path)):
+        conv = rec.conversation
         for i, m in enumerate(conv.messages):
             if m.role == "assistant" and i > 0:
-                cases.append({"id": f"{line}:{i}", "conversation": Conversation(conv.messages[:i], conv.tools),
+                cases.append({"id": f"{rec.line}:{i}", "conversation": Conversation(conv.messages[:i], conv.tools),
                               "expected": m})
         if limit and len({c["id"].split(":")[0] for c in cases}) >= limit:
             break
