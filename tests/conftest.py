@@ -75,3 +75,32 @@ def write_corpus() -> Callable[..., Path]:
                 (root / name).write_text(text, encoding="utf-8")
         return root
     return write
+
+
+@pytest.fixture(scope="session")
+def memorise(tok: Tokenizer) -> Callable:
+    """``memorise(model, conv, steps, out_dir, max_length, max_prompt_length)``: SFT ``model`` on the
+    one conversation ``conv`` for ``steps`` steps (the real renderer, collator and trainer) until it
+    reproduces it."""
+    from codechat.budget import render_with_budget
+    from codechat.config import OptimConfig, RunConfig, SFTConfig, TrainConfig
+    from codechat.data.sft import collate
+    from codechat.train.trainer import Trainer
+
+    def fit(model, conv, steps: int, out_dir: Path, max_length: int, max_prompt_length: int) -> None:
+        ex = render_with_budget(tok, conv, SFTConfig(max_length=max_length, max_prompt_length=max_prompt_length,
+                                                     decontaminate=False))
+        batch = collate([[ex]], pad_id=tok.end_id, pad_to_multiple=1, packed=False)
+
+        class Same:
+            def next_batch(self):
+                return batch
+
+            def state_dict(self):
+                return {}
+
+            def load_state_dict(self, s):
+                pass
+        Trainer(model, train=TrainConfig(max_steps=steps, log_every=steps), optim=OptimConfig(lr=3e-3, warmup_steps=5),
+                run=RunConfig(out=str(out_dir)), batches=Same(), out_dir=out_dir, show_progress=False).fit()
+    return fit

@@ -10,14 +10,11 @@ import pytest
 import torch
 
 from codechat import checkpoint as ckpt
-from codechat.budget import render_with_budget
 from codechat.chat import Conversation, Message
-from codechat.config import ModelConfig, OptimConfig, RunConfig, SFTConfig, TrainConfig, to_dict
-from codechat.data.sft import collate
+from codechat.config import ModelConfig, to_dict
 from codechat.funcall import load_tools
 from codechat.model import build_model
 from codechat.tools import ToolError, load_executors
-from codechat.train.trainer import Trainer
 
 EXECUTORS = textwrap.dedent('''
     from pathlib import Path
@@ -35,7 +32,7 @@ EXECUTORS = textwrap.dedent('''
 
 
 @pytest.fixture(scope="module")
-def funcall_stage(tok, tok_dir, tmp_path_factory):
+def funcall_stage(tok, tok_dir, tmp_path_factory, memorise):
     """A tiny model SFT'd on one conversation: call weather(Tokyo), read 21, say so."""
     tmp = tmp_path_factory.mktemp("funcall")
     (tmp / "tools_demo.py").write_text(EXECUTORS)
@@ -44,23 +41,10 @@ def funcall_stage(tok, tok_dir, tmp_path_factory):
                          Message("assistant", "", {"name": "weather", "arguments": {"city": "Tokyo"}}),
                          Message("function_response", '{"temp_c": 21}'),
                          Message("assistant", "It is 21 C in Tokyo.")], (tool.schema(),))
-    ex = render_with_budget(tok, conv, SFTConfig(max_length=256, max_prompt_length=224, decontaminate=False))
-    batch = collate([[ex]], pad_id=tok.end_id, pad_to_multiple=1, packed=False)
-
-    class Same:
-        def next_batch(self):
-            return batch
-
-        def state_dict(self):
-            return {}
-
-        def load_state_dict(self, s):
-            pass
     torch.manual_seed(0)
     model = build_model(ModelConfig(vocab_size=tok.vocab_size, n_layer=2, n_embd=64, n_head=2, n_kv_head=1,
                                     max_seq_len=256))
-    Trainer(model, train=TrainConfig(max_steps=120, log_every=120), optim=OptimConfig(lr=3e-3, warmup_steps=5),
-            run=RunConfig(out=str(tmp)), batches=Same(), out_dir=tmp, show_progress=False).fit()
+    memorise(model, conv, 120, tmp, max_length=256, max_prompt_length=224)
     stage = ckpt.save(tmp / "sft" / "checkpoints", 120, model=model.state_dict(),
                       state={"step": 120, "meta": {"stage": "sft", "model": to_dict(model.cfg)}},
                       tokenizer_dir=tok_dir).parent.parent

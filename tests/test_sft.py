@@ -12,12 +12,11 @@ import torch
 from codechat import checkpoint as ckpt
 from codechat.budget import render_with_budget
 from codechat.chat import Conversation, Message, render_for_completion
-from codechat.config import ModelConfig, OptimConfig, RunConfig, SFTConfig, TrainConfig, to_dict
+from codechat.config import ModelConfig, SFTConfig, to_dict
 from codechat.data.mixture import Mixture
 from codechat.data.sft import SFTLoader, collate, pack_best_fit
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.model import IGNORE_INDEX, build_model
-from codechat.train.trainer import Trainer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sft"
 
@@ -134,24 +133,10 @@ def test_loader_resume_continues_the_exact_batches(tok, shared_dir):
         assert torch.equal(got.inputs, want.inputs) and torch.equal(got.labels, want.labels)
 
 
-def test_a_model_sft_on_one_example_stops_by_itself_and_chats(tok, tok_dir, tmp_path):
+def test_a_model_sft_on_one_example_stops_by_itself_and_chats(tok, tok_dir, tmp_path, memorise):
     conv = Conversation([Message("user", "Say hello."), Message("assistant", "hello there")])
-    ex = render_with_budget(tok, conv, SFTConfig(max_length=64, max_prompt_length=32, decontaminate=False))
-    batch = collate([[ex]], pad_id=tok.end_id, pad_to_multiple=1, packed=False)
-
-    class Same:
-        def next_batch(self):
-            return batch
-
-        def state_dict(self):
-            return {}
-
-        def load_state_dict(self, s):
-            pass
-
     model = tiny_model(tok)
-    Trainer(model, train=TrainConfig(max_steps=60, log_every=60), optim=OptimConfig(lr=3e-3, warmup_steps=5),
-            run=RunConfig(out=str(tmp_path)), batches=Same(), out_dir=tmp_path, show_progress=False).fit()
+    memorise(model, conv, 60, tmp_path, max_length=64, max_prompt_length=32)
     prompt = render_for_completion(tok, Conversation([Message("user", "Say hello.")]))
     [[sample]] = Engine(model.eval(), EngineConfig(slots=1)).generate(
         [Request(prompt, SamplingConfig(max_new_tokens=30, temperature=0.0), stop_ids=[tok.end_id])])
