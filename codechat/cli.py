@@ -177,7 +177,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         return 0
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", args.prompt)]
     answer = reply(engine, tok, Conversation(messages), cfg, seed=_seed(args.seed),
-                   on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+                   on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()),
+                   on_notice=lambda s: print(s, file=sys.stderr))
     if answer.function_call is not None:
         print(f"\n[function call: {answer.function_call}]", end="")
     print()

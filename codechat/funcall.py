@@ -99,8 +99,23 @@ def run_session(engine: Engine, tok: Tokenizer, tools: Sequence[Tool], cfg: Samp
                 stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> list[Message]:
     """One answer to ``user``, or an interactive session reading user turns from ``stdin`` until
     EOF or ``/quit``. Replies stream to ``stdout``; with ``show_trace`` every call and function
-    response is printed as it happens. Returns the whole conversation."""
+    response is printed as it happens. Returns the whole conversation.
+
+    Raises:
+        codechat.tools.ToolError: the system turn with the tool schemas leaves no room for a
+            conversation in the model's context (checked before the first turn).
+    """
+    from .chat import render_turns
+    from .chat_repl import REPLY_SHARE
+    from .tools import ToolError
     from .tools.dispatch import Dispatcher
+    schemas = tuple(t.schema() for t in tools)
+    declared = len(render_turns(tok, Conversation((Message("system", system), Message("user", "?")), schemas))[0])
+    room = int(engine.max_len * (1 - REPLY_SHARE)) - 16
+    if declared > room:
+        raise ToolError(f"the system turn with its {len(tools)} tool schema(s) takes {declared} tokens, more than the "
+                        f"{room} a prompt may use of the model's context of {engine.max_len}: declare fewer tools, "
+                        "shorten their docstrings or the system message")
 
     def write(s: str) -> None:
         stdout.write(s)
@@ -131,7 +146,7 @@ def run_session(engine: Engine, tok: Tokenizer, tools: Sequence[Tool], cfg: Samp
                 text = line.rstrip("\n")
                 if not text.strip():
                     continue
-                write("assistant> ")
+                write("" if show_trace else "assistant> ")
             messages.append(Message("user", text))
             answer(engine, tok, messages, tools, dispatcher, cfg, max_tool_calls=max_tool_calls, seed=seed,
                    on_text=(lambda s: None) if show_trace else write, on_step=trace if show_trace else (lambda s: None),

@@ -76,6 +76,15 @@ def test_a_call_limit_of_zero_runs_nothing_and_says_so(funcall_stage):
     assert not executors.with_name("ran.txt").exists()
 
 
+def test_tools_that_fill_the_context_are_refused_before_the_first_turn(funcall_stage, tmp_path):
+    stage, _ = funcall_stage
+    many = tmp_path / "many.py"
+    many.write_text("".join(f'def tool_{i}(text: str) -> str:\n    """{"Does a long thing. " * 10}"""\n    return text\n\n\n'
+                            for i in range(20)))
+    p = funcall("--model", stage, "--executors", many, "--user", "hi")
+    assert p.returncode == 2 and "20 tool schema(s) takes" in p.stderr and "declare fewer tools" in p.stderr
+
+
 def test_bad_executors_files_are_one_line_errors_before_the_model_loads(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import no_such_module_here\n")

@@ -138,6 +138,10 @@ def _cli_run_funcall(args: argparse.Namespace) -> int:
     from codechat.engine import Engine, EngineConfig
     from codechat.eval.funcall import format_summary, load_cases, run_funcall_suite
     path = args.suite.split(":", 1)[1]
+    if not path:
+        raise ValueError("--suite funcall:PATH needs the path of a conversations file after 'funcall:'")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
     split = "heldout" if args.split == "test" else args.split
     load_cases(path, split, args.limit)  # bad input is reported before the model loads
     ckpt = resolve_model_path(args.model)
