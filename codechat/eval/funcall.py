@@ -10,8 +10,8 @@ scored for
 
 - ``parsed``: the reply holds a call that parses (:func:`codechat.calls.parse_assistant`);
 - ``schema_valid``: its arguments validate against the called tool's schema
-  (:func:`codechat.tools.validate_arguments`, the schema first normalised by
-  :func:`codechat.tools.schema.normalize_schema`: sloppy schemas in the wild, counted);
+  (:func:`codechat.tools.validate_arguments`, the schema loaded by
+  :func:`codechat.tools.tool_from_schema`, which repairs sloppy schemas in the wild, counted);
 - ``name_correct``: the right function;
 - ``arguments_exact``: the right function with arguments equal after normalisation
   (:func:`normalize_value`: key order, surrounding whitespace, 2 vs 2.0, a number written as a
@@ -141,9 +141,8 @@ def run_funcall_suite(engine: Any, tok: Any, *, path: str | Path, out_dir: str |
     """
     from codechat.budget import render_for_completion_within
     from codechat.calls import FUNCTION_CALL_TOKEN, parse_assistant
-    from codechat.chat import normalize_tool
     from codechat.engine import Request, SamplingConfig
-    from codechat.tools.schema import normalize_schema
+    from codechat.tools import tool_from_schema
     t0 = time.perf_counter()
     cases = load_cases(path, split, limit)
     fc = tok.special_id(FUNCTION_CALL_TOKEN)
@@ -157,14 +156,13 @@ def run_funcall_suite(engine: Any, tok: Any, *, path: str | Path, out_dir: str |
     outputs = engine.generate(requests)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows, normalised = [], 0
+    rows, normalised, loaded = [], 0, {}
     for c, [sample] in zip(cases, outputs):
-        tools = {}
-        for schema in c["conversation"].tools or ():
-            schema = normalize_tool(schema)
-            params, changes = normalize_schema(schema.get("parameters") or {"type": "object", "properties": {}})
-            normalised += bool(changes)
-            tools[schema["name"]] = params
+        key = json.dumps(c["conversation"].tools, sort_keys=True)
+        if key not in loaded:  # the turns of one conversation share its tools: load them once
+            loaded[key] = [tool_from_schema(t, f"{path}: case {c['id']}") for t in c["conversation"].tools or ()]
+        normalised += sum(bool(t.changes) for t in loaded[key])
+        tools = {t.name: t.parameters for t in loaded[key]}
         content, call = parse_assistant(tok, sample.token_ids)
         row = score_case(c["expected"], content, call, fc in sample.token_ids, tools)
         exp = c["expected"]
