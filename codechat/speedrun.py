@@ -374,24 +374,14 @@ class Speedrun:
 
     def _sft(self, grant: float, tag: str) -> dict[str, Any]:
         pre = self.m["pretrain"]
-        cfg = pre["config"]
         measured = pre.get("first_step_s") if pre.get("compiled") else None
         train_s = max(self.p.min_train_s, self.p.sft_train_share * grant)
         compile_on = self._compile_for(train_s, measured or self.p.compile_estimate_s)
         print(f"{tag} SFT for {train_s:.0f} s of {grant:.0f} s on mined docstring -> function pairs"
               f"{' (compiled)' if compile_on else ' (eager)'}")
-        sft_cfg = SFTStageConfig(
-            init=str(self.run / "pretrain"),
-            sft=SFTConfig(max_length=self.p.sft_max_length, max_prompt_length=self.p.sft_max_prompt_length,
-                          packing=True, mine_src=self.p.sources[:1], mine_max_files=self.p.max_files, seed=self.seed),
-            train=TrainConfig(time_budget_s=train_s,
-                              micro_batch_size=self.p.sft_micro_batch_size or cfg["train"]["micro_batch_size"],
-                              log_every=10, eval_every=10**9, save_every=10**9,
-                              save_every_s=self.p.checkpoint_every_s, compile=compile_on),
-            optim=OptimConfig(lr=cfg["optim"]["lr"] / 2, warmup_steps=10, schedule="linear", min_lr_ratio=0.0,
-                              weight_decay=0.0),
-            run=RunConfig(out=str(self.run / "sft"), seed=self.seed, device=self.device_arg, resume=self.resume))
-        sft = run_sft(sft_cfg)
+        sft = run_sft(self._sft_stage("pretrain", "sft", SFTConfig(
+            max_length=self.p.sft_max_length, max_prompt_length=self.p.sft_max_prompt_length, packing=True,
+            mine_src=self.p.sources[:1], mine_max_files=self.p.max_files, seed=self.seed), train_s, compile_on))
         evals = [r["eval_loss"] for r in read_metrics(self.run / "sft" / "metrics.jsonl") if "eval_loss" in r]
         pre_c, dec = sft["data"]["preflight"], sft["data"]["decontamination"] or {}
         return {"steps": sft["step"], "train_budget_s": train_s, "compiled": compile_on,
@@ -434,22 +424,27 @@ class Speedrun:
                 "verdict": res["verdict_band"], "verdict_text": res["verdict"]}
 
 
+    def _sft_stage(self, init: str, out: str, sft: SFTConfig, train_s: float, compile_on: bool) -> SFTStageConfig:
+        """An SFT stage from stage ``init`` into ``out`` of this run, with the pretraining recipe's
+        micro-batch and half its learning rate, decaying linearly to 0 over ``train_s`` seconds."""
+        cfg = self.m["pretrain"]["config"]
+        return SFTStageConfig(
+            init=str(self.run / init), sft=sft,
+            train=TrainConfig(time_budget_s=train_s,
+                              micro_batch_size=self.p.sft_micro_batch_size or cfg["train"]["micro_batch_size"],
+                              log_every=10, eval_every=10**9, save_every=10**9,
+                              save_every_s=self.p.checkpoint_every_s, compile=compile_on),
+            optim=OptimConfig(lr=cfg["optim"]["lr"] / 2, warmup_steps=10, schedule="linear", min_lr_ratio=0.0,
+                              weight_decay=0.0),
+            run=RunConfig(out=str(self.run / out), seed=self.seed, device=self.device_arg, resume=self.resume))
+
     def _funcall(self, grant: float, tag: str) -> dict[str, Any]:
-        p, pre = self.p, self.m["pretrain"]
+        p = self.p
         train_s = max(p.min_train_s, p.sft_train_share * grant)
         print(f"{tag} function-calling SFT for {train_s:.0f} s of {grant:.0f} s on {p.funcall_data}@train")
-        cfg = SFTStageConfig(
-            init=str(self.run / "sft"),
-            # budgets follow the model: tool schemas make long system turns
-            sft=SFTConfig(data=f"{p.funcall_data}@train", packing=True, seed=self.seed),
-            train=TrainConfig(time_budget_s=train_s,
-                              micro_batch_size=p.sft_micro_batch_size or pre["config"]["train"]["micro_batch_size"],
-                              log_every=10, eval_every=10**9, save_every=10**9, save_every_s=p.checkpoint_every_s,
-                              compile=False),
-            optim=OptimConfig(lr=pre["config"]["optim"]["lr"] / 2, warmup_steps=10, schedule="linear",
-                              min_lr_ratio=0.0, weight_decay=0.0),
-            run=RunConfig(out=str(self.run / "funcall"), seed=self.seed, device=self.device_arg, resume=self.resume))
-        out = run_sft(cfg)
+        # budgets follow the model: tool schemas make long system turns
+        out = run_sft(self._sft_stage("sft", "funcall", SFTConfig(data=f"{p.funcall_data}@train", packing=True,
+                                                                  seed=self.seed), train_s, compile_on=False))
         pre_c = out["data"]["preflight"]
         return {"steps": out["step"], "train_budget_s": train_s, "data": f"{p.funcall_data}@train",
                 "examples_seen": pre_c["seen"], "examples_kept": pre_c["kept"],
