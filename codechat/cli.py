@@ -101,6 +101,52 @@ def _cmd_sft(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     return 0
 
 
+def _add_rl(sub: argparse._SubParsersAction) -> None:
+    from .train.rollouts import REWARD_KINDS
+    p = sub.add_parser("rl", help="GRPO on tasks judged by running code or checking function calls",
+                       description="Reinforcement learning (GRPO) from --init on --tasks: mbpp:PATH, tasks:PATH (from "
+                                   "`codechat eval filter`), humaneval[:PATH], funcall:PATH or doctest[:DIR] (default: "
+                                   "doctests mined from this Python's standard library). A pass@k check runs first and "
+                                   "refuses a run that would stall; a run that goes --dead-steps steps without signal "
+                                   "stops with a checkpoint. Overrides: --rl.*, --optim.*, --train.*, --run.* "
+                                   "(metrics: codechat.train.grpo).")
+    p.add_argument("--init", help="SFT stage directory (its newest checkpoint) or checkpoint")
+    p.add_argument("--tasks", help="task spec (default doctest)")
+    p.add_argument("--split", help="task split (default: the spec's RL default, MBPP train)")
+    p.add_argument("--group-size", type=int, help="samples per task, one GRPO group (default 8)")
+    p.add_argument("--prompts-per-step", type=int, help="tasks per step (default 8)")
+    p.add_argument("--reward", choices=["auto", *REWARD_KINDS], help="reward (default: tiered for code tasks, funcall_tiered for function-call tasks)")
+    p.add_argument("--max-new-tokens", type=int, help="tokens sampled per completion at most (default 256)")
+    p.add_argument("--loss-norm", choices=["token", "sequence"], help="loss per token (DAPO, default) or per sequence")
+    p.add_argument("--max-steps", type=int, help="RL steps (default 50)")
+    p.add_argument("--dead-steps", type=int, help="stop after N steps in a row without signal (default 20)")
+    p.add_argument("--force", action="store_true", help="start even when the pre-RL check says the run will stall")
+    p.add_argument("--out", help="stage directory (default runs/default/rl)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    _add_common(p)
+    p.set_defaults(func=_cmd_rl, accepts_overrides=True)
+
+
+def _cmd_rl(args: argparse.Namespace, overrides: dict[str, str]) -> int:
+    from .config import load
+    from .train.grpo import RLStageConfig, run_rl
+    flags = {"init": args.init, "rl.tasks": args.tasks, "rl.split": args.split, "rl.group_size": args.group_size,
+             "rl.prompts_per_step": args.prompts_per_step, "rl.reward": args.reward,
+             "rl.max_new_tokens": args.max_new_tokens, "rl.loss_norm": args.loss_norm,
+             "train.max_steps": args.max_steps, "rl.dead_steps": args.dead_steps, "rl.force": args.force or None,
+             "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed, "run.device": args.device}
+    merged = {k: v for k, v in flags.items() if v is not None}
+    merged.update(overrides)
+    cfg = load(RLStageConfig, None, merged)
+    result = run_rl(cfg)
+    if result["stopped"] == "dead":
+        print(f"codechat rl: stopped: {result['message']}", file=sys.stderr)
+        return 3
+    print(f"done: step {result['step']}, reward_mean {result.get('reward_mean', float('nan')):.3f}, "
+          f"checkpoints in {Path(cfg.run.out) / 'checkpoints'}")
+    return 0
+
+
 def _add_sample(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sample", help="continue a prompt with a trained model",
                        description="Sample a continuation of --prompt from a checkpoint or a stage directory.")
@@ -274,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_inspect.add_cli(corpus.add_cli(sub))
     _add_pretrain(sub)
     _add_sft(sub)
+    _add_rl(sub)
     _add_sample(sub)
     _add_chat(sub)
     _add_funcall(sub)

@@ -57,16 +57,22 @@ def lr_at(step: int, progress: float, cfg: OptimConfig) -> float:
     return floor + (cfg.lr - floor) * shape
 
 
+def restart_jsonl(path: Path, resume_step: int | None) -> None:
+    """Prepare a per-step JSONL log (rows with a ``step``): emptied for a fresh run; for a run
+    resumed at ``resume_step``, the rows after it dropped (the resumed run writes them again)."""
+    if resume_step is not None and path.exists():
+        keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= resume_step]
+        path.write_text("".join(ln + "\n" for ln in keep))
+    elif resume_step is None:
+        path.write_text("")
+
+
 class MetricsLog:
     """One JSON object per logged step in ``metrics.jsonl``, mirrored to TensorBoard and stdout."""
 
     def __init__(self, out_dir: Path, resume_step: int | None) -> None:
         self.path = out_dir / "metrics.jsonl"
-        if resume_step is not None and self.path.exists():  # drop lines a resumed run will write again
-            keep = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= resume_step]
-            self.path.write_text("".join(ln + "\n" for ln in keep))
-        elif resume_step is None:
-            self.path.write_text("")
+        restart_jsonl(self.path, resume_step)
         from torch.utils.tensorboard import SummaryWriter  # slow import, only when training
         self.tb = SummaryWriter(str(out_dir / "tb"), purge_step=resume_step)
         self.file = self.path.open("a")
@@ -237,7 +243,7 @@ class Trainer:
         saved_at_s = self.elapsed_s
         try:
             if self.step == 0:
-                self._log(log, echo, {"step": 0, **self.run_eval()})
+                self.record(log, echo, {"step": 0, **self.run_eval()})
             while not self.done():
                 t0 = time.perf_counter()
                 loader_state = self.batches.state_dict()  # position before this step, for Ctrl-C saves
@@ -262,7 +268,7 @@ class Trainer:
                            "elapsed_s": self.elapsed_s}
                     if self.step % self.tcfg.eval_every == 0 or last:
                         row.update(self.run_eval())
-                    self._log(log, echo, row)
+                    self.record(log, echo, row)
                     window_tokens, window_t0 = 0, time.perf_counter()
                 if first_step_s is None:
                     first_step_s = self.elapsed_s - elapsed_at_start
@@ -279,7 +285,8 @@ class Trainer:
             log.close()
         return {"step": self.step, "elapsed_s": self.elapsed_s, "first_step_s": first_step_s, **self.last}
 
-    def _log(self, log: MetricsLog, echo: Callable[[str], None], row: dict[str, Any]) -> None:
+    def record(self, log: MetricsLog, echo: Callable[[str], None], row: dict[str, Any]) -> None:
+        """Log ``row`` (its None values dropped) and keep it as the latest metrics (saved in checkpoints)."""
         row = {k: v for k, v in row.items() if v is not None}
         self.last.update(row)
         log.write(row, echo)

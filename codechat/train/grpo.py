@@ -1,0 +1,441 @@
+"""The RL stage, ``codechat rl``: GRPO with code-execution and function-call rewards.
+
+One step: draw ``prompts_per_step`` tasks (a seeded order, epoch after epoch), sample
+``group_size`` completions of each through the engine and judge them
+(:mod:`codechat.train.rollouts`), turn rewards into group-relative advantages and take
+``num_iterations`` optimizer steps on the clipped surrogate (:mod:`codechat.train.rl`: GRPO,
+Shao et al. 2024, "DeepSeekMath" §4; DAPO, Yu et al. 2025). The model, optimizer, checkpoints,
+LR schedule and ``metrics.jsonl`` / TensorBoard are the shared trainer's
+(:class:`codechat.train.trainer.Trainer`); ``--resume`` continues from the newest checkpoint and
+the next steps see the same tasks and seeds as an uninterrupted run (both are functions of the
+seed and the step).
+
+Training rows: a rollout's prompt then its sampled ids (the stop id included: the policy learns
+to stop), loss on the sampled ids only. Rows of a flat group (advantage exactly 0) carry no
+gradient and are not trained on unless ``beta > 0`` (DAPO's dynamic sampling, §3.2: they would
+only dilute the token normaliser). The old policy's log-probs are the training forward pass's
+own, taken before the first update of the step (the engine's log-probs are compared against
+them as ``logprob_mismatch``, a health check of the engine).
+
+**Guards.** Before step 0 a pass@k check samples ``group_size`` completions of
+``preflight_tasks`` tasks and gives the pass@k verdict (:func:`codechat.eval.passk.verdict`);
+below its floor (pass@1 < 1 %, "stall") the stage refuses to start unless ``force``
+(``preflight.json`` keeps the figures). During the run a step is *dead* when every group has
+zero reward variance, or, for execution rewards, when no rollout passed a single test; after
+``dead_steps`` dead steps in a row the stage saves a checkpoint and stops with a message naming
+the fixes.
+
+Metrics of every step (``metrics.jsonl``, TensorBoard, stdout):
+
+=========================  =====================================================================
+``reward_mean/std``        mean and population std of the scorable rewards of the step
+``frac_reward_zero_std``   share of groups with no signal (all rewards equal): 1.0 is a dead step
+``pass_rate``              share of rollouts that pass every test (code) / are the exact call
+``tests_passed``           tests passed, summed over the step's rollouts (code; 0 for funcall)
+``n_unscorable``           rollouts whose judging failed (advantage 0)
+``completion_len``         mean sampled tokens per rollout
+``frac_truncated``         share cut at ``max_new_tokens`` (their loss is masked with ``mask_truncated``)
+``prompts_truncated``      prompts shortened to leave room for the completion
+``loss``                   the surrogate loss of the last update of the step
+``clip_frac``              share of trained tokens whose ratio the clip cut (0 when ``num_iterations`` is 1)
+``ratio_mean``             mean importance ratio over trained tokens (last update)
+``kl``                     mean k3 KL to the reference per trained token (only with ``beta > 0``)
+``entropy``                mean entropy (nats) of the policy at trained tokens, before the update
+``logprob_mismatch``       mean absolute difference, per trained token, between the engine's
+                           log-prob and the training forward's (at the sampling temperature;
+                           top-k/top-p renormalise the engine's, so expect a gap with them)
+``train_tokens``           tokens of the rows trained on (0: every group was flat, no update)
+``grad_norm``, ``lr``      of the last update
+``gen_tokens_per_s``       sampled tokens per second of generation
+``train_tokens_per_s``     trained row tokens x ``num_iterations`` per second of training
+``time_generate_s`` etc.   ``time_generate_s``, ``time_judge_s`` (judging left after the last
+                           token), ``time_train_s``: the step's wall time split
+``dead_streak``            consecutive dead steps so far
+=========================  =====================================================================
+
+Every ``log_rollouts_every`` steps the step's best and a typical (median-reward) rollout are
+printed and appended to ``rollouts.jsonl``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import checkpoint as ckpt
+from ..atomic import write_text
+from ..config import ConfigError, OptimConfig, RunConfig, TrainConfig, _check, save_yaml, to_dict
+from ..device import autocast_for, resolve_device
+from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages, policy_loss, sequence_logprobs
+from .rollouts import REWARD_KINDS, Judge, RolloutBatch, collect
+from .trainer import MetricsLog, Trainer, TrainingDiverged, lr_at, restart_jsonl
+
+DEAD_FIXES = ("use --reward tiered (partial credit for getting further), a larger --group-size, tasks the "
+              "policy sometimes solves (`codechat eval filter` -> --tasks tasks:FILE), or more SFT before RL")
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """What ``codechat rl`` samples, how it is judged and how the policy is updated (module docstring)."""
+
+    tasks: str = "doctest"  # task spec (codechat.data.tasks.load_tasks): mbpp:PATH, tasks:PATH, funcall:PATH, ...
+    split: str = ""  # "" -> the spec's RL default (MBPP: train)
+    limit: int = 0  # first N tasks (0: all)
+    mbpp_file: str = ""  # doctest tasks: also exclude overlaps with this MBPP file's test problems
+    group_size: int = 8  # samples per task (one GRPO group)
+    prompts_per_step: int = 8  # tasks per step
+    reward: str = "auto"  # binary | fractional | tiered (code) | funcall_tiered (calls) | auto: tiered or funcall_tiered
+    max_new_tokens: int = 256
+    temperature: float = 1.0  # sampling temperature (> 0: greedy groups have no variance)
+    top_p: float = 1.0
+    top_k: int = 0
+    advantage_scale: str = "std"  # std (GRPO) | none (Dr. GRPO)
+    clip_eps: float = 0.2  # lower clip of the importance ratio
+    clip_eps_high: float = 0.28  # upper clip (DAPO clip-higher; = clip_eps for symmetric PPO)
+    num_iterations: int = 1  # optimizer updates per batch of rollouts
+    beta: float = 0.0  # KL weight to the frozen initial policy (0: no reference model is held)
+    loss_norm: str = "token"  # token (DAPO) | sequence (GRPO)
+    mask_truncated: bool = True  # no loss on completions cut at max_new_tokens (DAPO overlong filtering)
+    shuffle_rewards: bool = False  # a control: permute rewards across the batch (the run must not learn)
+    dead_steps: int = 20  # stop after this many dead steps in a row
+    force: bool = False  # start even when the pre-RL pass@k verdict says the run will stall
+    preflight_tasks: int = 16  # tasks of the pass@k check before step 0
+    judge_workers: int = 2  # sandbox programs at once
+    judge_timeout_s: float = 10.0
+    judge_memory_mb: int = 1024
+    engine_slots: int = 0  # rows decoded at once (0: prompts_per_step x group_size)
+    log_rollouts_every: int = 10  # print / keep the best and a typical rollout every N steps (0: never)
+
+    def __post_init__(self) -> None:
+        _check(self.group_size >= 2, f"rl.group_size={self.group_size}: a group of one has no variance, so every "
+                                     "advantage is 0 and nothing is learned; use --group-size 8")
+        _check(self.reward in ("auto", *REWARD_KINDS),
+               f"rl.reward must be auto or one of {', '.join(REWARD_KINDS)}, got {self.reward!r}")
+        _check(self.temperature > 0, f"rl.temperature={self.temperature}: greedy samples of one prompt are all "
+                                     "equal (zero variance); use a temperature > 0, e.g. 1.0")
+        _check(0 < self.top_p <= 1 and self.top_k >= 0, "rl.top_p must be in (0, 1] and rl.top_k >= 0")
+        _check(self.prompts_per_step >= 1 and self.max_new_tokens >= 1 and self.preflight_tasks >= 1,
+               "rl.prompts_per_step, rl.max_new_tokens and rl.preflight_tasks must be >= 1")
+        _check(self.limit >= 0 and self.engine_slots >= 0 and self.log_rollouts_every >= 0,
+               "rl.limit, rl.engine_slots and rl.log_rollouts_every must be >= 0")
+        _check(self.advantage_scale in ADVANTAGE_SCALES, f"rl.advantage_scale must be one of {ADVANTAGE_SCALES}")
+        _check(self.loss_norm in LOSS_NORMS, f"rl.loss_norm must be one of {LOSS_NORMS}, got {self.loss_norm!r}")
+        _check(self.clip_eps > 0 and self.clip_eps_high >= 0, "rl.clip_eps must be > 0 and rl.clip_eps_high >= 0")
+        _check(self.num_iterations >= 1, f"rl.num_iterations must be >= 1, got {self.num_iterations}")
+        _check(self.beta >= 0, f"rl.beta must be >= 0, got {self.beta}")
+        _check(self.dead_steps >= 1, f"rl.dead_steps must be >= 1, got {self.dead_steps}")
+        _check(self.judge_workers >= 1 and self.judge_timeout_s > 0 and self.judge_memory_mb > 0,
+               "rl.judge_workers, rl.judge_timeout_s and rl.judge_memory_mb must be positive")
+
+
+@dataclass(frozen=True)
+class RLStageConfig:
+    """Everything ``codechat rl`` needs: the policy to start from, the RL settings, optimizer, loop and run.
+
+    ``train.max_steps`` counts RL steps (batches of rollouts); ``train.micro_batch_size`` counts
+    rollouts per forward pass.
+    """
+
+    init: str = ""  # stage directory or checkpoint to start from (required)
+    rl: RLConfig = field(default_factory=RLConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, warmup_steps=0, schedule="constant",
+                                                                   min_lr_ratio=1.0, weight_decay=0.0))
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=50, micro_batch_size=8, log_every=1,
+                                                                   eval_every=10**9, save_every=10))
+    run: RunConfig = field(default_factory=lambda: RunConfig(out="runs/default/rl"))
+
+    def check_init(self) -> None:
+        """Raises ConfigError unless ``init`` names an existing run directory or checkpoint."""
+        _check(bool(self.init), "no --init given: name the SFT stage directory or checkpoint to start from")
+        _check(Path(self.init).exists(), f"--init {self.init}: no such run directory or checkpoint")
+
+
+class TaskSchedule:
+    """The tasks and seeds of every step: a pure function of ``(seed, step)``, so a resumed run
+    draws what an uninterrupted one would. Its state (saved in checkpoints) is the number of
+    batches drawn and the current dead streak."""
+
+    def __init__(self, tasks: list, per_step: int, seed: int) -> None:
+        self.tasks, self.per_step, self.seed = tasks, per_step, seed
+        self.batches, self.dead_streak = 0, 0
+        self._perm: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._perm:
+            self._perm = {epoch: random.Random(f"{self.seed}:tasks:{epoch}").sample(range(len(self.tasks)),
+                                                                                  len(self.tasks))}
+        return self._perm[epoch]
+
+    def next_batch(self) -> tuple[list, list[int]]:
+        """``(tasks, seeds)`` of the next step."""
+        from codechat.eval.suites import derive_seed
+        n, b = len(self.tasks), self.batches
+        picked = [self.tasks[self._order(p // n)[p % n]] for p in range(b * self.per_step, (b + 1) * self.per_step)]
+        self.batches += 1
+        return picked, [derive_seed(self.seed, f"rl:{b}:{j}:{t.task_id}") for j, t in enumerate(picked)]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"batches": self.batches, "dead_streak": self.dead_streak}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.batches, self.dead_streak = int(state["batches"]), int(state["dead_streak"])
+
+
+def preflight(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLConfig, sampling: Any, seed: int) -> dict:
+    """The pass@k check before step 0 (module docstring): figures, the verdict band and its advice."""
+    from codechat.eval.passk import mean_pass_at_k, verdict, verdict_band
+    from codechat.eval.suites import derive_seed
+    n = min(cfg.preflight_tasks, len(tasks))
+    sample = [tasks[i] for i in random.Random(f"{seed}:preflight").sample(range(len(tasks)), n)]
+    batch = collect(engine, tok, sample, [derive_seed(seed, f"preflight:{t.task_id}") for t in sample], judge,
+                    group_size=cfg.group_size, sampling=sampling)
+    g = cfg.group_size
+    counts = [(g, sum(r.passed for r in batch.rollouts[i * g:(i + 1) * g])) for i in range(n)]
+    p1 = mean_pass_at_k(counts, 1)
+    scored = [r.reward for r in batch.rollouts if r.reward is not None]
+    return {"tasks": n, "group_size": g, "pass@1": p1, f"pass@{g}": mean_pass_at_k(counts, g),
+            "reward_mean": sum(scored) / len(scored) if scored else math.nan, "band": verdict_band(p1),
+            "verdict": verdict(p1), "seconds": batch.generate_s + batch.judge_s}
+
+
+def _rows(batch: RolloutBatch, keep: list[int], mask_truncated: bool, pad_id: int):
+    """Padded training rows of rollouts ``keep``: inputs, targets (B, T) int64, mask (B, T) bool
+    (1 on the sampled ids' predictions) and the engine's log-probs aligned with it (B, T) float32."""
+    rs = [batch.rollouts[i] for i in keep]
+    T = max(len(r.prompt_ids) + len(r.completion_ids) - 1 for r in rs)
+    inputs = torch.full((len(rs), T), pad_id, dtype=torch.long)
+    targets = torch.zeros((len(rs), T), dtype=torch.long)
+    mask = torch.zeros((len(rs), T), dtype=torch.bool)
+    engine_lp = torch.zeros((len(rs), T), dtype=torch.float32)
+    for i, r in enumerate(rs):
+        ids = r.prompt_ids + r.completion_ids
+        p, c = len(r.prompt_ids), len(r.completion_ids)
+        inputs[i, :len(ids) - 1] = torch.tensor(ids[:-1])
+        targets[i, :len(ids) - 1] = torch.tensor(ids[1:])
+        if not (mask_truncated and r.finish == "length"):
+            mask[i, p - 1:p - 1 + c] = True
+        engine_lp[i, p - 1:p - 1 + c] = torch.tensor(r.engine_logprobs)
+    return inputs, targets, mask, engine_lp
+
+
+class GRPOStep:
+    """The update of one step: ``num_iterations`` optimizer steps on a batch of judged rollouts."""
+
+    def __init__(self, trainer: Trainer, cfg: RLConfig, pad_id: int, ref: torch.nn.Module | None) -> None:
+        self.t, self.cfg, self.pad_id, self.ref = trainer, cfg, pad_id, ref
+
+    def __call__(self, batch: RolloutBatch, adv: torch.Tensor) -> dict[str, float]:
+        cfg, t, dev = self.cfg, self.t, self.t.device
+        keep = [i for i in range(len(batch.rollouts)) if adv[i] != 0 or cfg.beta > 0]
+        out = {"train_tokens": 0, "loss": 0.0, "clip_frac": 0.0, "ratio_mean": 1.0, "grad_norm": 0.0}
+        if not keep:
+            return out
+        mb = t.tcfg.micro_batch_size
+        micro = [keep[i:i + mb] for i in range(0, len(keep), mb)]
+        rows = [_rows(batch, m, cfg.mask_truncated, self.pad_id) for m in micro]
+        n_tok = sum(int(r[2].sum()) for r in rows)
+        n_seq = sum(int(r[2].any(1).sum()) for r in rows)
+        if n_tok == 0:  # every kept rollout was cut at the limit and masked
+            return out
+        norm = float(n_tok if cfg.loss_norm == "token" else n_seq)
+        out["train_tokens"] = sum(int(r[0].numel()) for r in rows)
+        old: list[torch.Tensor] = []
+        refs: list[torch.Tensor | None] = []
+        ent = mis = 0.0
+        lr = lr_at(t.step, t.progress(), t.ocfg)
+        for it in range(cfg.num_iterations):
+            for g in t.optimizer.param_groups:
+                g["lr"] = lr
+            sums = {"loss": 0.0, "clip": 0.0, "ratio": 0.0, "kl": 0.0, "tok": 0.0}
+            for j, (m, (x, y, mask, elp)) in enumerate(zip(micro, rows)):
+                x, y, mask = x.to(dev), y.to(dev), mask.to(dev)
+                with autocast_for(dev, t.tcfg.dtype):
+                    logits = t.forward(x)
+                lp = sequence_logprobs(logits, y, mask, temperature=cfg.temperature)
+                if it == 0:  # before any update: this forward is the old policy
+                    old.append(lp.detach())
+                    with torch.no_grad():
+                        z = logits.float() / cfg.temperature
+                        h = -(z.softmax(-1) * z.log_softmax(-1)).sum(-1)
+                        ent += float((h * mask).sum())
+                        mis += float(((lp.detach() - elp.to(dev)).abs() * mask).sum())
+                        if self.ref is not None:
+                            with autocast_for(dev, t.tcfg.dtype):
+                                refs.append(sequence_logprobs(self.ref(x), y, mask, temperature=cfg.temperature))
+                        else:
+                            refs.append(None)
+                del logits
+                loss, st = policy_loss(lp, old[j], adv[m].to(dev), mask, clip_eps=cfg.clip_eps,
+                                       clip_eps_high=cfg.clip_eps_high, loss_norm=cfg.loss_norm,
+                                       ref_logprobs=refs[j], beta=cfg.beta, normalizer=norm)
+                loss.backward()
+                w = st["tokens"]
+                sums["loss"] += st["loss"]
+                sums["clip"] += st["clip_frac"] * w
+                sums["ratio"] += st["ratio_mean"] * w
+                sums["kl"] += st.get("kl", 0.0) * w
+                sums["tok"] += w
+            clip = t.ocfg.grad_clip or float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(t.model.parameters(), clip))
+            if not (math.isfinite(sums["loss"]) and math.isfinite(grad_norm)):
+                t.optimizer.zero_grad(set_to_none=True)
+                raise TrainingDiverged(f"step {t.step}: loss={sums['loss']} grad_norm={grad_norm}; stopped before "
+                                       f"the update. The newest checkpoint in {t.out_dir / 'checkpoints'} is the last "
+                                       "good one: lower --optim.lr, then --resume")
+            t.optimizer.step()
+            t.optimizer.zero_grad(set_to_none=True)
+        tok = max(sums["tok"], 1.0)
+        out.update(loss=sums["loss"], clip_frac=sums["clip"] / tok, ratio_mean=sums["ratio"] / tok,
+                   grad_norm=grad_norm, lr=lr, entropy=ent / n_tok, logprob_mismatch=mis / n_tok)
+        if cfg.beta > 0:
+            out["kl"] = sums["kl"] / tok
+        return out
+
+
+def _step_metrics(batch: RolloutBatch, stats: Any) -> dict[str, float]:
+    rs = batch.rollouts
+    return {"reward_mean": stats.reward_mean, "reward_std": stats.reward_std,
+            "frac_reward_zero_std": stats.frac_reward_zero_std, "pass_rate": sum(r.passed for r in rs) / len(rs),
+            "tests_passed": sum(r.tests_passed for r in rs), "n_unscorable": stats.n_unscorable,
+            "completion_len": batch.completion_tokens / len(rs),
+            "frac_truncated": sum(r.finish == "length" for r in rs) / len(rs),
+            "prompts_truncated": batch.prompts_truncated}
+
+
+def _log_rollouts(out: Path, step: int, batch: RolloutBatch, echo: Any) -> None:
+    ranked = sorted(batch.rollouts, key=lambda r: -math.inf if r.reward is None else r.reward)
+    picks = {"best": ranked[-1], "typical": ranked[len(ranked) // 2]}
+    with (out / "rollouts.jsonl").open("a") as f:
+        for name, r in picks.items():
+            f.write(json.dumps({"step": step, "kind": name, "task_id": r.task_id, "reward": r.reward,
+                                "finish": r.finish, "detail": r.detail, "text": r.text}) + "\n")
+            echo(f"--- step {step} {name} rollout ({r.task_id}, reward {r.reward}, {r.detail or r.finish}):\n"
+                 f"{r.text[:600]}")
+
+
+def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
+    """Run GRPO from ``cfg.init`` on ``cfg.rl.tasks``; returns the last metrics, ``stopped``
+    (``budget`` or ``dead``) and, when dead, ``message``.
+
+    Raises:
+        ConfigError: a missing --init, or the pre-RL verdict says the run will stall (without ``force``).
+        ValueError: bad tasks (no tests, failing references, a file or line named), a reward that
+            does not fit the task kind.
+        TrainingDiverged: a non-finite loss or gradient (no update applied; resume from the last checkpoint).
+    """
+    from codechat.data.tasks import load_tasks
+    from codechat.engine import Engine, EngineConfig, SamplingConfig
+    cfg.check_init()
+    rl, out = cfg.rl, Path(cfg.run.out)
+    device = resolve_device(cfg.run.device)
+    init_dir = ckpt.resolve(cfg.init)
+    model, tok, state = ckpt.load_model(init_dir, device)
+    tasks = load_tasks(rl.tasks, split=rl.split or None, limit=rl.limit or None, check_references=True,
+                       mbpp_file=rl.mbpp_file or None, workers=rl.judge_workers, timeout_s=rl.judge_timeout_s)
+    reward = rl.reward if rl.reward != "auto" else "funcall_tiered" if tasks[0].kind == "funcall" else "tiered"
+    judge = Judge(reward, workers=rl.judge_workers, timeout_s=rl.judge_timeout_s, memory_mb=rl.judge_memory_mb)
+    judge.check(tasks)
+    out.mkdir(parents=True, exist_ok=True)
+    save_yaml(cfg, out / "config.yaml")
+    schedule = TaskSchedule(tasks, rl.prompts_per_step, cfg.run.seed)
+    trainer = Trainer(model.train(), train=cfg.train, optim=cfg.optim, run=cfg.run, batches=schedule, out_dir=out,
+                      meta={"stage": "rl", "model": state["meta"]["model"], "config": to_dict(cfg),
+                            "init": str(init_dir)}, tokenizer_dir=init_dir / "tokenizer", show_progress=show_progress)
+    resumed = cfg.run.resume and trainer.resume()
+    engine = Engine(model, EngineConfig(slots=rl.engine_slots or rl.prompts_per_step * rl.group_size))
+    sampling = SamplingConfig(rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
+    echo = print
+    try:
+        if not (resumed and (out / "preflight.json").exists()):
+            model.eval()
+            pre = preflight(engine, tok, tasks, judge, rl, sampling, cfg.run.seed)
+            write_text(out / "preflight.json", json.dumps({**pre, "forced": rl.force}, indent=1))
+            echo(f"pre-RL check on {pre['tasks']} tasks x {pre['group_size']} samples: pass@1 {pre['pass@1']:.2%}, "
+                 f"pass@{rl.group_size} {pre[f'pass@{rl.group_size}']:.2%}, mean reward {pre['reward_mean']:.3f}\n"
+                 f"verdict: {pre['verdict']}")
+            if pre["band"] == "stall":
+                if not rl.force:
+                    raise ConfigError(f"refusing to start RL: {pre['verdict']} (figures in {out / 'preflight.json'}); "
+                                      "fix that, or pass --force to run anyway (the run stops itself after "
+                                      f"--dead-steps {rl.dead_steps} dead steps)")
+                echo("--force: starting anyway")
+        ref = copy.deepcopy(model).eval().requires_grad_(False) if rl.beta > 0 else None
+        update = GRPOStep(trainer, rl, tok.end_id, ref)
+        log = MetricsLog(out, trainer.step if resumed else None)
+        restart_jsonl(out / "rollouts.jsonl", trainer.step if resumed else None)
+        result = _loop(trainer, schedule, engine, tok, judge, update, log, rl, sampling, out, echo)
+    finally:
+        judge.close()
+    return result
+
+
+def _loop(trainer: Trainer, schedule: TaskSchedule, engine: Any, tok: Any, judge: Judge, update: GRPOStep,
+          log: MetricsLog, rl: RLConfig, sampling: Any, out: Path, echo: Any) -> dict[str, Any]:
+    model, saved_at = trainer.model, trainer.elapsed_s
+    stopped, message = "budget", None
+    loader_state = schedule.state_dict()
+    try:
+        while not trainer.done():
+            t0 = time.perf_counter()
+            loader_state = schedule.state_dict()  # before this step: a Ctrl-C save redoes it
+            tasks, seeds = schedule.next_batch()
+            engine.load_weights(model)
+            model.eval()
+            batch = collect(engine, tok, tasks, seeds, judge, group_size=rl.group_size, sampling=sampling)
+            rewards = [r.reward for r in batch.rollouts]
+            if rl.shuffle_rewards:
+                random.Random(f"{trainer.rcfg.seed}:shuffle:{trainer.step}").shuffle(rewards)
+            adv, stats = group_advantages(rewards, [r.task_id for r in batch.rollouts], scale=rl.advantage_scale)
+            model.train()
+            t1 = time.perf_counter()
+            upd = update(batch, adv)
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            row = _step_metrics(batch, stats)
+            dead = stats.frac_reward_zero_std == 1.0 or (judge.kind == "code" and row["tests_passed"] == 0)
+            schedule.dead_streak = schedule.dead_streak + 1 if dead else 0
+            trainer.step += 1
+            trainer.elapsed_s += t2 - t0
+            loader_state = schedule.state_dict()
+            row = {"step": trainer.step, **row, **upd, "dead_streak": schedule.dead_streak,
+                   "gen_tokens_per_s": batch.completion_tokens / max(batch.generate_s, 1e-9),
+                   "train_tokens_per_s": upd["train_tokens"] * rl.num_iterations / max(t2 - t1, 1e-9),
+                   "time_generate_s": batch.generate_s, "time_judge_s": batch.judge_s, "time_train_s": t2 - t1,
+                   "elapsed_s": trainer.elapsed_s}
+            is_dead = schedule.dead_streak >= rl.dead_steps
+            if trainer.step % trainer.tcfg.log_every == 0 or is_dead or trainer.done():
+                trainer.record(log, echo, row)
+            if rl.log_rollouts_every and trainer.step % rl.log_rollouts_every == 0:
+                _log_rollouts(out, trainer.step, batch, echo)
+            tc = trainer.tcfg
+            if (is_dead or trainer.done() or trainer.step % tc.save_every == 0
+                    or (tc.save_every_s and trainer.elapsed_s - saved_at >= tc.save_every_s)):
+                path = trainer.save(loader_state)
+                saved_at = trainer.elapsed_s
+            if is_dead:
+                why = ("every group had the same reward (no advantage, no gradient)" if stats.frac_reward_zero_std == 1.0
+                       else "no rollout passed a single test")
+                stopped = "dead"
+                message = (f"the RL run is dead: {rl.dead_steps} steps in a row without signal (last: {why}); "
+                           f"stopped at step {trainer.step}, checkpoint {path}. Fixes: {DEAD_FIXES}")
+                echo(message)
+                break
+    except KeyboardInterrupt:
+        echo(f"interrupted at step {trainer.step}: saving a checkpoint, resume with --resume")
+        trainer.save(loader_state)
+        raise
+    finally:
+        log.close()
+    return {"step": trainer.step, "elapsed_s": trainer.elapsed_s, "stopped": stopped, "message": message,
+            **trainer.last}
+
+
+__all__ = ["RLConfig", "RLStageConfig", "TaskSchedule", "GRPOStep", "preflight", "run_rl", "DEAD_FIXES"]

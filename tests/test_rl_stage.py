@@ -1,0 +1,205 @@
+"""The RL stage end to end on CPU: a tiny policy learns a task family by GRPO, a dead run stops
+itself, a killed run resumes into the same steps, and bad settings are refused before step 0.
+
+The task family: "Write a function `f()` that returns N." for N in 0..9, judged in the sandbox by
+``assert f() == N``. The policy is SFT'd on answers that return N one time in five and N + 1
+otherwise, so it writes valid code, reads N, and mostly gets it wrong (mean reward < 0.3): only
+the reward can teach it which of the two to write.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from codechat import checkpoint as ckpt
+from codechat.cli import main
+from codechat.config import ModelConfig, SFTConfig, SFTStageConfig, TrainConfig, OptimConfig, RunConfig, load, to_dict
+from codechat.model import build_model
+from codechat.train.grpo import RLStageConfig, TaskSchedule, run_rl
+from codechat.train.sft import run_sft
+
+DIGITS = range(10)
+
+
+def prompt(n: int) -> str:
+    return f"Write a function `f()` that returns {n}."
+
+
+def write_tasks(path: Path, tests: str = "assert f() == {n}", reference: bool = True) -> Path:
+    rows = [{"task_id": f"ret{n}", "prompt": prompt(n), "tests": [tests.format(n=n)],
+             **({"reference": f"def f():\n    return {n}\n"} if reference else {})} for n in DIGITS]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def policy(tok, tok_dir, tmp_path_factory) -> Path:
+    """A tiny model SFT'd to answer prompt N with ``def f(): return M``, M = N (20 %) or N + 1 (80 %)."""
+    tmp = tmp_path_factory.mktemp("rl_policy")
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=tok.vocab_size, n_layer=2, n_embd=64, n_head=2, n_kv_head=1,
+                                    max_seq_len=128))
+    init = ckpt.save(tmp / "base" / "checkpoints", 0, model=model.state_dict(),
+                     state={"step": 0, "meta": {"stage": "pretrain", "model": to_dict(model.cfg)}},
+                     tokenizer_dir=tok_dir)
+    rng = random.Random(0)
+    rows = []
+    for _ in range(1000):
+        n = rng.choice(DIGITS)
+        m = n if rng.random() < 0.2 else (n + 1) % 10
+        rows.append({"messages": [{"role": "user", "content": prompt(n)},
+                                  {"role": "assistant", "content": f"def f():\n    return {m}"}]})
+    data = tmp / "format.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_sft(SFTStageConfig(init=str(init), sft=SFTConfig(data=str(data), max_length=64, max_prompt_length=48,
+                                                         decontaminate=False),
+                           optim=OptimConfig(lr=3e-3, warmup_steps=10, schedule="linear", min_lr_ratio=0.0,
+                                             weight_decay=0.0),
+                           train=TrainConfig(max_steps=300, micro_batch_size=16, log_every=50, eval_every=10**9,
+                                             save_every=10**9),
+                           run=RunConfig(out=str(tmp / "sft"), device="cpu")), show_progress=False)
+    return tmp / "sft"
+
+
+def rl_config(policy: Path, tasks: Path, out: Path, **over: str) -> RLStageConfig:
+    settings = {"init": str(policy), "rl.tasks": f"tasks:{tasks}", "rl.reward": "binary", "rl.group_size": "8",
+                "rl.prompts_per_step": "8", "rl.max_new_tokens": "16", "rl.preflight_tasks": "10",
+                "rl.log_rollouts_every": "0", "optim.lr": "2e-3", "train.max_steps": "60", "train.save_every": "1000",
+                "run.out": str(out), "run.device": "cpu", **over}
+    return load(RLStageConfig, None, settings)
+
+
+def rewards(out: Path) -> list[float]:
+    return [json.loads(ln)["reward_mean"] for ln in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def best_window(curve: list[float], n: int = 5) -> float:
+    return max(sum(curve[i:i + n]) / n for i in range(len(curve) - n + 1))
+
+
+def test_the_policy_learns_and_shuffled_rewards_teach_nothing(policy, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl")
+    res = run_rl(rl_config(policy, tasks, tmp_path / "rl"), show_progress=False)
+    curve = rewards(tmp_path / "rl")
+    pre = json.loads((tmp_path / "rl" / "preflight.json").read_text())
+    assert pre["pass@1"] < 0.3 and pre["band"] != "stall", pre
+    assert res["stopped"] == "budget" and res["step"] == 60 and len(curve) == 60
+    assert sum(curve[:3]) / 3 < 0.3, curve
+    assert best_window(curve) > 0.8, curve  # 2026-12-01, 2-core VM: 0.16 -> ~0.83 after 20 steps
+    control = run_rl(rl_config(policy, tasks, tmp_path / "control", **{"rl.shuffle_rewards": "true"}),
+                     show_progress=False)
+    flat = rewards(tmp_path / "control")
+    assert best_window(flat) < 0.4, flat  # rewards that do not follow the rollouts teach nothing
+    assert control["stopped"] in ("budget", "dead")
+
+
+def rl_cli(policy: Path, tasks: Path, out: Path, *extra: str) -> list[str]:
+    return ["rl", "--init", str(policy), "--tasks", f"tasks:{tasks}", "--group-size", "8", "--prompts-per-step", "4",
+            "--max-new-tokens", "16", "--out", str(out), "--device", "cpu", "--rl.preflight_tasks", "4",
+            "--optim.lr", "2e-3", *extra]
+
+
+@pytest.mark.parametrize("reward", ["binary", "tiered"])
+def test_a_run_no_sample_can_pass_is_refused_and_with_force_stops_itself(policy, tmp_path, capsys, reward):
+    tasks = write_tasks(tmp_path / "never.jsonl", tests="assert f() == 'never'", reference=False)
+    assert main(rl_cli(policy, tasks, tmp_path / "rl", "--reward", reward)) == 2
+    err = capsys.readouterr().err
+    assert "refusing to start RL: pass@1 = 0.00% < 1%" in err and "--force" in err, err
+    assert not (tmp_path / "rl" / "metrics.jsonl").exists()  # nothing trained
+    assert json.loads((tmp_path / "rl" / "preflight.json").read_text())["pass@1"] == 0.0
+    assert main(rl_cli(policy, tasks, tmp_path / "rl", "--reward", reward, "--force", "--dead-steps", "3")) == 3
+    err = capsys.readouterr().err
+    assert "the RL run is dead: 3 steps in a row without signal" in err and "--reward tiered" in err, err
+    assert "codechat eval filter" in err and "more SFT" in err
+    rows = [json.loads(ln) for ln in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and [r["dead_streak"] for r in rows] == [1, 2, 3]
+    assert all(r["tests_passed"] == 0 for r in rows)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "rl" / "checkpoints")] == ["step_000003"]
+
+
+def test_a_killed_run_resumes_into_the_same_tasks_and_seeds(policy, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl")
+    args = ["--max-steps", "6", "--train.save_every", "1", "--rl.log_rollouts_every", "1"]
+    cmd = [sys.executable, "-m", "codechat"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    whole = subprocess.run(cmd + rl_cli(policy, tasks, tmp_path / "whole", *args), capture_output=True, text=True,
+                           timeout=300, env=env)
+    assert whole.returncode == 0, whole.stderr
+    proc = subprocess.Popen(cmd + rl_cli(policy, tasks, tmp_path / "killed", *args), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
+    third = tmp_path / "killed" / "checkpoints" / "step_000003"
+    deadline = time.time() + 240
+    while not third.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert third.exists()
+    resumed = subprocess.run(cmd + rl_cli(policy, tasks, tmp_path / "killed", *args, "--resume"),
+                             capture_output=True, text=True, timeout=300, env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "pre-RL check" not in resumed.stdout  # done once, before step 0
+
+    def log(run: str, name: str) -> list[dict]:
+        return [json.loads(ln) for ln in (tmp_path / run / name).read_text().splitlines()]
+    keys = ("step", "reward_mean", "pass_rate", "completion_len", "tests_passed", "train_tokens")
+    a, b = log("whole", "metrics.jsonl"), log("killed", "metrics.jsonl")
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
+    assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
+    assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=1e-4, abs=1e-7)
+    texts = [[(r["step"], r["kind"], r["task_id"], r["text"]) for r in log(run, "rollouts.jsonl")]
+             for run in ("whole", "killed")]
+    assert texts[0] == texts[1] and len(texts[0]) == 12
+
+
+def test_the_task_schedule_is_a_function_of_seed_and_step():
+    items = [type("T", (), {"task_id": f"t{i}"})() for i in range(5)]
+    a, b = TaskSchedule(items, 3, seed=7), TaskSchedule(items, 3, seed=7)
+    first = [a.next_batch() for _ in range(4)]
+    b.load_state_dict({"batches": 2, "dead_streak": 0})
+    assert [b.next_batch() for _ in range(2)] == first[2:]
+    picked = [t.task_id for tasks, _ in first[:5] for t in tasks]
+    assert sorted(picked[:5]) == [f"t{i}" for i in range(5)]  # an epoch visits every task once
+    assert len({s for _, seeds in first for s in seeds}) == 12
+
+
+@pytest.mark.parametrize("setting, fragment", [
+    ({"rl.group_size": "1"}, "a group of one has no variance"),
+    ({"rl.temperature": "0"}, "greedy samples of one prompt are all equal"),
+    ({"rl.reward": "exact"}, "rl.reward must be auto or one of"),
+])
+def test_settings_that_cannot_learn_are_refused_when_the_config_is_built(policy, tmp_path, setting, fragment):
+    from codechat.config import ConfigError
+    with pytest.raises(ConfigError, match=fragment):
+        rl_config(policy, tmp_path / "t.jsonl", tmp_path / "rl", **setting)
+
+
+def test_bad_tasks_and_a_reward_of_the_wrong_kind_are_errors_before_step_0(policy, tmp_path, shared_dir):
+    def refused(tasks: str, **over: str) -> str:
+        cfg = load(RLStageConfig, None, {"init": str(policy), "rl.tasks": tasks, "run.out": str(tmp_path / "rl"),
+                                         "run.device": "cpu", **over})
+        with pytest.raises(ValueError) as e:
+            run_rl(cfg, show_progress=False)
+        assert not (tmp_path / "rl" / "metrics.jsonl").exists()
+        return str(e.value)
+    no_tests = tmp_path / "no_tests.jsonl"
+    no_tests.write_text(json.dumps({"task_id": "t", "prompt": "Write f.", "tests": []}) + "\n")
+    assert "no_tests.jsonl:1: task 't' has no tests" in refused(f"tasks:{no_tests}")
+    bad_ref = tmp_path / "bad_ref.jsonl"
+    bad_ref.write_text(json.dumps({"task_id": "r7", "prompt": prompt(7), "tests": ["assert f() == 7"],
+                                   "reference": "def f():\n    return 0\n"}) + "\n")
+    assert "r7" in refused(f"tasks:{bad_ref}")
+    tasks = write_tasks(tmp_path / "tasks.jsonl")
+    msg = refused(f"tasks:{tasks}", **{"rl.reward": "funcall_tiered"})
+    assert "--reward funcall_tiered judges funcall tasks" in msg and "ret" in msg and "--reward binary" in msg
+    glaive = shared_dir / "data" / "function_calling_glaive" / "glaive_toolcall_en_demo.json"
+    msg = refused(f"funcall:{glaive}", **{"rl.reward": "binary"})
+    assert "--reward binary judges code tasks" in msg and "--reward funcall_tiered" in msg
