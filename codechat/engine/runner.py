@@ -227,10 +227,10 @@ class InferenceModel:
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             kc, vc = cache.k[layer], cache.v[layer]
+            if self.decode_backend == "triton":  # the kernel writes k and v into the cache itself
+                return decode_kernels.decode_attention(q, k, v, kc, vc, used)
             kc.index_put_((rows, lengths), k)
             vc.index_put_((rows, lengths), v)
-            if self.decode_backend == "triton":
-                return decode_kernels.decode_attention(q if q.stride(-1) == 1 else q.contiguous(), kc, vc, used)
             if self.decode_backend == "flash":
                 return _flash(q, kc[:b].view(b * P, self.n_kv, self.head_dim),
                               vc[:b].view(b * P, self.n_kv, self.head_dim), cu_q, cu_k, 1, P, False, used32)
