@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Callable
 
 from .config import ConfigError
 
@@ -31,6 +32,16 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     _add_common(p)
     p.set_defaults(func=_cmd_pretrain, accepts_overrides=True)
+
+
+def _message(without: str) -> Callable[[str], str]:
+    """An argparse ``type`` for a message flag: empty or whitespace-only text is a usage error
+    (exit 2, before the model loads) whose hint says what leaving the flag out does."""
+    def check(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"empty text {text!r}; give the text, or leave the flag out {without}")
+        return text
+    return check
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -151,7 +162,8 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sample", help="continue a prompt with a trained model",
                        description="Sample a continuation of --prompt from a checkpoint or a stage directory.")
     p.add_argument("--model", required=True, help="stage directory (its newest checkpoint) or checkpoint path")
-    p.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
+    p.add_argument("--prompt", type=_message("to sample from the start of a document"),
+                   help="text to continue, not empty (default: start of a document)")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-k", type=int, default=0)
@@ -168,7 +180,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     device = resolve_device(args.device or "auto")
     model, tok, _ = load_model(args.model, device)
     engine = Engine(model, EngineConfig(slots=1))
-    prompt = [tok.end_id] + tok.encode(args.prompt)  # documents follow an <|end|> in pretraining
+    text = args.prompt or ""
+    prompt = [tok.end_id] + tok.encode(text)  # documents follow an <|end|> in pretraining
     room = engine.max_len - len(prompt)
     if room < 1:
         raise SystemExit(f"error: the prompt ({len(prompt)} tokens) fills the model's context of {engine.max_len}")
@@ -178,7 +191,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         if args.num_samples > 1:
             print(f"--- sample {i + 1}")
         stream = tok.stream()
-        sys.stdout.write(args.prompt)
+        sys.stdout.write(text)
         for ev in engine.stream(Request(prompt, cfg, samples=[i], seed=seed, stop_ids=[tok.end_id])):
             if ev.token == tok.end_id:
                 break
@@ -199,7 +212,8 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
                        description="A multi-turn conversation with streamed answers; /reset starts over, /quit "
                                    "leaves. With --prompt, prints one answer and exits.")
     p.add_argument("--model", required=True, help="SFT stage directory (its newest checkpoint) or checkpoint path")
-    p.add_argument("--prompt", help="answer this one user message and exit")
+    p.add_argument("--prompt", type=_message("for an interactive chat"),
+                   help="answer this one user message (not empty) and exit")
     p.add_argument("--system", default="", help="system message")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.7)
@@ -241,7 +255,8 @@ def _add_funcall(sub: argparse._SubParsersAction) -> None:
                                        "is a tool, its schema from type hints and docstring")
     p.add_argument("--tools", help="built-in tools to add, comma-separated: python (runs code in the sandbox), "
                                    "calculator")
-    p.add_argument("--user", help="answer this one user message and exit")
+    p.add_argument("--user", type=_message("for an interactive session"),
+                   help="answer this one user message (not empty) and exit")
     p.add_argument("--system", default="", help="system message (the tool list is appended to it)")
     p.add_argument("--max-tool-calls", type=int, default=4, help="function calls answered per user turn (default 4)")
     p.add_argument("--show-trace", action="store_true", help="print every call and function response")

@@ -79,16 +79,14 @@ def load_tools(executors: str | None, builtins: str | None) -> list[Tool]:
 
     Raises:
         codechat.tools.ToolError: a file that does not load or declares nothing usable, an unknown
-            built-in, or two tools of one name.
+            built-in, or two tools of one name (both sources named: ``file.py:function``,
+            ``builtin``).
     """
-    from .tools import ToolError, load_executors
+    from .tools import ToolError, load_executors, tools_by_name
     from .tools.builtins import builtin_tools
     tools = list(load_executors(executors)) if executors else []
     tools += list(builtin_tools(builtins).values()) if builtins else []
-    names = [t.name for t in tools]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ToolError(f"two tools named {', '.join(dup)} (--executors and --tools)")
+    tools_by_name(tools)  # an executor named like a built-in: an error naming both sources
     if not tools:
         raise ToolError("no tools: give --executors FILE and/or --tools python,calculator")
     return tools
@@ -132,7 +130,7 @@ def run_session(engine: Engine, tok: Tokenizer, tools: Sequence[Tool], cfg: Samp
 
     messages: list[Message] = [Message("system", system)] if system else []
     pending = [user] if user is not None else None
-    with Dispatcher({t.name: t for t in tools}) as dispatcher:
+    with Dispatcher(tools) as dispatcher:
         while True:
             if pending is not None:
                 if not pending:

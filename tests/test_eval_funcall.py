@@ -91,3 +91,46 @@ def test_the_suite_scores_a_perfect_model_100_and_a_model_that_never_calls_0(sha
     mute = run_funcall_suite(Oracle(tok, cases, lambda m: tok.encode("I cannot help.")), tok, path=GLAIVE,
                              out_dir=tmp_path / "mute", limit=12)
     assert mute["parse_rate"] == mute["name_accuracy"] == 0.0 and mute["no_call_accuracy"] == 1.0
+
+
+class NoGeneration:
+    """An engine stand-in that must not be asked to generate."""
+
+    max_len = 4096
+
+    def generate(self, requests):
+        raise AssertionError("generated into an OUT holding results made with other settings")
+
+
+def test_a_rerun_into_an_out_with_other_settings_is_refused_before_generating(shared_dir, tok, tmp_path):
+    cases = load_cases(GLAIVE, "heldout", limit=2)
+    mute = Oracle(tok, cases, lambda m: tok.encode("I cannot help."))
+    kw = dict(path=GLAIVE, out_dir=tmp_path, limit=2, max_new_tokens=32, model_id="a@1")
+    first = run_funcall_suite(mute, tok, **kw)
+    assert json.loads((tmp_path / "run.json").read_text())["limit"] == 2
+    results = (tmp_path / "results.json").read_text()
+    for change, shown in [({"limit": 3}, "limit 2 -> 3"), ({"split": "train"}, "split 'heldout' -> 'train'"),
+                          ({"max_new_tokens": 64}, "max_new_tokens 32 -> 64"), ({"model_id": "b@2"}, "'a@1' -> 'b@2'")]:
+        with pytest.raises(ValueError, match=f"{tmp_path} holds samples made with other settings .*{shown}"):
+            run_funcall_suite(NoGeneration(), tok, **{**kw, **change})
+    assert (tmp_path / "results.json").read_text() == results  # nothing was overwritten
+    again = run_funcall_suite(mute, tok, **kw)  # the same settings: generated again and rewritten
+    assert {k: v for k, v in again.items() if k != "timing"} == {k: v for k, v in first.items() if k != "timing"}
+    other = tmp_path / "he"  # a HumanEval OUT is not reused for function calling either
+    other.mkdir()
+    (other / "run.json").write_text(json.dumps({"suite": "humaneval"}))
+    (other / "samples.jsonl").write_text("{}\n")
+    with pytest.raises(ValueError, match="other settings .*suite 'humaneval' -> 'funcall:"):
+        run_funcall_suite(NoGeneration(), tok, **{**kw, "out_dir": other})
+
+
+def test_a_bad_record_error_of_eval_suggests_no_flag_eval_lacks(tmp_path, capsys):
+    from codechat.cli import main
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+                   + "\n" + json.dumps({"foo": 1}) + "\n")
+    code = main(["eval", "run", "--model", str(tmp_path / "nowhere"), "--suite", f"funcall:{bad}", "--split", "all",
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{bad}:2: record fits no format" in err, err
+    assert "skip" not in err  # `codechat eval` has no --skip-bad

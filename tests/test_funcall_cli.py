@@ -1,5 +1,6 @@
 """``codechat funcall`` end to end on CPU: a tiny model taught one tool conversation calls the
-test's own executor, whose response reaches the final answer; the trace shows every turn."""
+test's own executor, whose response reaches the final answer; the trace shows every turn. Also the
+argument errors found before the model loads (of ``chat`` and ``sample`` too)."""
 from __future__ import annotations
 
 import subprocess
@@ -11,6 +12,7 @@ import torch
 
 from codechat import checkpoint as ckpt
 from codechat.chat import Conversation, Message
+from codechat.cli import main
 from codechat.config import ModelConfig, to_dict
 from codechat.funcall import load_tools
 from codechat.model import build_model
@@ -95,3 +97,30 @@ def test_bad_executors_files_are_one_line_errors_before_the_model_loads(tmp_path
         load_tools(None, None)
     with pytest.raises(ToolError, match="calculator"):
         load_tools(None, "shell")
+
+
+def test_two_tools_of_one_name_are_an_error_naming_both_sources_before_the_model_loads(tmp_path, capsys):
+    mine = tmp_path / "mine.py"
+    mine.write_text("def calculator(expression: str) -> str:\n    \"\"\"My own calculator.\"\"\"\n"
+                    "    return expression\n")
+    nowhere = str(tmp_path / "nowhere")  # a model that would fail to load: the tools are checked first
+    assert main(["funcall", "--model", nowhere, "--executors", str(mine), "--tools", "calculator", "--user", "hi"]) == 2
+    assert f"two tools named 'calculator' ({mine}:calculator and builtin)" in capsys.readouterr().err
+    assert main(["funcall", "--model", nowhere, "--tools", "calculator,python,calculator", "--user", "hi"]) == 2
+    assert "built-in tool 'calculator' is named twice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, without", [
+    (["funcall", "--tools", "calculator", "--user", ""], "for an interactive session"),
+    (["funcall", "--tools", "calculator", "--user", " \n\t"], "for an interactive session"),
+    (["chat", "--prompt", ""], "for an interactive chat"),
+    (["chat", "--prompt", "   "], "for an interactive chat"),
+    (["sample", "--prompt", ""], "to sample from the start of a document"),
+    (["sample", "--prompt", "\n"], "to sample from the start of a document"),
+])
+def test_an_empty_message_is_a_usage_error_before_the_model_loads(argv, without, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--model", str(tmp_path / "nowhere")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"codechat {argv[0]}: error: argument {argv[-2]}: empty text" in err, err
+    assert f"leave the flag out {without}" in err

@@ -381,6 +381,11 @@ def test_executors_a_worker_cannot_import_are_refused_up_front() -> None:
         Dispatcher({"g": Tool("f", fn=calculate)})
 
 
+def test_a_list_with_two_tools_of_one_name_is_refused_naming_both_sources() -> None:
+    with pytest.raises(ToolError, match=r"two tools named 'f' \(a.py:f and tools.json\)"):
+        Dispatcher([Tool("f", source="a.py:f"), Tool("f", source="tools.json")])  # not the last one, silently
+
+
 def test_one_shot_dispatch_leaves_no_process(executors: tuple[Path, dict[str, Tool]],
                                              dispatcher: Dispatcher) -> None:
     before = child_pids()

@@ -42,8 +42,10 @@ character offset in the message (never trained on as text, never cut silently).
 Files: ``.jsonl`` (``line`` is the 1-based line number), ``.json`` (an array, or an object with a
 ``data`` array; ``line`` is the 1-based record index), ``.parquet`` (needs ``pyarrow``; ``line``
 is the 1-based row), each optionally ``.gz``; a directory means every such file under it, sorted.
-A record that fits no format, lacks a field or holds invalid values raises :class:`FormatError`
-naming the file, line and field - or, with ``skip_bad``, is skipped and counted by reason.
+A record that fits no format, lacks a field or holds invalid values raises :class:`BadRecordError`
+(a :class:`FormatError`) naming the file, line and field - or, with ``skip_bad``, is skipped and
+counted by reason. The message names no command-line flag: only the callers that offer a way
+to skip such records (the SFT mixture, :func:`codechat.data.mixture.load_source`) say so.
 """
 from __future__ import annotations
 
@@ -81,6 +83,10 @@ _GLAIVE_END = "<|endoftext|>"
 
 class FormatError(ValueError):
     """A data file or record cannot be read; the message names the file, the line and the field."""
+
+
+class BadRecordError(FormatError):
+    """One record fits no format, lacks a field or holds invalid values: what ``skip_bad`` skips."""
 
 
 @dataclass(frozen=True)
@@ -451,7 +457,7 @@ def records_from_rows(rows: Iterable[tuple[int, Any]], source: str, *, format: s
         except _Bad as e:
             message = f"{source}:{line}: {e}"
             if not skip_bad:
-                raise FormatError(message + " (use --skip-bad to skip and count such records)") from None
+                raise BadRecordError(message) from None
             counts.skip(e.reason, message)
             continue
         counts.records += 1
@@ -468,8 +474,8 @@ def iter_records(path: str | os.PathLike, *, format: str = "auto", skip_bad: boo
             (``bad_json``, ``no_format``, ``missing_field``, ``invalid``), instead of raising.
 
     Raises:
-        FormatError: a missing path, an unreadable file, or (without ``skip_bad``) a bad record,
-            named as ``FILE:LINE: what is wrong``.
+        FormatError: a missing path, an unreadable file, or (without ``skip_bad``) a bad record
+            (:class:`BadRecordError`), named as ``FILE:LINE: what is wrong``.
     """
     if format != "auto" and format not in FORMATS:
         raise FormatError(f"unknown format {format!r}; known: auto, {', '.join(FORMATS)}")
@@ -482,6 +488,6 @@ def load_records(path: str | os.PathLike, **kwargs: Any) -> list[Record]:
     return list(iter_records(path, **kwargs))
 
 
-__all__ = ["FORMATS", "DETECT_BY", "EXTENSIONS", "MBPP_PROMPT", "HUMANEVAL_PROMPT", "FormatError", "Record",
-           "LoadCounts", "detect_format", "to_conversation", "mbpp_prompt", "is_data_file", "data_files", "read_rows",
-           "records_from_rows", "iter_records", "load_records"]
+__all__ = ["FORMATS", "DETECT_BY", "EXTENSIONS", "MBPP_PROMPT", "HUMANEVAL_PROMPT", "FormatError", "BadRecordError",
+           "Record", "LoadCounts", "detect_format", "to_conversation", "mbpp_prompt", "is_data_file", "data_files",
+           "read_rows", "records_from_rows", "iter_records", "load_records"]

@@ -47,6 +47,11 @@ from codechat.config import SFT_FORMATS, SFT_MIX_MODES, ConfigError, SFTConfig
 from codechat.data.benchmarks import CONVERSATION_SPLITS, conversation_split
 from codechat.data.formats import FORMATS, LoadCounts, Record, data_files, iter_records, read_rows, records_from_rows
 
+#: Appended to a bad record's error: the commands that load a mixture and take ``--skip-bad``
+#: (``speedrun`` loads mixtures without one; ``eval`` reads its files through
+#: :mod:`codechat.data.formats`, whose errors name no flag).
+SKIP_BAD_HINT = "codechat sft --skip-bad and codechat data inspect --skip-bad skip and count such records"
+
 #: Draws whose sources are generated together from one seeded generator (resume regenerates one block).
 BLOCK = 4096
 #: Stream ids that keep the seeded generators of the different choices independent.
@@ -137,13 +142,12 @@ def load_source(spec: SourceSpec, cfg: SFTConfig, *, base_dir: str | os.PathLike
     """All records of one source (``cfg`` gives the format default, ``skip_bad`` and the mining limits).
 
     Raises:
-        ConfigError: the source is missing or unreadable, or a bad record without ``skip_bad``.
+        ConfigError: the source is missing or unreadable, or a bad record without ``skip_bad``
+            (its message ends with :data:`SKIP_BAD_HINT`).
     """
-    from codechat.data.formats import FormatError
+    from codechat.data.formats import BadRecordError, FormatError
     counts = counts if counts is not None else LoadCounts()
     fmt = spec.format if spec.format != "auto" else cfg.format
-    if spec.source.startswith("hf:"):
-        return _load_hf(spec.source, format=fmt, skip_bad=cfg.skip_bad, counts=counts)
     if spec.source.startswith("mine:"):
         from codechat.config import default_corpus_dirs
         from codechat.data.mining import mine_records
@@ -153,12 +157,16 @@ def load_source(spec: SourceSpec, cfg: SFTConfig, *, base_dir: str | os.PathLike
         counts.records += len(records)
         return records
     try:
+        if spec.source.startswith("hf:"):
+            return _load_hf(spec.source, format=fmt, skip_bad=cfg.skip_bad, counts=counts)
         path = _resolve(spec.source, base_dir)
         if spec.split:
             return [rec for f in data_files(path) for rec in records_from_rows(
                 ((line, r) for line, r in read_rows(f) if conversation_split(r) == spec.split), str(f),
                 format=fmt, skip_bad=cfg.skip_bad, counts=counts)]
         return list(iter_records(path, format=fmt, skip_bad=cfg.skip_bad, counts=counts))
+    except BadRecordError as e:
+        raise ConfigError(f"{e} ({SKIP_BAD_HINT})") from None
     except FormatError as e:
         raise ConfigError(str(e)) from None
 
@@ -474,4 +482,4 @@ class Mixture:
 
 
 __all__ = ["BLOCK", "SourceSpec", "Source", "Mixture", "parse_spec", "load_source", "missing_sources", "mbpp_files",
-           "FORMATS"]
+           "FORMATS", "SKIP_BAD_HINT"]

@@ -5,6 +5,7 @@ function calls) into RL rewards; :mod:`.passk` computes pass@k, the pre-RL verdi
 pass-rate filter; :mod:`.extract` finds the code in a chat answer; :mod:`.problems` loads HumanEval
 (shipped in ``data/``) and MBPP; :mod:`.suites` samples and judges a suite; :mod:`.funcall` scores
 function calling turn by turn; :mod:`.cli` is ``codechat eval``.
-Imports point one way: ``cli -> suites -> problems -> extract``, and everything that runs code
-goes through :mod:`.sandbox`, which imports nothing else of codechat.
+Imports point one way: ``cli -> suites -> problems -> extract`` (and ``funcall -> suites`` for the
+``run.json`` guard), and everything that runs code goes through :mod:`.sandbox`, which imports
+nothing else of codechat.
 """

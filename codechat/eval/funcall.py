@@ -24,6 +24,11 @@ the glaive sample's 300 conversations are held out); ``all`` is both parts. SFT 
 ``--data FILE@train`` never sees a held-out conversation.
 
 ``OUT/samples.jsonl`` has one row per case; ``OUT/results.json`` the rates, counts and settings.
+``OUT/run.json`` keeps the settings that change a result (suite, split, ``max_new_tokens``,
+``limit``, model, sampler version), checked as every suite checks its ``OUT``
+(:func:`codechat.eval.suites.check_run_settings`): a rerun into an ``OUT`` holding results made
+with other settings is refused before anything is generated; with the same settings every case
+is generated again and the files are rewritten.
 """
 from __future__ import annotations
 
@@ -134,17 +139,25 @@ def run_funcall_suite(engine: Any, tok: Any, *, path: str | Path, out_dir: str |
                       max_new_tokens: int = 256, limit: int | None = None, model_id: str | None = None
                       ) -> dict[str, Any]:
     """Generate a reply for every case of ``path``'s ``split`` (greedy, batched through ``engine``),
-    score it, write ``samples.jsonl`` and ``results.json`` to ``out_dir``; returns the results.
+    score it, write ``run.json``, ``samples.jsonl`` and ``results.json`` to ``out_dir``; returns the results.
 
     Raises:
-        ValueError: see :func:`load_cases`.
+        ValueError: see :func:`load_cases`; or ``out_dir`` holds results made with other settings
+            (checked before anything is generated).
     """
     from codechat.budget import render_for_completion_within
     from codechat.calls import FUNCTION_CALL_TOKEN, parse_assistant
     from codechat.engine import Request, SamplingConfig
+    from codechat.eval.suites import SAMPLER_VERSION, check_run_settings
     from codechat.tools import tool_from_schema
     t0 = time.perf_counter()
     cases = load_cases(path, split, limit)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = f"funcall:{path}"
+    check_run_settings(out / "run.json", {"suite": spec, "split": split, "max_new_tokens": max_new_tokens,
+                                          "limit": limit, "model": model_id, "sampler": SAMPLER_VERSION},
+                       any((out / name).is_file() for name in ("samples.jsonl", "results.json")))
     fc = tok.special_id(FUNCTION_CALL_TOKEN)
     stops = sorted(tok.special_ids - {fc})
     new = min(max_new_tokens, engine.max_len // 2)
@@ -154,8 +167,6 @@ def run_funcall_suite(engine: Any, tok: Any, *, path: str | Path, out_dir: str |
         truncated += bool(counts.turns_dropped or counts.prompt_tokens_cut)
         requests.append(Request(ids, SamplingConfig(new, temperature=0.0), stop_ids=stops))
     outputs = engine.generate(requests)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     rows, normalised, loaded = [], 0, {}
     for c, [sample] in zip(cases, outputs):
         key = json.dumps(c["conversation"].tools, sort_keys=True)
@@ -169,7 +180,7 @@ def run_funcall_suite(engine: Any, tok: Any, *, path: str | Path, out_dir: str |
         rows.append({"id": c["id"], **row, "expected_call": exp.function_call, "expected_content": exp.content,
                      "content": content, "call": call, "n_tokens": len(sample.token_ids), "finish": sample.finish})
     write_text(out / "samples.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    results = {"suite": "funcall", "suite_spec": f"funcall:{path}", "split": split, "model": model_id,
+    results = {"suite": "funcall", "suite_spec": spec, "split": split, "model": model_id,
                **summarise(rows), "schemas_normalised": normalised, "prompts_truncated": truncated,
                "settings": {"max_new_tokens": new, "temperature": 0.0, "limit": limit},
                "timing": {"wall_s": time.perf_counter() - t0}}

@@ -285,8 +285,16 @@ def read_samples(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
     return done
 
 
-def _check_settings(path: Path, settings: dict[str, Any], have_samples: bool) -> None:
-    """Refuse to mix samples drawn with other settings into ``path``'s directory."""
+def check_run_settings(path: Path, settings: dict[str, Any], have_samples: bool) -> None:
+    """Record ``settings`` in ``path`` (an ``OUT/run.json``), refusing an ``OUT`` that holds samples
+    made with other settings; a ``model`` of None on either side matches any model.
+
+    Every suite guards its ``--out`` with it: :func:`run_suite` (which then resumes) and
+    :func:`codechat.eval.funcall.run_funcall_suite` (which then regenerates).
+
+    Raises:
+        ValueError: ``have_samples`` and ``path`` records other settings (each difference named).
+    """
     if path.is_file():
         old = json.loads(path.read_text())
         diff = {k: (old.get(k), v) for k, v in settings.items()
@@ -359,7 +367,7 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
                 "seed": seed, "timeout_s": timeout_s, "memory_mb": memory_mb, "model": model_id,
                 "sampler": SAMPLER_VERSION}
     done = read_samples(samples_path)
-    _check_settings(out / "run.json", settings, bool(done))
+    check_run_settings(out / "run.json", settings, bool(done))
     todo = [(p, {i for i in range(n) if _key(p.task_id, i) not in done}) for p in problems]
     n_todo = sum(len(m) for _, m in todo)
 

@@ -274,7 +274,7 @@ def builtin_tools(names: Iterable[str] | str, *, python_timeout_s: float = PYTHO
         python_memory_mb: the ``python`` tool's address-space limit, MiB.
 
     Raises:
-        ToolError: an unknown name (the message lists the built-ins).
+        ToolError: an unknown name (the message lists the built-ins), or a name given twice.
     """
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
@@ -286,5 +286,7 @@ def builtin_tools(names: Iterable[str] | str, *, python_timeout_s: float = PYTHO
     for name in names:
         if name not in makers:
             raise ToolError(f"unknown built-in tool {name!r}; the built-ins are: {', '.join(BUILTIN_NAMES)}")
+        if name in out:
+            raise ToolError(f"built-in tool {name!r} is named twice")
         out[name] = makers[name]()
     return out

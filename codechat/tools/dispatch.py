@@ -65,7 +65,7 @@ from typing import Any
 
 import jsonschema
 
-from .schema import Tool, ToolError, validate_arguments
+from .schema import Tool, ToolError, tools_by_name, validate_arguments
 from .worker import _MESSAGE_CHARS, _describe, _Worker
 
 __all__ = ["CallResult", "DispatchLimits", "Dispatcher", "dispatch"]
@@ -249,7 +249,8 @@ class Dispatcher:
     """Runs calls against ``tools`` in a reusable worker process; use it as a context manager.
 
     Args:
-        tools: name -> :class:`~.schema.Tool` (or an iterable of tools, keyed by their names).
+        tools: name -> :class:`~.schema.Tool` (or an iterable of tools, keyed by their names:
+            :func:`~.schema.tools_by_name`).
             A tool without ``fn`` is declared but answers that it cannot run here.
         limits: a :class:`DispatchLimits`; keyword arguments override single fields
             (``Dispatcher(tools, timeout_s=2)``).
@@ -258,15 +259,15 @@ class Dispatcher:
     one dispatcher per thread.
 
     Raises:
-        ToolError: a key that differs from its tool's name, or an executor the worker cannot
-            import (see :func:`_target`).
+        ToolError: a key that differs from its tool's name, two tools of one name in an iterable,
+            or an executor the worker cannot import (see :func:`_target`).
         ValueError: an invalid limit.
     """
 
     def __init__(self, tools: Mapping[str, Tool] | Iterable[Tool], *, limits: DispatchLimits | None = None,
                  **overrides: Any) -> None:
         self.limits = dataclasses.replace(limits or DispatchLimits(), **overrides)
-        self.tools: dict[str, Tool] = dict(tools) if isinstance(tools, Mapping) else {t.name: t for t in tools}
+        self.tools: dict[str, Tool] = dict(tools) if isinstance(tools, Mapping) else tools_by_name(tools)
         for key, tool in self.tools.items():
             if not isinstance(tool, Tool):
                 raise ToolError(f"tools[{key!r}] must be a Tool, got {type(tool).__name__}")

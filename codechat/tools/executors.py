@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .derive import tool_from_function
-from .schema import Tool, ToolError, _one_line
+from .schema import Tool, ToolError, _one_line, tools_by_name
 
 _MODULE_IDS = itertools.count()
 
@@ -127,11 +127,7 @@ def load_executors(path: str | os.PathLike[str]) -> list[Tool]:
     callables, keyed = _load_callables(path)
     tools = [tool_from_function(fn, name=key if keyed else None, where=f"{shown}:{key}")
              for key, fn in callables.items()]
-    seen: dict[str, str] = {}
-    for t in tools:
-        if t.name in seen:
-            raise ToolError(f"{shown}: two tools named '{t.name}' ({seen[t.name]} and {t.source})")
-        seen[t.name] = t.source
+    tools_by_name(tools, shown)  # two tools of one name: an error naming both functions
     return tools
 
 

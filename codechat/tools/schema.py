@@ -8,7 +8,8 @@ executes it. Tools come from three places, and every one is checked when it is *
 What lives where (imports point one way: :mod:`.normalize` <- this module <- :mod:`.derive`
 <- :mod:`.executors`):
 
-- this module: :class:`Tool`, :class:`ToolError`, :func:`check_name`, :func:`check_schema` (the
+- this module: :class:`Tool`, :class:`ToolError`, :func:`tools_by_name` (two tools of one name,
+  from whichever sources, are an error naming both), :func:`check_name`, :func:`check_schema` (the
   one check behind every source: JSON Schema Draft 2020-12, an object), :func:`validate_arguments`
   (does a call's arguments object fit), and :func:`tool_from_schema`: schemas from data or from a
   user's JSON (OpenAI's ``{"type": "function", "function": {...}}`` wrapper accepted), after
@@ -32,7 +33,7 @@ from __future__ import annotations
 import copy
 import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +104,24 @@ def check_name(name: Any, where: str) -> str:
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ToolError(f"{where}: tool name {name!r} must be 1-64 characters of A-Z a-z 0-9 _ . -")
     return name
+
+
+def tools_by_name(tools: Iterable[Tool], where: str = "") -> dict[str, Tool]:
+    """``{name: tool}`` of ``tools``, in order: the one place tools from several sources are keyed.
+
+    Args:
+        where: what an error starts with (an executors file), if anything.
+
+    Raises:
+        ToolError: two tools of one name, naming both sources (``Tool.source``).
+    """
+    out: dict[str, Tool] = {}
+    for t in tools:
+        if t.name in out:
+            raise ToolError(f"{where + ': ' if where else ''}two tools named {t.name!r} "
+                            f"({out[t.name].source or 'no source'} and {t.source or 'no source'})")
+        out[t.name] = t
+    return out
 
 
 def check_schema(parameters: Any, where: str) -> dict[str, Any]:
@@ -222,5 +241,5 @@ def tool_from_schema(schema: Mapping[str, Any], where: str, *, fn: Callable[...,
     return Tool(name, description, params, fn, where, tuple(changes))
 
 
-__all__ = ["Tool", "ToolError", "NAME_PATTERN", "validate_arguments", "check_name", "check_schema", "normalize_schema",
-           "tool_from_schema"]
+__all__ = ["Tool", "ToolError", "NAME_PATTERN", "validate_arguments", "tools_by_name", "check_name", "check_schema",
+           "normalize_schema", "tool_from_schema"]
