@@ -54,13 +54,14 @@ FUNCALL_SHARES = {"funcall": 0.08, "funcall_eval": 0.04}
 #: Shares of the whole budget per stage. CPU: 12 minutes with today's 9 of pretraining; the
 #: stages before pretraining and the generation stages end early on a fast machine (2026-12-01,
 #: 2-core VM: tokenizer 2 s, corpus 8 s, samples 8 s, HumanEval 11 s) and pass their time on to
-#: the later stages (SFT got 68 s of its planned 43). GPU: the 5-minute H200 run of ``benchmarks/RESULTS.md``
-#: (2026-12-01: tokenizer 9 s, corpus 8 s, baselines 5 s, samples 66 s: sampling stays slow until
-#: the generation engine is fast), the rest shared between pretraining, SFT and HumanEval.
+#: the later stages (SFT got 68 s of its planned 43). GPU, from the H200 runs of ``benchmarks/RESULTS.md``
+#: (2026-12-01, with the generation engine: tokenizer 10 s, corpus 20 s, baselines 16 s, samples
+#: 6 s, chat 3 s, HumanEval 164 x 20 in 27 s): the generation stages end early, and only stages
+#: after them get their time back, so pretraining, which comes before, gets the rest up front.
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.785, "samples": 0.025,
               "sft": 0.06, "chat": 0.01, "eval": 0.025}
-GPU_SHARES = {"tokenizer": 0.03, "data": 0.03, "baseline": 0.015, "pretrain": 0.42, "samples": 0.2,
-              "sft": 0.14, "chat": 0.02, "eval": 0.145}
+GPU_SHARES = {"tokenizer": 0.03, "data": 0.04, "baseline": 0.03, "pretrain": 0.585, "samples": 0.025,
+              "sft": 0.14, "chat": 0.01, "eval": 0.14}
 
 
 @dataclass(frozen=True)
