@@ -286,7 +286,7 @@ def _cmd_funcall(args: argparse.Namespace) -> int:
 
 def _add_speedrun(sub: argparse._SubParsersAction) -> None:
     from .config import PRESETS
-    p = sub.add_parser("speedrun", help="tokenizer -> corpus -> pretraining -> SFT -> HumanEval -> report, in one go",
+    p = sub.add_parser("speedrun", help="tokenizer -> corpus -> pretraining -> SFT -> HumanEval -> RL (when the verdict allows) -> report",
                        description="The whole pipeline on the default corpus (this Python's standard library), "
                                    "written to --out with report.md and metrics.json after every stage. A stage "
                                    "that fails leaves the finished ones in the report and exits non-zero; "

@@ -168,6 +168,14 @@ def speedrun_report(m: dict[str, Any]) -> str:
             ("pass@1", f"{h['pass@1']:.1%}" + (f" ± {h['pass@1_stderr']:.1%}" if h["pass@1_stderr"] is not None
                                                 else "")),
             ("verdict for RL", m["eval"]["verdict_text"])]), ""]
+    if _section(m, "rl"):
+        r = m["rl"]
+        rows = [("skipped", r["reason"])] if r["skipped"] else [
+            ("tasks", r["tasks"]), ("steps", f"{r['steps']} (stopped: {r['stopped']})"),
+            ("mean reward: first step -> last", f"{r['reward_first']:.3f} -> {r['reward_last']:.3f}"),
+            ("rollouts passing every test, last step", f"{r['pass_rate_last']:.1%}")]
+        lines += ["## RL (GRPO)", markdown_table(rows + ([("stopped because", r["message"])] if r.get("message") else [])),
+                  ""]
     if _section(m, "funcall_eval"):
         f, t = m["funcall_eval"], m.get("funcall", {})
 

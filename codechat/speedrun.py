@@ -1,4 +1,7 @@
-"""The speedrun: tokenizer -> corpus -> baselines -> pretraining -> samples -> SFT -> chat -> HumanEval.
+"""The speedrun: tokenizer -> corpus -> baselines -> pretraining -> samples -> SFT -> chat -> HumanEval -> RL.
+
+RL (GRPO, :mod:`codechat.train.grpo`) runs only when HumanEval's pass@k verdict allows it; when
+the verdict says the run would stall, the stage is skipped at once and the report says why.
 
 Writes ``metrics.json`` and ``report.md`` into the run directory after every stage, so a run that
 fails or is killed keeps what finished: the report shows the finished stages, the failing one
@@ -44,7 +47,7 @@ from .train.sft import run_sft
 from .device import autocast_for, resolve_device
 
 #: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``).
-STAGES = ("tokenizer", "data", "baseline", "pretrain", "samples", "sft", "chat", "eval")
+STAGES = ("tokenizer", "data", "baseline", "pretrain", "samples", "sft", "chat", "eval", "rl")
 #: Stages added by ``--funcall-data``: function-calling SFT on the file's train split (from the
 #: chat SFT checkpoint), then the function-calling evaluation on its held-out split.
 FUNCALL_STAGES = ("funcall", "funcall_eval")
@@ -58,10 +61,13 @@ FUNCALL_SHARES = {"funcall": 0.08, "funcall_eval": 0.04}
 #: (2026-12-01, with the generation engine: tokenizer 10 s, corpus 20 s, baselines 16 s, samples
 #: 6 s, chat 3 s, HumanEval 164 x 20 in 27 s): the generation stages end early, and only stages
 #: after them get their time back, so pretraining, which comes before, gets the rest up front.
-CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.785, "samples": 0.025,
-              "sft": 0.06, "chat": 0.01, "eval": 0.025}
-GPU_SHARES = {"tokenizer": 0.03, "data": 0.04, "baseline": 0.03, "pretrain": 0.585, "samples": 0.025,
-              "sft": 0.14, "chat": 0.01, "eval": 0.14}
+#: ``rl`` runs only when HumanEval's verdict allows GRPO (today's small models get "stall" and skip
+#: it at once, so its share is small: on a GPU its time goes to the function-calling stages when
+#: there are some, else the run ends early).
+CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.77, "samples": 0.025,
+              "sft": 0.06, "chat": 0.01, "eval": 0.025, "rl": 0.015}
+GPU_SHARES = {"tokenizer": 0.03, "data": 0.04, "baseline": 0.03, "pretrain": 0.545, "samples": 0.025,
+              "sft": 0.14, "chat": 0.01, "eval": 0.11, "rl": 0.07}
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,12 @@ class SpeedrunPlan:
     # A conversations file with tools (glaive, ShareGPT, OpenAI messages): adds FUNCALL_STAGES,
     # training on FILE@train and evaluating FILE@heldout (codechat.data.benchmarks.conversation_split).
     funcall_data: str = ""
+    # The RL stage (GRPO from the SFT model, when HumanEval's verdict is not "stall"): tasks mined
+    # from doctests in the corpus (codechat.data.tasks), the tiered reward, groups of 8.
+    rl_tasks: str = "doctest"
+    rl_group_size: int = 8
+    rl_prompts_per_step: int = 8
+    rl_tokens: int = 256  # max new tokens per rollout
     funcall_tokens: int = 64  # max new tokens per evaluated assistant turn
     funcall_eval_limit: int = 10  # held-out conversations evaluated (0: all)
 
@@ -438,6 +450,33 @@ class Speedrun:
             optim=OptimConfig(lr=cfg["optim"]["lr"] / 2, warmup_steps=10, schedule="linear", min_lr_ratio=0.0,
                               weight_decay=0.0),
             run=RunConfig(out=str(self.run / out), seed=self.seed, device=self.device_arg, resume=self.resume))
+
+    def _rl(self, grant: float, tag: str) -> dict[str, Any]:
+        from .train.grpo import RLConfig, RLStageConfig, run_rl
+        p, ev = self.p, self.m["eval"]
+        if ev["verdict"] == "stall":
+            print(f"{tag} RL skipped: HumanEval {ev['verdict_text']}")
+            return {"skipped": True, "reason": f"HumanEval {ev['verdict_text']}"}
+        train_s = max(p.min_train_s, p.sft_train_share * grant)
+        print(f"{tag} GRPO for {train_s:.0f} s of {grant:.0f} s on {p.rl_tasks} tasks (tiered reward, groups of "
+              f"{p.rl_group_size})")
+        cfg = RLStageConfig(
+            init=str(self.run / "sft"),
+            rl=RLConfig(tasks=p.rl_tasks, reward="tiered", group_size=p.rl_group_size,
+                        prompts_per_step=p.rl_prompts_per_step, max_new_tokens=p.rl_tokens),
+            train=TrainConfig(max_steps=0, time_budget_s=train_s, micro_batch_size=8, log_every=1, eval_every=10**9,
+                              save_every=10**9, save_every_s=p.checkpoint_every_s),
+            run=RunConfig(out=str(self.run / "rl"), seed=self.seed, device=self.device_arg, resume=self.resume))
+        try:
+            out = run_rl(cfg, show_progress=False)
+        except ConfigError as e:  # the stage's own pass@k check on its tasks refused
+            print(f"{tag} RL skipped: {e}")
+            return {"skipped": True, "reason": str(e)}
+        rows = read_metrics(self.run / "rl" / "metrics.jsonl")
+        return {"skipped": False, "tasks": p.rl_tasks, "steps": out["step"], "stopped": out["stopped"],
+                "message": out["message"], "reward_first": rows[0]["reward_mean"] if rows else None,
+                "reward_last": rows[-1]["reward_mean"] if rows else None,
+                "pass_rate_last": rows[-1]["pass_rate"] if rows else None}
 
     def _funcall(self, grant: float, tag: str) -> dict[str, Any]:
         p = self.p

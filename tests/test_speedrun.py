@@ -54,7 +54,12 @@ def _assert_complete(out: Path) -> dict:
     assert m["eval"]["verdict"] in ("stall", "tiered", "standard") and 0 <= h["pass@1"] <= 1
     assert 1 <= h["problems"] <= h["problems_planned"] == 2
     assert (out / "eval" / "humaneval" / "results.json").is_file()
+    if m["eval"]["verdict"] == "stall":  # the tiny model's: no RL, and the report says why
+        assert m["rl"] == {"skipped": True, "reason": f"HumanEval {m['eval']['verdict_text']}",
+                           "wall_s": m["stages"]["rl"]["wall_s"]}
+        assert not (out / "rl").exists()
     report = (out / "report.md").read_text()
+    assert "## RL (GRPO)" in report
     assert "stopped at stage" not in report and "gzip -9, per document" in report
     assert report.count("```python") == 5 and f"{smp['parse_ok']} of 5 parse" in report
     assert "## Chat answers (after SFT)" in report and "PSF License" in report and "MIT License" in report
