@@ -203,3 +203,18 @@ def test_bad_tasks_and_a_reward_of_the_wrong_kind_are_errors_before_step_0(polic
     glaive = shared_dir / "data" / "function_calling_glaive" / "glaive_toolcall_en_demo.json"
     msg = refused(f"funcall:{glaive}", **{"rl.reward": "binary"})
     assert "--reward binary judges code tasks" in msg and "--reward funcall_tiered" in msg
+
+
+def test_kl_several_updates_per_batch_and_sequence_norm_run_and_are_logged(policy, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl")
+    res = run_rl(rl_config(policy, tasks, tmp_path / "rl", **{"train.max_steps": "3", "rl.beta": "0.1",
+                                                               "rl.num_iterations": "2", "rl.loss_norm": "sequence",
+                                                               "rl.log_rollouts_every": "1"}),
+                 show_progress=False)
+    rows = [json.loads(ln) for ln in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert res["step"] == 3 and len(rows) == 3
+    assert all(r["kl"] > 0 for r in rows)  # logged from the batch's last update: the policy has left its reference
+    assert any(r["ratio_mean"] != 1.0 for r in rows)  # the second update of a batch is off-policy
+    assert all(r["train_tokens"] > 0 and r["entropy"] > 0 and r["logprob_mismatch"] < 1e-3 for r in rows)
+    kinds = [json.loads(ln)["kind"] for ln in (tmp_path / "rl" / "rollouts.jsonl").read_text().splitlines()]
+    assert kinds == ["best", "typical"] * 3
