@@ -26,7 +26,7 @@ from codechat.completion import best_completion, sample_completions
 from codechat.device import resolve_device
 from codechat.engine import SamplingConfig
 from codechat.report import parses_after_dropping_last_line
-from codechat.speedrun import SpeedrunPlan
+from codechat.speedrun_plan import SpeedrunPlan
 from codechat.train.pretrain import bpb_evaluator
 
 EXTRA_PROMPTS = (
