@@ -218,3 +218,23 @@ def test_kl_several_updates_per_batch_and_sequence_norm_run_and_are_logged(polic
     assert all(r["train_tokens"] > 0 and r["entropy"] > 0 and r["logprob_mismatch"] < 1e-3 for r in rows)
     kinds = [json.loads(ln)["kind"] for ln in (tmp_path / "rl" / "rollouts.jsonl").read_text().splitlines()]
     assert kinds == ["best", "typical"] * 3
+
+
+def test_the_speedrun_rl_stage_trains_when_the_verdict_allows_and_reports_it(policy, tmp_path):
+    import shutil
+    from dataclasses import replace
+
+    from codechat.report import speedrun_report
+    from codechat.speedrun import Speedrun
+    from codechat.speedrun_plan import plan
+    tasks = write_tasks(tmp_path / "tasks.jsonl")
+    p = replace(plan(torch.device("cpu"), "tiny", 1.0), rl_tasks=f"tasks:{tasks}", rl_tokens=16, rl_prompts_per_step=4)
+    run = tmp_path / "run"
+    shutil.copytree(policy, run / "sft")
+    s = Speedrun(p, run, torch.device("cpu"), "cpu", 0, resume=False)
+    s.m["eval"] = {"verdict": "standard", "verdict_text": "pass@1 = 20.00% >= 5%: standard GRPO should converge"}
+    out = s._rl(8.0, "[9/9]")
+    assert out["skipped"] is False and out["steps"] >= 1 and out["stopped"] == "budget"
+    assert 0 <= out["reward_first"] <= 1 and (run / "rl" / "preflight.json").is_file()
+    s.m["rl"], s.m["stages"]["rl"]["status"] = out, "done"
+    assert "## RL (GRPO)" in speedrun_report(s.m) and f"{out['steps']} (stopped: budget)" in speedrun_report(s.m)
