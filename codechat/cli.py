@@ -30,6 +30,7 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
                    help="training stages also save a checkpoint after this many seconds of training (default 60), "
                         "so a killed run resumes close to where it stopped")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    _add_parallel(p)
     _add_common(p)
     p.set_defaults(func=_cmd_pretrain, accepts_overrides=True)
 
@@ -44,6 +45,20 @@ def _message(without: str) -> Callable[[str], str]:
     return check
 
 
+def _say(text: str) -> None:
+    """Print on rank 0 only (every rank of a torchrun world runs the same command)."""
+    import os
+    if os.environ.get("RANK", "0") == "0":
+        print(text)
+
+
+def _add_parallel(p: argparse.ArgumentParser) -> None:
+    from .config import PARALLEL_STRATEGIES
+    p.add_argument("--parallel", choices=PARALLEL_STRATEGIES,
+                   help="under torchrun: ddp (replicas, default), fsdp (sharded) or hsdp (sharded within a node, "
+                        "replicated across nodes); one process ignores it (train.parallel)")
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="random seed (run.seed)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], help="device (run.device, default auto)")
@@ -54,7 +69,8 @@ def pretrain_config(args: argparse.Namespace, overrides: dict[str, str]):
     from .config import PretrainConfig, load, pretrain_recipe
     flags = {"data.data_dir": args.data, "data.tokenizer_dir": args.tokenizer, "train.max_steps": args.max_steps,
              "train.time_budget_s": args.time_budget_min * 60 if args.time_budget_min else None,
-             "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed, "run.device": args.device}
+             "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed, "run.device": args.device,
+             "train.parallel": args.parallel}
     if args.time_budget_min and args.max_steps is None:
         flags["train.max_steps"] = 0
     merged = {k: v for k, v in flags.items() if v is not None}
@@ -66,7 +82,7 @@ def _cmd_pretrain(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     from .train.pretrain import run_pretrain
     cfg = pretrain_config(args, overrides)
     result = run_pretrain(cfg)
-    print(f"done: step {result['step']}, val_bpb {result.get('val_bpb', float('nan')):.4f}, "
+    _say(f"done: step {result['step']}, val_bpb {result.get('val_bpb', float('nan')):.4f}, "
           f"checkpoints in {Path(cfg.run.out) / 'checkpoints'}")
     return 0
 
@@ -90,6 +106,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
                    help="training stages also save a checkpoint after this many seconds of training (default 60), "
                         "so a killed run resumes close to where it stopped")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    _add_parallel(p)
     _add_common(p)
     p.set_defaults(func=_cmd_sft, accepts_overrides=True)
 
@@ -100,14 +117,14 @@ def _cmd_sft(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     flags = {"init": args.init, "sft.data": args.data, "train.max_steps": args.max_steps, "train.epochs": args.epochs,
              "sft.packing": args.packing or None, "sft.max_examples": args.max_examples,
              "sft.skip_bad": args.skip_bad or None, "run.out": args.out, "run.resume": args.resume or None,
-             "run.seed": args.seed, "sft.seed": args.seed, "run.device": args.device}
+             "run.seed": args.seed, "sft.seed": args.seed, "run.device": args.device, "train.parallel": args.parallel}
     if args.max_steps is not None and args.epochs is None:
         flags["train.epochs"] = 0.0
     merged = {k: v for k, v in flags.items() if v is not None}
     merged.update(overrides)
     cfg = load(SFTStageConfig, args.config, merged)
     result = run_sft(cfg)
-    print(f"done: step {result['step']}, loss {result.get('loss', float('nan')):.4f}, "
+    _say(f"done: step {result['step']}, loss {result.get('loss', float('nan')):.4f}, "
           f"checkpoints in {Path(cfg.run.out) / 'checkpoints'}")
     return 0
 

@@ -190,6 +190,10 @@ class OptimConfig:
 
 
 # ----------------------------------------------------------------------------- train
+#: ``train.parallel`` values (:mod:`codechat.parallel`).
+PARALLEL_STRATEGIES = ("ddp", "fsdp", "hsdp")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The training loop: batch shape, budget, evaluation, logging and checkpoints.
@@ -213,8 +217,11 @@ class TrainConfig:
     keep_last: int = 2
     dtype: str = "auto"  # auto -> bf16 autocast on CUDA, fp32 elsewhere
     compile: bool = False
+    parallel: str = "ddp"  # ddp | fsdp | hsdp: how a torchrun world shares the model (codechat.parallel)
 
     def __post_init__(self) -> None:
+        _check(self.parallel in PARALLEL_STRATEGIES,
+               f"train.parallel must be one of {', '.join(PARALLEL_STRATEGIES)}, got {self.parallel!r}")
         _check(self.micro_batch_size > 0, f"train.micro_batch_size must be > 0, got {self.micro_batch_size}")
         _check(self.grad_accum > 0, f"train.grad_accum must be > 0, got {self.grad_accum}")
         _check(self.batch_size >= 0, f"train.batch_size must be >= 0, got {self.batch_size}")

@@ -325,14 +325,19 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
     (``budget`` or ``dead``) and, when dead, ``message``.
 
     Raises:
-        ConfigError: a missing --init, or the pre-RL verdict says the run will stall (without ``force``).
+        ConfigError: a missing --init, a torchrun world of several processes, or the pre-RL verdict says
+            the run will stall (without ``force``).
         ValueError: bad tasks (no tests, failing references, a file or line named), a reward that
             does not fit the task kind.
         TrainingDiverged: a non-finite loss or gradient (no update applied; resume from the last checkpoint).
     """
+    import os
+
     from codechat.data.tasks import load_tasks
     from codechat.engine import Engine, EngineConfig, SamplingConfig
     cfg.check_init()
+    _check(int(os.environ.get("WORLD_SIZE", "1")) == 1,
+           "codechat rl runs in one process for now: start it without torchrun (it uses one GPU)")
     rl, out = cfg.rl, Path(cfg.run.out)
     device = resolve_device(cfg.run.device)
     init_dir = ckpt.resolve(cfg.init)

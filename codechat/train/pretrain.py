@@ -10,7 +10,7 @@ import torch
 from ..config import DataConfig, PretrainConfig, replace, save_yaml, to_dict
 from ..data.corpus import build_corpus, iter_split_texts, load_index, read_split
 from ..data.windows import WindowLoader, eval_windows
-from ..device import resolve_device
+from ..parallel import RankSlice, init_world, main_first
 from ..model import GPT, build_model
 from ..tokenizer import Tokenizer, train_tokenizer
 from .trainer import Trainer
@@ -65,8 +65,11 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True) -> dict[str
     """
     out = Path(cfg.run.out)
     out.mkdir(parents=True, exist_ok=True)
+    world = init_world(cfg.run.device)
+    show_progress = show_progress and world.main
     torch.manual_seed(cfg.run.seed)
-    tok_dir, data_dir = prepare_data(cfg.data, out, show_progress)
+    with main_first(world):  # rank 0 builds the default tokenizer and corpus; the others then read them
+        tok_dir, data_dir = prepare_data(cfg.data, out, show_progress)
     tok = Tokenizer.load(tok_dir)
     index = load_index(data_dir)
     if index["vocab_size"] != tok.vocab_size:
@@ -75,19 +78,19 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True) -> dict[str
     cfg = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size),
                   data=replace(cfg.data, data_dir=str(data_dir), tokenizer_dir=str(tok_dir)))
 
-    loader = WindowLoader(read_split(data_dir, "train"), cfg.data.seq_len, cfg.train.micro_batch_size,
-                          seed=cfg.run.seed)
-    cfg = replace(cfg, train=cfg.train.with_epochs(
-        loader.n_windows / (cfg.train.micro_batch_size * cfg.train.accum_steps(1))))
-    save_yaml(cfg, out / "config.yaml")
-    device = resolve_device(cfg.run.device)
+    rows = cfg.train.micro_batch_size * world.size  # one global micro-batch, every rank taking its rows
+    loader = WindowLoader(read_split(data_dir, "train"), cfg.data.seq_len, rows, seed=cfg.run.seed)
+    cfg = replace(cfg, train=cfg.train.with_epochs(loader.n_windows / (rows * cfg.train.accum_steps(world.size))))
+    if world.main:
+        save_yaml(cfg, out / "config.yaml")
+    device = world.device
     model = build_model(cfg.model, device)
     val_rows = eval_windows(read_split(data_dir, "val"), cfg.data.seq_len, cfg.train.eval_tokens)
     token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.long)
-    trainer = Trainer(model, train=cfg.train, optim=cfg.optim, run=cfg.run, batches=loader, out_dir=out,
+    trainer = Trainer(model, train=cfg.train, optim=cfg.optim, run=cfg.run, batches=RankSlice(loader, world), out_dir=out,
                       evaluate=bpb_evaluator(val_rows, token_bytes, cfg.train.micro_batch_size),
                       meta={"stage": "pretrain", "model": to_dict(cfg.model), "config": to_dict(cfg)},
-                      tokenizer_dir=tok_dir, show_progress=show_progress)
+                      tokenizer_dir=tok_dir, show_progress=show_progress, world=world)
     result = trainer.fit()
     return {**result, "params": model.num_params(), "flops_per_token": model.flops_per_token(cfg.data.seq_len),
             "train_tokens": index["splits"]["train"]["tokens"], "device": str(device)}

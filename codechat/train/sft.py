@@ -27,7 +27,7 @@ from ..config import ConfigError, SFTStageConfig, replace, save_yaml, to_dict
 from ..data.mixture import Mixture, missing_sources
 from ..budget import RenderedExample
 from ..data.sft import SFTLoader, collate, preflight
-from ..device import resolve_device
+from ..parallel import RankSlice, init_world
 from ..model import GPT, IGNORE_INDEX
 from ..atomic import write_text
 from .trainer import Trainer
@@ -67,50 +67,58 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
     if missing:
         raise ConfigError("; ".join(missing))
     out = Path(cfg.run.out)
-    device = resolve_device(cfg.run.device)
+    world = init_world(cfg.run.device)
+    device = world.device
+    show_progress = show_progress and world.main
+    say = print if world.main else (lambda *a, **k: None)
     init_dir = ckpt.resolve(cfg.init)
     model, tok, state = ckpt.load_model(init_dir, device)
     cfg = replace(cfg, sft=cfg.sft.for_model(model.cfg.max_seq_len, str(init_dir)))
 
-    mixture = Mixture.from_config(cfg.sft, progress=print if show_progress else None)
+    mixture = Mixture.from_config(cfg.sft, progress=say if show_progress else None)
     counts, examples = preflight(mixture, tok, cfg.sft, min(cfg.sft.preflight_examples, mixture.epoch_size))
-    print(f"preflight on {counts.seen} records: kept {counts.kept} ({counts.prompt_truncated} prompt-truncated, "
+    say(f"preflight on {counts.seen} records: kept {counts.kept} ({counts.prompt_truncated} prompt-truncated, "
           f"{counts.completion_truncated} completion-truncated), dropped {counts.n_dropped} {counts.dropped or ''}; "
           f"supervised tokens {counts.supervised_share:.1%} of {counts.tokens} (max_length {cfg.sft.max_length}, "
           f"max_prompt_length {cfg.sft.max_prompt_length})")
     if mixture.decontaminator:
-        print(mixture.decontaminator.format_report())
+        say(mixture.decontaminator.format_report())
     if counts.kept == 0 or counts.supervised_tokens == 0:
         raise ConfigError(f"nothing to train on: every one of {counts.seen} records was dropped ({counts.dropped}); "
                           "raise --sft.max_length / lower --sft.max_prompt_length or check the data format "
                           "with `codechat data inspect`")
     examples_per_epoch = mixture.epoch_size * counts.kept / counts.seen
     rows_per_example = (counts.tokens / counts.kept) / cfg.sft.max_length if cfg.sft.packing else 1.0
-    rows_per_step = cfg.train.micro_batch_size * cfg.train.accum_steps(1)
+    rows_per_step = cfg.train.micro_batch_size * cfg.train.accum_steps(world.size) * world.size
     cfg = replace(cfg, train=cfg.train.with_epochs(examples_per_epoch * rows_per_example / rows_per_step))
     out.mkdir(parents=True, exist_ok=True)
-    save_yaml(cfg, out / "config.yaml")
+    if world.main:
+        save_yaml(cfg, out / "config.yaml")
     data_report = {"preflight": counts.as_dict(), "supervised_share": counts.supervised_share,
                    "examples_per_epoch": examples_per_epoch, "max_steps": cfg.train.max_steps,
                    "max_length": cfg.sft.max_length, "max_prompt_length": cfg.sft.max_prompt_length,
                    "sources": mixture.report(realised=False),
                    "decontamination": mixture.decontaminator.report() if mixture.decontaminator else None}
-    write_text(out / "data_report.json", json.dumps(data_report, indent=1, default=str))
+    if world.main:
+        write_text(out / "data_report.json", json.dumps(data_report, indent=1, default=str))
     if show_progress:
         print(mixture.format_report(realised=False))
 
-    loader = SFTLoader(mixture, tok, cfg.sft, cfg.train.micro_batch_size)
-    trainer = Trainer(model.train(), train=cfg.train, optim=cfg.optim, run=cfg.run, batches=loader, out_dir=out,
+    # one global micro-batch (micro_batch_size rows per rank), every rank taking its rows
+    loader = SFTLoader(mixture, tok, cfg.sft, cfg.train.micro_batch_size * world.size)
+    trainer = Trainer(model.train(), train=cfg.train, optim=cfg.optim, run=cfg.run, batches=RankSlice(loader, world),
+                      out_dir=out,
                       evaluate=fixed_examples_loss(examples[:cfg.sft.eval_examples], tok.end_id,
                                                    cfg.train.micro_batch_size),
                       meta={"stage": "sft", "model": state["meta"]["model"], "config": to_dict(cfg),
                             "init": str(init_dir)},
-                      tokenizer_dir=init_dir / "tokenizer", show_progress=show_progress)
+                      tokenizer_dir=init_dir / "tokenizer", show_progress=show_progress, world=world)
     try:
         result = trainer.fit()
     finally:  # the realised proportions exist only now (also after Ctrl-C)
         data_report.update(sources=mixture.report(), realised_at_step=trainer.step)
-        write_text(out / "data_report.json", json.dumps(data_report, indent=1, default=str))
+        if world.main:
+            write_text(out / "data_report.json", json.dumps(data_report, indent=1, default=str))
         if show_progress:
             print(f"realised mixture after step {trainer.step}:\n{mixture.format_report()}")
     return {**result, "data": data_report, "rendered": loader.counts.as_dict(),

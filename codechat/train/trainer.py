@@ -28,6 +28,7 @@ from ..config import OptimConfig, RunConfig, TrainConfig
 from ..data.batch import Batch
 from ..device import autocast_for, peak_flops
 from ..model import GPT, IGNORE_INDEX
+from ..parallel import Parallel, World
 from .optim import build_optimizer
 
 
@@ -102,18 +103,23 @@ class Trainer:
         out_dir: the stage directory (``metrics.jsonl``, ``tb/``, ``checkpoints/``).
         meta: JSON-able facts saved in every checkpoint's ``state.json`` (configs, stage name).
         tokenizer_dir: copied into each checkpoint so it is self-contained.
+        world: this process's place (:func:`codechat.parallel.init_world`; default: a world of one).
+            In a larger world ``train.parallel`` says how the model is spread, ``batches`` must give
+            this rank's rows (:class:`codechat.parallel.RankSlice`), and only rank 0 logs and writes.
     """
 
     def __init__(self, model: GPT, *, train: TrainConfig, optim: OptimConfig, run: RunConfig,
                  batches: BatchSource, out_dir: Path, evaluate: Callable[[GPT], dict[str, float]] | None = None,
                  meta: dict[str, Any] | None = None, tokenizer_dir: Path | None = None,
-                 show_progress: bool = True) -> None:
+                 show_progress: bool = True, world: World | None = None) -> None:
         self.model, self.tcfg, self.ocfg, self.rcfg = model, train, optim, run
         self.batches, self.evaluate, self.meta = batches, evaluate, meta or {}
         self.out_dir, self.tokenizer_dir, self.show_progress = Path(out_dir), tokenizer_dir, show_progress
         self.device = next(model.parameters()).device
+        self.world = world or World(device=self.device)
+        self.par = Parallel(model, self.world, train.parallel, optim.name)  # before the optimizer: FSDP swaps parameters
         self.optimizer = build_optimizer(model, optim, self.device)
-        self.forward = torch.compile(model) if train.compile else model
+        self.forward = torch.compile(self.par.module) if train.compile else self.par.module
         self.step, self.elapsed_s = 0, 0.0
         self.last: dict[str, Any] = {}
         self.peak = peak_flops(self.device)
@@ -150,8 +156,7 @@ class Trainer:
                                        f"does not match this run's {self.meta.get('model')}; resume with the same "
                                        "--preset/--config or start a new --out directory")
         try:
-            self.model.load_state_dict(c["model"])
-            self.optimizer.load_state_dict(c["optim"])
+            self.par.load_state_dicts(c["model"], c["optim"], self.optimizer)
         except (RuntimeError, ValueError, KeyError) as e:
             raise ckpt.CheckpointError(f"{c['dir']}: does not match this model/optimizer ({e})") from None
         s = c["state"]
@@ -162,11 +167,16 @@ class Trainer:
         return True
 
     def save(self, loader_state: dict[str, Any]) -> Path:
+        """Write checkpoint ``step`` (rank 0 writes; under FSDP every rank takes part in gathering it)."""
         state = {"step": self.step, "elapsed_s": self.elapsed_s, "loader": loader_state, "meta": self.meta,
                  "metrics": self.last}
-        return ckpt.save(self.out_dir / "checkpoints", self.step, model=self.model.state_dict(), state=state,
-                         optim=self.optimizer.state_dict(), tokenizer_dir=self.tokenizer_dir,
-                         keep_last=self.tcfg.keep_last)
+        model_sd, optim_sd = self.par.state_dicts(self.optimizer)
+        path = ckpt.step_dir(self.out_dir / "checkpoints", self.step)
+        if self.world.main:
+            path = ckpt.save(self.out_dir / "checkpoints", self.step, model=model_sd, state=state, optim=optim_sd,
+                             tokenizer_dir=self.tokenizer_dir, keep_last=self.tcfg.keep_last)
+        self.par.barrier()
+        return path
 
     # ------------------------------------------------------------------ loop
     def backward(self, micro_batches: list[Batch], n_supervised: int) -> float:
@@ -174,17 +184,20 @@ class Trainer:
 
         ``n_supervised`` is the count of labels != -100 over the whole optimizer step (every
         micro-batch, and every rank once data parallel), so each micro-batch contributes its
-        SUM scaled by one common factor. Returns the summed loss in nats.
+        SUM scaled by one common factor (times the world size, which DDP/FSDP's gradient
+        average divides out). Gradients are synchronised on the last micro-batch only. Returns the
+        summed loss in nats over all ranks.
         """
         total = torch.zeros((), device=self.device)
-        for b in (Batch(*b) for b in micro_batches):
+        for i, b in enumerate(Batch(*b) for b in micro_batches):
             x, y = b.inputs.to(self.device, non_blocking=True), b.labels.to(self.device, non_blocking=True)
             doc_ids = None if b.doc_ids is None else b.doc_ids.to(self.device, non_blocking=True)
-            with autocast_for(self.device, self.tcfg.dtype):
-                loss_sum = self.forward(x, y, reduction="sum", doc_ids=doc_ids)
-            (loss_sum / n_supervised).backward()
+            with self.par.micro_step(last=i == len(micro_batches) - 1):
+                with autocast_for(self.device, self.tcfg.dtype):
+                    loss_sum = self.forward(x, y, reduction="sum", doc_ids=doc_ids)
+                (loss_sum * (self.par.loss_scale / n_supervised)).backward()
             total += loss_sum.detach()
-        return float(total)
+        return self.par.all_sum(float(total))
 
     def train_step(self, micro_batches: list[Batch | tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
         """One optimizer step over ``micro_batches``; returns loss (nats/token), grad_norm, lr, tokens.
@@ -193,7 +206,7 @@ class Trainer:
             TrainingDiverged: the loss or the gradient norm is not finite (no update is applied).
         """
         micro_batches = [Batch(*b) for b in micro_batches]
-        n_sup = sum(int((b.labels != IGNORE_INDEX).sum()) for b in micro_batches)
+        n_sup = int(self.par.all_sum(sum(int((b.labels != IGNORE_INDEX).sum()) for b in micro_batches)))
         lr = lr_at(self.step, self.progress(), self.ocfg)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -201,7 +214,7 @@ class Trainer:
             return {"loss": float("nan"), "grad_norm": 0.0, "lr": lr, "tokens": 0, "supervised": 0, "skipped": 1}
         loss = self.backward(micro_batches, n_sup) / n_sup
         clip = self.ocfg.grad_clip or float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        grad_norm = self.par.grad_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingDiverged(f"step {self.step}: loss={loss} grad_norm={grad_norm}; stopped before the update. "
@@ -209,7 +222,7 @@ class Trainer:
                                    "lower --optim.lr or raise --optim.warmup_steps, then --resume")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        tokens = sum(b.real_tokens for b in micro_batches)
+        tokens = int(self.par.all_sum(sum(b.real_tokens for b in micro_batches)))
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "supervised": n_sup, "skipped": 0}
 
     def run_eval(self) -> dict[str, float]:
@@ -233,9 +246,9 @@ class Trainer:
         """
         self.out_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.rcfg.resume and self.resume()
-        log = MetricsLog(self.out_dir, self.step if resumed else None)
+        log = MetricsLog(self.out_dir, self.step if resumed else None) if self.world.main else None
         bar = tqdm(total=self.tcfg.max_steps or None, initial=self.step, desc=self.meta.get("stage", "train"),
-                   disable=not self.show_progress, dynamic_ncols=True, leave=False)
+                   disable=not (self.show_progress and self.world.main), dynamic_ncols=True, leave=False)
         echo = bar.write if self.show_progress else print
         window_tokens, window_t0 = 0, time.perf_counter()
         loader_state = self.batches.state_dict()
@@ -247,12 +260,12 @@ class Trainer:
             while not self.done():
                 t0 = time.perf_counter()
                 loader_state = self.batches.state_dict()  # position before this step, for Ctrl-C saves
-                micro = [self.batches.next_batch() for _ in range(self.tcfg.accum_steps(1))]
+                micro = [self.batches.next_batch() for _ in range(self.tcfg.accum_steps(self.world.size))]
                 stats = self.train_step(micro)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
                 self.step += 1
-                self.elapsed_s += time.perf_counter() - t0
+                self.elapsed_s += self.par.all_max(time.perf_counter() - t0)  # one clock: every rank stops together
                 loader_state = self.batches.state_dict()
                 window_tokens += stats["tokens"]
                 bar.update(1)
@@ -264,7 +277,7 @@ class Trainer:
                     fpt = self.model.flops_per_token(Batch(*micro[0]).inputs.size(1))
                     row = {"step": self.step, "loss": stats["loss"], "lr": stats["lr"],
                            "grad_norm": stats["grad_norm"], "tokens_per_s": tps,
-                           "mfu": tps * fpt / self.peak if self.peak else None,
+                           "mfu": tps * fpt / (self.peak * self.world.size) if self.peak else None,
                            "elapsed_s": self.elapsed_s}
                     if self.step % self.tcfg.eval_every == 0 or last:
                         row.update(self.run_eval())
@@ -282,11 +295,14 @@ class Trainer:
             raise
         finally:
             bar.close()
-            log.close()
+            if log is not None:
+                log.close()
         return {"step": self.step, "elapsed_s": self.elapsed_s, "first_step_s": first_step_s, **self.last}
 
-    def record(self, log: MetricsLog, echo: Callable[[str], None], row: dict[str, Any]) -> None:
-        """Log ``row`` (its None values dropped) and keep it as the latest metrics (saved in checkpoints)."""
+    def record(self, log: MetricsLog | None, echo: Callable[[str], None], row: dict[str, Any]) -> None:
+        """Log ``row`` (its None values dropped; ``log`` is None on ranks > 0) and keep it as the
+        latest metrics (saved in checkpoints)."""
         row = {k: v for k, v in row.items() if v is not None}
         self.last.update(row)
-        log.write(row, echo)
+        if log is not None:
+            log.write(row, echo)

@@ -1,0 +1,257 @@
+"""Data parallel training across processes: the world from ``torchrun``'s environment, DDP, FSDP2, HSDP.
+
+Every training stage runs the same code in one process or under ``torchrun``: :func:`init_world`
+reads ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (a single process is a world
+of one and nothing is wrapped), starts the process group (NCCL on CUDA, gloo on CPU) and pins each
+rank to its GPU; :class:`Parallel` wraps the model from outside (the model knows nothing of it):
+
+- ``ddp``: :class:`torch.nn.parallel.DistributedDataParallel`; gradients are all-reduced once per
+  optimizer step, on the last micro-step only (``no_sync`` before it: ``shared/cases/06``);
+- ``fsdp``: FSDP2 ``fully_shard`` on every transformer block and on the root (parameters,
+  gradients and optimizer state sharded over all ranks: ZeRO-3, Rajbhandari et al. 2020);
+  gradients reduce-scattered on the last micro-step only (``set_requires_gradient_sync``);
+- ``hsdp``: the same, sharded within a node (``LOCAL_WORLD_SIZE`` ranks) and replicated across
+  nodes, on a 2-D :class:`~torch.distributed.device_mesh.DeviceMesh` (``replicate``, ``shard``).
+
+Data: every rank builds the same loader for the *global* micro-batch (``micro_batch_size x
+world_size`` rows) and takes its own rows (:class:`RankSlice`), so the order of rows is a function
+of the step alone and a run resumed at another world size with the same global batch continues
+the same sequence. The loss of a step is the sum over supervised tokens of every micro-batch and
+rank divided by their global count (``shared/cases/05``); DDP and FSDP average gradients over
+ranks, so each rank's loss is scaled by ``world_size`` first (:attr:`Parallel.loss_scale`).
+
+Checkpoints stay one consolidated file set written by rank 0 (:mod:`codechat.checkpoint`), so any
+world size and layout loads them: under FSDP the full model and optimizer states are gathered to
+rank 0's CPU (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict`` and
+``cpu_offload``: the other ranks never hold them whole), and the optimizer state is keyed by
+parameter name; checkpoints of one process keep the optimizer's own format. Muon needs whole
+matrices for its Newton-Schulz step and is refused under FSDP.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from .config import PARALLEL_STRATEGIES as STRATEGIES
+from .config import ConfigError
+from .data.batch import Batch
+from .device import resolve_device
+
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place: ``rank`` of ``size`` processes, ``local_rank`` of ``local_size`` on
+    its node, and its ``device`` (``cuda:LOCAL_RANK`` under ``torchrun`` on GPUs)."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the process that logs, prints and writes files."""
+        return self.rank == 0
+
+
+def init_world(device: str = "auto") -> World:
+    """The world of this process from ``torchrun``'s environment (one process without it).
+
+    Raises:
+        ConfigError: an inconsistent environment (``RANK`` outside ``WORLD_SIZE``, a node size
+            that does not divide the world).
+    """
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    dev = resolve_device(device)
+    if size == 1:
+        return World(device=dev)
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
+    if not (0 <= rank < size and 0 <= local < local_size and size % local_size == 0):
+        raise ConfigError(f"inconsistent torchrun environment: RANK={rank} WORLD_SIZE={size} LOCAL_RANK={local} "
+                          f"LOCAL_WORLD_SIZE={local_size}")
+    if dev.type == "cuda":
+        dev = torch.device("cuda", local)
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", device_id=dev if dev.type == "cuda" else None)
+        atexit.register(dist.destroy_process_group)
+    return World(rank, size, local, local_size, dev)
+
+
+@contextlib.contextmanager
+def main_first(world: World) -> Iterator[None]:
+    """Rank 0 runs the block first (e.g. builds files); the other ranks run it after rank 0 is done."""
+    if world.size > 1 and not world.main:
+        dist.barrier()
+    yield
+    if world.size > 1 and world.main:
+        dist.barrier()
+
+
+class RankSlice:
+    """A loader of global micro-batches (``rows x world.size`` rows each) seen through one rank:
+    rows ``[rank * rows, (rank + 1) * rows)`` of each. State is the global loader's."""
+
+    def __init__(self, loader: Any, world: World) -> None:
+        self.loader, self.world = loader, world
+
+    def next_batch(self) -> Batch:
+        b = Batch(*self.loader.next_batch())
+        if self.world.size == 1:
+            return b
+        n = b.inputs.size(0) // self.world.size
+        rows = slice(self.world.rank * n, (self.world.rank + 1) * n)
+        doc = None if b.doc_ids is None else b.doc_ids[rows]
+        real = None if b.n_tokens is None else round(b.n_tokens / self.world.size)  # for tokens/s only
+        return Batch(b.inputs[rows], b.labels[rows], doc, real)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+
+class Parallel:
+    """``model`` (already on ``world.device``) wrapped for ``strategy``; a world of one wraps nothing.
+
+    Raises:
+        ConfigError: an unknown strategy, Muon under FSDP/HSDP, or HSDP in a world of one node.
+    """
+
+    def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp", optim_name: str = "adamw") -> None:
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"--parallel must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        self.model, self.world = model, world
+        self.strategy = strategy if world.size > 1 else "none"
+        self.module: torch.nn.Module = model
+        if self.strategy == "none":
+            return
+        if self.strategy in ("fsdp", "hsdp") and optim_name == "muon":
+            raise ConfigError("Muon orthogonalises whole matrices and cannot run on FSDP shards: use "
+                              "--optim.name adamw with --parallel fsdp/hsdp, or --parallel ddp with Muon")
+        if self.strategy == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+            ids = [world.device.index] if world.device.type == "cuda" else None
+            self.module = DistributedDataParallel(model, device_ids=ids)
+            return
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        if self.strategy == "hsdp":
+            if world.size == world.local_size:
+                raise ConfigError("--parallel hsdp replicates across nodes and shards within one; this world is a "
+                                  "single node: use --parallel fsdp")
+            mesh = init_device_mesh(world.device.type, (world.size // world.local_size, world.local_size),
+                                    mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh(world.device.type, (world.size,))
+        for block in model.layers:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy in ("fsdp", "hsdp")
+
+    @property
+    def loss_scale(self) -> float:
+        """Factor on each rank's loss: DDP and FSDP average gradients over ranks; the step's loss is a sum."""
+        return float(self.world.size)
+
+    @contextlib.contextmanager
+    def micro_step(self, last: bool) -> Iterator[None]:
+        """Backward of one micro-batch; gradients are synchronised only when ``last``."""
+        if self.strategy == "ddp" and not last:
+            with self.module.no_sync():
+                yield
+            return
+        if self.sharded:
+            self.model.set_requires_gradient_sync(last)
+        yield
+
+    def all_sum(self, value: float) -> float:
+        """``value`` summed over ranks (itself in a world of one)."""
+        if self.world.size == 1:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.world.device)
+        dist.all_reduce(t)
+        return float(t)
+
+    def all_max(self, value: float) -> float:
+        """The largest ``value`` over ranks (so that every rank takes the same stop decision)."""
+        if self.world.size == 1:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.world.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
+    def grad_norm(self, total: torch.Tensor) -> float:
+        """The clip function's total norm as a float (a DTensor under FSDP)."""
+        return float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+
+    def barrier(self) -> None:
+        if self.world.size > 1:
+            dist.barrier()
+
+    # ------------------------------------------------------------------ state
+    def state_dicts(self, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Full model and optimizer states for a checkpoint, on rank 0 (empty dicts elsewhere under FSDP)."""
+        if not self.sharded:
+            return self.model.state_dict(), optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return (get_model_state_dict(self.model, options=opts),
+                get_optimizer_state_dict(self.model, optimizer, options=opts))
+
+    def load_state_dicts(self, model_sd: dict[str, Any], optim_sd: dict[str, Any] | None, optimizer: Any) -> None:
+        """Load full states saved by :meth:`state_dicts` at any world size (or by one process).
+
+        Raises:
+            RuntimeError, ValueError, KeyError: the states do not fit this model or optimizer.
+        """
+        by_name = optim_sd is not None and _keyed_by_name(optim_sd)
+        if not self.sharded and not by_name:
+            self.model.load_state_dict(model_sd)
+            if optim_sd is not None:
+                optimizer.load_state_dict(optim_sd)
+            return
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError("this checkpoint's optimizer state is keyed by parameter name (written under FSDP), "
+                             f"which {type(optimizer).__name__} cannot read: resume with --optim.name adamw")
+        opts = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, model_sd, options=opts)
+        if optim_sd is not None:
+            if not by_name:  # a one-process checkpoint resumed under FSDP: name its parameters first
+                optim_sd = _name_optimizer_state(self.model, optimizer, optim_sd)
+            set_optimizer_state_dict(self.model, optimizer, optim_sd, options=opts)
+
+
+def _keyed_by_name(optim_sd: dict[str, Any]) -> bool:
+    groups = optim_sd.get("param_groups") or [{}]
+    params = groups[0].get("params") or [0]
+    return isinstance(params[0], str)
+
+
+def _name_optimizer_state(model: torch.nn.Module, optimizer: Any, optim_sd: dict[str, Any]) -> dict[str, Any]:
+    """A ``torch.optim`` state dict keyed by parameter index, re-keyed by parameter name (the
+    optimizer's groups list parameters in model order, as :func:`codechat.train.optim.build_optimizer` does)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    state = {order[i]: s for i, s in optim_sd["state"].items()}
+    groups = [{**g, "params": [order[i] for i in g["params"]]} for g in optim_sd["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+__all__ = ["STRATEGIES", "World", "init_world", "main_first", "RankSlice", "Parallel"]

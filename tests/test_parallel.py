@@ -1,0 +1,156 @@
+"""Data parallel training on real process groups (gloo, ``torchrun`` on 127.0.0.1, 2 CPU processes).
+
+Each run is the real command: ``torchrun --nproc_per_node 2 -m codechat pretrain ...`` against one
+process with the same global batch (losses equal to 1e-5 in fp32), a 2-rank FSDP checkpoint
+resumed by one process (the same loss curve), SFT under DDP, and the trainer under DDP step by
+step in a worker script (parameters bit-identical on both ranks after every step; the loss of
+micro-batches with unequal supervised-token counts normalised over both ranks, ``shared/cases/05``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def run(args: list[str], launcher: list[str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    cmd = (launcher or [sys.executable]) + ["-m", "codechat", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def losses(out: Path) -> list[float]:
+    return [json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln]
+
+
+@pytest.fixture(scope="module")
+def pretrain_args(tok_dir, corpus_dir):
+    def args(out: Path, steps: int, *extra: str) -> list[str]:
+        return ["pretrain", "--preset", "tiny", "--max-steps", str(steps), "--data", str(corpus_dir), "--tokenizer",
+                str(tok_dir), "--out", str(out), "--device", "cpu", "--optim.name", "adamw", "--train.log_every", "1",
+                "--train.eval_tokens", "2048", *extra]
+    return args
+
+
+def test_ddp_and_fsdp_on_two_ranks_train_like_one_process_and_fsdp_checkpoints_resume_in_one(pretrain_args, tmp_path):
+    one = run(pretrain_args(tmp_path / "one", 4, "--train.micro_batch_size", "8"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    fsdp = run(pretrain_args(tmp_path / "fsdp", 3, "--parallel", "fsdp", "--train.micro_batch_size", "4"), TORCHRUN)
+    assert fsdp.returncode == 0, fsdp.stderr[-3000:]
+    ddp = run(pretrain_args(tmp_path / "ddp", 3, "--parallel", "ddp", "--train.micro_batch_size", "2",
+                            "--train.grad_accum", "2"), TORCHRUN)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    ref = losses(tmp_path / "one")
+    assert len(ref) == 4
+    for name in ("fsdp", "ddp"):
+        assert losses(tmp_path / name) == pytest.approx(ref[:3], rel=1e-5, abs=1e-5), name
+    assert fsdp.stdout.count("done: step 3") == 1  # rank 0 speaks
+    # the 2-rank FSDP checkpoint (optimizer state keyed by name) continues in one process
+    resumed = run(pretrain_args(tmp_path / "fsdp", 4, "--train.micro_batch_size", "8", "--resume"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert losses(tmp_path / "fsdp") == pytest.approx(ref, rel=1e-5, abs=1e-5)
+
+
+def test_sft_under_ddp_on_two_ranks_trains_like_one_process(pretrain_args, tmp_path):
+    base = run(pretrain_args(tmp_path / "base", 1))
+    assert base.returncode == 0, base.stderr[-3000:]
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Write f{i}."},
+                                                     {"role": "assistant", "content": "def f():\n    return " + "1" * i}]})
+                            + "\n" for i in range(1, 40)))
+    common = ["sft", "--init", str(tmp_path / "base"), "--data", str(data), "--max-steps", "3", "--device", "cpu",
+              "--train.log_every", "1", "--sft.decontaminate", "false", "--sft.max_length", "64"]
+    one = run(common + ["--out", str(tmp_path / "one"), "--train.micro_batch_size", "8"])
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = run(common + ["--out", str(tmp_path / "two"), "--train.micro_batch_size", "4", "--parallel", "ddp"], TORCHRUN)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-5, abs=1e-5)
+
+
+WORKER = r'''
+import hashlib, json, sys
+import torch, torch.distributed as dist
+from codechat.config import ModelConfig, OptimConfig, RunConfig, TrainConfig
+from codechat.data.batch import Batch
+from codechat.model import build_model
+from codechat.parallel import RankSlice, init_world
+from codechat.train.trainer import Trainer
+
+world = init_world("cpu")
+g = torch.Generator().manual_seed(1)
+# four sequences, 5 + 20 supervised tokens for rank 0 and 11 + 101 for rank 1 (shared/cases/05), in two micro-steps
+x = torch.randint(0, 64, (4, 128), generator=g)
+y = torch.randint(0, 64, (4, 128), generator=g)
+for row, n in enumerate((5, 11, 20, 101)):
+    y[row, n:] = -100
+
+class Global:  # global micro-batches of 2 rows: (5, 11) then (20, 101); rank r takes row r of each
+    i = 0
+    def next_batch(self):
+        b = Batch(x[self.i % 2 * 2: self.i % 2 * 2 + 2], y[self.i % 2 * 2: self.i % 2 * 2 + 2])
+        self.i += 1
+        return b
+    def state_dict(self): return {"i": self.i}
+    def load_state_dict(self, s): self.i = s["i"]
+
+cfg = ModelConfig(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_kv_head=2, max_seq_len=128)
+torch.manual_seed(0)
+model = build_model(cfg)
+trainer = Trainer(model, train=TrainConfig(max_steps=3, micro_batch_size=1, grad_accum=2, parallel=sys.argv[1]),
+                  optim=OptimConfig(lr=1e-2, warmup_steps=0), run=RunConfig(out=sys.argv[2]),
+                  batches=RankSlice(Global(), world), out_dir=sys.argv[2], show_progress=False, world=world)
+out = []
+for step in range(3):
+    stats = trainer.train_step([trainer.batches.next_batch() for _ in range(2)])
+    digest = hashlib.sha256(b"".join(p.detach().full_tensor().numpy().tobytes() if hasattr(p, "full_tensor")
+                                     else p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+    digests = [None] * world.size
+    dist.all_gather_object(digests, digest)
+    out.append({"loss": stats["loss"], "supervised": stats["supervised"], "same": len(set(digests)) == 1})
+if world.main:
+    print(json.dumps(out))
+'''
+
+
+def test_ddp_steps_keep_ranks_bit_identical_and_normalise_unequal_token_counts_globally(tmp_path):
+    import torch
+
+    from codechat.config import ModelConfig
+    from codechat.model import build_model
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    p = subprocess.run(TORCHRUN + [str(script), "ddp", str(tmp_path / "w")], capture_output=True, text=True,
+                       timeout=240, env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert p.returncode == 0, p.stderr[-3000:]
+    steps = json.loads(p.stdout.strip().splitlines()[-1])
+    assert [s["same"] for s in steps] == [True] * 3
+    assert [s["supervised"] for s in steps] == [137] * 3
+    # the first step's loss is the token mean over all four sequences (137 tokens), as one batch of all
+    torch.manual_seed(0)
+    m = build_model(ModelConfig(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_kv_head=2, max_seq_len=128))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 64, (4, 128), generator=g), torch.randint(0, 64, (4, 128), generator=g)
+    for row, n in enumerate((5, 11, 20, 101)):
+        y[row, n:] = -100
+    with torch.no_grad():
+        whole = float(m(x, y, reduction="sum")) / 137
+    assert steps[0]["loss"] == pytest.approx(whole, rel=1e-6)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--parallel", "fsdp", "--optim.name", "muon"], "Muon orthogonalises whole matrices"),
+    (["--parallel", "hsdp", "--optim.name", "adamw"], "this world is a single node"),
+])
+def test_layouts_that_cannot_work_fail_on_every_rank_before_training(pretrain_args, tmp_path, extra, message):
+    args = pretrain_args(tmp_path / "bad", 2)
+    i = args.index("--optim.name")
+    p = run(args[:i] + args[i + 2:] + extra, TORCHRUN, timeout=180)
+    assert p.returncode != 0
+    assert p.stderr.count(message) >= 2, p.stderr[-3000:]  # both ranks say it, nobody hangs
+    assert not (tmp_path / "bad" / "metrics.jsonl").exists()
