@@ -154,3 +154,20 @@ def test_layouts_that_cannot_work_fail_on_every_rank_before_training(pretrain_ar
     assert p.returncode != 0
     assert p.stderr.count(message) >= 2, p.stderr[-3000:]  # both ranks say it, nobody hangs
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
+
+
+def test_two_nodes_on_one_machine_train_hsdp_like_one_process(pretrain_args, tmp_path):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = pretrain_args(tmp_path / "hsdp", 3, "--parallel", "hsdp", "--train.micro_batch_size", "4")
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+                               "--node_rank", str(r), "--master_addr", "127.0.0.1", "--master_port", str(port),
+                               "-m", "codechat", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=ENV) for r in (0, 1)]
+    outs = [n.communicate(timeout=300) for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    one = run(pretrain_args(tmp_path / "one", 3, "--train.micro_batch_size", "8"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert losses(tmp_path / "hsdp") == pytest.approx(losses(tmp_path / "one"), rel=1e-5, abs=1e-5)
