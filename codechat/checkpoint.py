@@ -11,6 +11,12 @@ Layout of one checkpoint (a directory, so a stage's checkpoints sort by name)::
 
 A checkpoint is written under ``.tmp-step_000500`` and renamed when complete, so a crash
 mid-write never leaves a directory that looks finished.
+
+:func:`export` (``codechat export``) writes the consolidated form every command also loads::
+
+    OUT/model.safetensors   the weights (as trained; a tied LM head stored once, as the embedding)
+    OUT/state.json          step and meta (model config, stage); no optimizer or data position
+    OUT/tokenizer/
 """
 from __future__ import annotations
 
@@ -26,7 +32,8 @@ import numpy as np
 import torch
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
-REQUIRED = ("model.pt", "state.json")
+WEIGHT_FILES = ("model.pt", "model.safetensors")  # a training checkpoint's, an export's
+TIED_HEAD = "lm_head.weight"  # left out of an export's safetensors when the embedding is tied
 
 
 class CheckpointError(RuntimeError):
@@ -97,7 +104,7 @@ def resolve(path: str | os.PathLike) -> Path:
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such checkpoint or run directory")
-    if (p / "state.json").is_file() or (p / "model.pt").is_file():
+    if (p / "state.json").is_file() or any((p / f).is_file() for f in WEIGHT_FILES):
         return p
     for folder in (p / "checkpoints", p):
         found = list_checkpoints(folder)
@@ -114,20 +121,65 @@ def load(path: str | os.PathLike, *, map_location: str | torch.device = "cpu", w
         CheckpointError: a missing or truncated file, named in the message.
     """
     d = resolve(path)
-    for name in REQUIRED:
-        if not (d / name).is_file():
-            raise CheckpointError(f"{d / name}: missing; the checkpoint is incomplete")
+    weights = next((d / f for f in WEIGHT_FILES if (d / f).is_file()), d / WEIGHT_FILES[0])
+    for f in (weights, d / "state.json"):
+        if not f.is_file():
+            raise CheckpointError(f"{f}: missing; the checkpoint is incomplete")
     try:
         state = json.loads((d / "state.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{d / 'state.json'}: not valid JSON ({e}); the checkpoint is corrupt") from None
-    out: dict[str, Any] = {"dir": d, "state": state, "model": _torch_load(d / "model.pt", map_location)}
+    if weights.suffix == ".safetensors":
+        model = _safetensors_load(weights, map_location, state)
+    else:
+        model = _torch_load(weights, map_location)
+    out: dict[str, Any] = {"dir": d, "state": state, "model": model}
     if with_optim:
         if not (d / "optim.pt").is_file():
             raise CheckpointError(f"{d / 'optim.pt'}: missing; cannot resume the optimizer from {d}")
         out["optim"] = _torch_load(d / "optim.pt", map_location)
         out["rng"] = _torch_load(d / "rng.pt", "cpu") if (d / "rng.pt").is_file() else None
     return out
+
+
+def _safetensors_load(f: Path, map_location: str | torch.device, state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    try:
+        sd = load_file(f, device=str(map_location))
+    except Exception as e:  # truncated header, bad JSON: the file is broken
+        raise CheckpointError(f"{f}: cannot be read ({type(e).__name__}: {e}); the file is truncated or corrupt") from None
+    if state.get("meta", {}).get("model", {}).get("tie_embeddings") and TIED_HEAD not in sd:
+        sd[TIED_HEAD] = sd["embed_tokens.weight"]
+    return sd
+
+
+def export(path: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Write the checkpoint at ``path`` (a stage directory means its newest) as a consolidated
+    directory ``out`` (module docstring): one process, on the CPU, with about the model's size in
+    host memory. Written under ``.tmp-NAME`` beside ``out`` and renamed when complete.
+
+    Raises:
+        CheckpointError: an unreadable checkpoint, or ``out`` exists and is not an earlier export.
+    """
+    from safetensors.torch import save_file
+    c = load(path, map_location="cpu")
+    dst = Path(out)
+    if dst.exists() and not (dst / "model.safetensors").is_file():
+        raise CheckpointError(f"--out {dst}: exists and is not an export; choose a new directory")
+    tied = bool(c["state"].get("meta", {}).get("model", {}).get("tie_embeddings"))
+    sd = {k: v.detach().contiguous() for k, v in c["model"].items() if not (tied and k == TIED_HEAD)}
+    tmp = dst.parent / f".tmp-{dst.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(sd, tmp / "model.safetensors", metadata={"format": "pt", "source": str(c["dir"])})
+    state = {"step": c["state"].get("step"), "meta": c["state"].get("meta", {}), "exported_from": str(c["dir"])}
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    if (c["dir"] / "tokenizer").is_dir():
+        shutil.copytree(c["dir"] / "tokenizer", tmp / "tokenizer")
+    if dst.exists():
+        shutil.rmtree(dst)
+    os.replace(tmp, dst)
+    return dst
 
 
 def _torch_load(f: Path, map_location: str | torch.device) -> Any:
@@ -160,7 +212,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
     try:
         model.load_state_dict(c["model"])
     except RuntimeError as e:
-        raise CheckpointError(f"{d / 'model.pt'}: does not match its config ({e})") from None
+        raise CheckpointError(f"{d}: the weights do not match its config ({e})") from None
     if not (d / "tokenizer").is_dir():
         raise CheckpointError(f"{d / 'tokenizer'}: missing; the checkpoint is incomplete")
     return model.eval(), Tokenizer.load(d / "tokenizer"), c["state"]

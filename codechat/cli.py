@@ -175,6 +175,24 @@ def _cmd_rl(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     return 0
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a checkpoint as one consolidated directory (model.safetensors)",
+                       description="Write --model (a stage directory means its newest checkpoint; one written by "
+                                   "any number of ranks) as OUT/model.safetensors + state.json + tokenizer/, which "
+                                   "sample, chat, eval and --init load like any checkpoint. One process, CPU only.")
+    p.add_argument("--model", required=True, help="stage directory or checkpoint")
+    p.add_argument("--out", required=True, help="directory to write (replaced if it is an earlier export)")
+    p.add_argument("--format", default="codechat", choices=["codechat"],
+                   help="codechat (default): safetensors + config + tokenizer")
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .checkpoint import export
+    print(f"exported {args.model} -> {export(args.model, args.out)}")
+    return 0
+
+
 def _add_sample(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sample", help="continue a prompt with a trained model",
                        description="Sample a continuation of --prompt from a checkpoint or a stage directory.")
@@ -353,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pretrain(sub)
     _add_sft(sub)
     _add_rl(sub)
+    _add_export(sub)
     _add_sample(sub)
     _add_chat(sub)
     _add_funcall(sub)

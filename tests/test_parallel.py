@@ -113,23 +113,28 @@ for step in range(3):
     digests = [None] * world.size
     dist.all_gather_object(digests, digest)
     out.append({"loss": stats["loss"], "supervised": stats["supervised"], "same": len(set(digests)) == 1})
+model_sd, optim_sd = trainer.par.state_dicts(trainer.optimizer)  # what a checkpoint save gathers
+held = [None] * world.size
+dist.all_gather_object(held, len(model_sd) + len((optim_sd or {}).get("state", {})))
 if world.main:
-    print(json.dumps(out))
+    print(json.dumps({"steps": out, "held": held}))
 '''
 
 
-def test_ddp_steps_keep_ranks_bit_identical_and_normalise_unequal_token_counts_globally(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_steps_keep_ranks_identical_and_normalise_unequal_token_counts_globally(tmp_path, strategy):
     import torch
 
     from codechat.config import ModelConfig
     from codechat.model import build_model
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    p = subprocess.run(TORCHRUN + [str(script), "ddp", str(tmp_path / "w")], capture_output=True, text=True,
+    p = subprocess.run(TORCHRUN + [str(script), strategy, str(tmp_path / "w")], capture_output=True, text=True,
                        timeout=240, env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert p.returncode == 0, p.stderr[-3000:]
-    steps = json.loads(p.stdout.strip().splitlines()[-1])
-    assert [s["same"] for s in steps] == [True] * 3
+    report = json.loads(p.stdout.strip().splitlines()[-1])
+    steps = report["steps"]
+    assert [s["same"] for s in steps] == [True] * 3  # bit-identical parameters after every step
     assert [s["supervised"] for s in steps] == [137] * 3
     # the first step's loss is the token mean over all four sequences (137 tokens), as one batch of all
     torch.manual_seed(0)
@@ -141,6 +146,8 @@ def test_ddp_steps_keep_ranks_bit_identical_and_normalise_unequal_token_counts_g
     with torch.no_grad():
         whole = float(m(x, y, reduction="sum")) / 137
     assert steps[0]["loss"] == pytest.approx(whole, rel=1e-6)
+    if strategy == "fsdp":  # the full state is gathered to rank 0 alone
+        assert report["held"][0] > 0 and report["held"][1] == 0
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -171,3 +178,25 @@ def test_two_nodes_on_one_machine_train_hsdp_like_one_process(pretrain_args, tmp
     one = run(pretrain_args(tmp_path / "one", 3, "--train.micro_batch_size", "8"))
     assert one.returncode == 0, one.stderr[-3000:]
     assert losses(tmp_path / "hsdp") == pytest.approx(losses(tmp_path / "one"), rel=1e-5, abs=1e-5)
+
+
+def test_an_fsdp_checkpoint_exports_to_safetensors_that_every_command_loads(pretrain_args, tmp_path):
+    import torch
+
+    from codechat import checkpoint as ckpt
+    p = run(pretrain_args(tmp_path / "fsdp", 2, "--parallel", "fsdp", "--train.micro_batch_size", "2"), TORCHRUN)
+    assert p.returncode == 0, p.stderr[-3000:]
+    e = run(["export", "--model", str(tmp_path / "fsdp"), "--out", str(tmp_path / "export")])
+    assert e.returncode == 0, e.stderr[-3000:]
+    assert sorted(f.name for f in (tmp_path / "export").iterdir()) == ["model.safetensors", "state.json", "tokenizer"]
+    a, tok, _ = ckpt.load_model(tmp_path / "fsdp")
+    b, _, state = ckpt.load_model(tmp_path / "export")
+    assert state["step"] == 2 and b.cfg == a.cfg and b.cfg.tie_embeddings  # the tied head was stored once
+    ids = torch.tensor([tok.encode("def f(x):\n    return x")])
+    with torch.no_grad():
+        assert torch.equal(a(ids), b(ids))
+    s = run(["sample", "--model", str(tmp_path / "export"), "--prompt", "def f(", "--max-new-tokens", "4",
+             "--device", "cpu"])
+    assert s.returncode == 0 and s.stdout.startswith("def f("), s.stderr[-2000:]
+    again = run(["export", "--model", str(tmp_path / "fsdp"), "--out", str(tmp_path / "fsdp")])
+    assert again.returncode == 2 and "exists and is not an export" in again.stderr
