@@ -72,10 +72,11 @@ import torch
 from .. import checkpoint as ckpt
 from ..atomic import write_text
 from ..config import ConfigError, OptimConfig, RunConfig, TrainConfig, _check, save_yaml, to_dict
-from ..device import autocast_for, resolve_device
-from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages, policy_loss, sequence_logprobs
+from ..device import resolve_device
+from .grpo_update import GRPOStep
+from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages
 from .rollouts import REWARD_KINDS, Judge, RolloutBatch, collect
-from .trainer import MetricsLog, Trainer, TrainingDiverged, lr_at, restart_jsonl
+from .trainer import MetricsLog, Trainer, restart_jsonl
 
 DEAD_FIXES = ("use --reward tiered (partial credit for getting further), a larger --group-size, tasks the "
               "policy sometimes solves (`codechat eval filter` -> --tasks tasks:FILE), or more SFT before RL")
@@ -203,100 +204,6 @@ def preflight(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLConfig, s
     return {"tasks": n, "group_size": g, "pass@1": p1, f"pass@{g}": mean_pass_at_k(counts, g),
             "reward_mean": sum(scored) / len(scored) if scored else math.nan, "band": verdict_band(p1),
             "verdict": verdict(p1), "seconds": batch.generate_s + batch.judge_s}
-
-
-def _rows(batch: RolloutBatch, keep: list[int], mask_truncated: bool, pad_id: int):
-    """Padded training rows of rollouts ``keep``: inputs, targets (B, T) int64, mask (B, T) bool
-    (1 on the sampled ids' predictions) and the engine's log-probs aligned with it (B, T) float32."""
-    rs = [batch.rollouts[i] for i in keep]
-    T = max(len(r.prompt_ids) + len(r.completion_ids) - 1 for r in rs)
-    inputs = torch.full((len(rs), T), pad_id, dtype=torch.long)
-    targets = torch.zeros((len(rs), T), dtype=torch.long)
-    mask = torch.zeros((len(rs), T), dtype=torch.bool)
-    engine_lp = torch.zeros((len(rs), T), dtype=torch.float32)
-    for i, r in enumerate(rs):
-        ids = r.prompt_ids + r.completion_ids
-        p, c = len(r.prompt_ids), len(r.completion_ids)
-        inputs[i, :len(ids) - 1] = torch.tensor(ids[:-1])
-        targets[i, :len(ids) - 1] = torch.tensor(ids[1:])
-        if not (mask_truncated and r.finish == "length"):
-            mask[i, p - 1:p - 1 + c] = True
-        engine_lp[i, p - 1:p - 1 + c] = torch.tensor(r.engine_logprobs)
-    return inputs, targets, mask, engine_lp
-
-
-class GRPOStep:
-    """The update of one step: ``num_iterations`` optimizer steps on a batch of judged rollouts."""
-
-    def __init__(self, trainer: Trainer, cfg: RLConfig, pad_id: int, ref: torch.nn.Module | None) -> None:
-        self.t, self.cfg, self.pad_id, self.ref = trainer, cfg, pad_id, ref
-
-    def __call__(self, batch: RolloutBatch, adv: torch.Tensor) -> dict[str, float]:
-        cfg, t, dev = self.cfg, self.t, self.t.device
-        keep = [i for i in range(len(batch.rollouts)) if adv[i] != 0 or cfg.beta > 0]
-        out = {"train_tokens": 0, "loss": 0.0, "clip_frac": 0.0, "ratio_mean": 1.0, "grad_norm": 0.0}
-        if not keep:
-            return out
-        mb = t.tcfg.micro_batch_size
-        micro = [keep[i:i + mb] for i in range(0, len(keep), mb)]
-        rows = [_rows(batch, m, cfg.mask_truncated, self.pad_id) for m in micro]
-        n_tok = sum(int(r[2].sum()) for r in rows)
-        n_seq = sum(int(r[2].any(1).sum()) for r in rows)
-        if n_tok == 0:  # every kept rollout was cut at the limit and masked
-            return out
-        norm = float(n_tok if cfg.loss_norm == "token" else n_seq)
-        out["train_tokens"] = sum(int(r[0].numel()) for r in rows)
-        old: list[torch.Tensor] = []
-        refs: list[torch.Tensor | None] = []
-        ent = mis = 0.0
-        lr = lr_at(t.step, t.progress(), t.ocfg)
-        for it in range(cfg.num_iterations):
-            for g in t.optimizer.param_groups:
-                g["lr"] = lr
-            sums = {"loss": 0.0, "clip": 0.0, "ratio": 0.0, "kl": 0.0, "tok": 0.0}
-            for j, (m, (x, y, mask, elp)) in enumerate(zip(micro, rows)):
-                x, y, mask = x.to(dev), y.to(dev), mask.to(dev)
-                with autocast_for(dev, t.tcfg.dtype):
-                    logits = t.forward(x)
-                lp = sequence_logprobs(logits, y, mask, temperature=cfg.temperature)
-                if it == 0:  # before any update: this forward is the old policy
-                    old.append(lp.detach())
-                    with torch.no_grad():
-                        z = logits.float() / cfg.temperature
-                        h = -(z.softmax(-1) * z.log_softmax(-1)).sum(-1)
-                        ent += float((h * mask).sum())
-                        mis += float(((lp.detach() - elp.to(dev)).abs() * mask).sum())
-                        if self.ref is not None:
-                            with autocast_for(dev, t.tcfg.dtype):
-                                refs.append(sequence_logprobs(self.ref(x), y, mask, temperature=cfg.temperature))
-                        else:
-                            refs.append(None)
-                del logits
-                loss, st = policy_loss(lp, old[j], adv[m].to(dev), mask, clip_eps=cfg.clip_eps,
-                                       clip_eps_high=cfg.clip_eps_high, loss_norm=cfg.loss_norm,
-                                       ref_logprobs=refs[j], beta=cfg.beta, normalizer=norm)
-                loss.backward()
-                w = st["tokens"]
-                sums["loss"] += st["loss"]
-                sums["clip"] += st["clip_frac"] * w
-                sums["ratio"] += st["ratio_mean"] * w
-                sums["kl"] += st.get("kl", 0.0) * w
-                sums["tok"] += w
-            clip = t.ocfg.grad_clip or float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(t.model.parameters(), clip))
-            if not (math.isfinite(sums["loss"]) and math.isfinite(grad_norm)):
-                t.optimizer.zero_grad(set_to_none=True)
-                raise TrainingDiverged(f"step {t.step}: loss={sums['loss']} grad_norm={grad_norm}; stopped before "
-                                       f"the update. The newest checkpoint in {t.out_dir / 'checkpoints'} is the last "
-                                       "good one: lower --optim.lr, then --resume")
-            t.optimizer.step()
-            t.optimizer.zero_grad(set_to_none=True)
-        tok = max(sums["tok"], 1.0)
-        out.update(loss=sums["loss"], clip_frac=sums["clip"] / tok, ratio_mean=sums["ratio"] / tok,
-                   grad_norm=grad_norm, lr=lr, entropy=ent / n_tok, logprob_mismatch=mis / n_tok)
-        if cfg.beta > 0:
-            out["kl"] = sums["kl"] / tok
-        return out
 
 
 def _step_metrics(batch: RolloutBatch, stats: Any) -> dict[str, float]:
