@@ -13,6 +13,7 @@ from ..data.windows import WindowLoader, eval_windows
 from ..device import resolve_device
 from ..model import GPT, build_model
 from ..tokenizer import Tokenizer, train_tokenizer
+from .plan import check_training_memory
 from .trainer import Trainer
 
 
@@ -81,6 +82,7 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True) -> dict[str
         loader.n_windows / (cfg.train.micro_batch_size * cfg.train.accum_steps(1))))
     save_yaml(cfg, out / "config.yaml")
     device = resolve_device(cfg.run.device)
+    check_training_memory(cfg.model, cfg.train, cfg.optim, cfg.data.seq_len, device)  # one line on CUDA only
     model = build_model(cfg.model, device)
     val_rows = eval_windows(read_split(data_dir, "val"), cfg.data.seq_len, cfg.train.eval_tokens)
     token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.long)
