@@ -363,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .data import inspect as data_inspect
     from .data import tokenizer_cli
     from .eval import cli as eval_cli
+    from .train import plan
     parser = argparse.ArgumentParser(prog="codechat", description="Train your own code-chat model end to end.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_speedrun(sub)
@@ -372,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sft(sub)
     _add_rl(sub)
     _add_export(sub)
+    plan.add_cli(sub)
     _add_sample(sub)
     _add_chat(sub)
     _add_funcall(sub)

@@ -13,6 +13,7 @@ from ..data.windows import WindowLoader, eval_windows
 from ..parallel import RankSlice, init_world, main_first
 from ..model import GPT, build_model
 from ..tokenizer import Tokenizer, train_tokenizer
+from .plan import check_training_memory
 from .trainer import Trainer
 
 
@@ -84,6 +85,9 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True) -> dict[str
     if world.main:
         save_yaml(cfg, out / "config.yaml")
     device = world.device
+    check_training_memory(cfg.model, cfg.train, cfg.optim, cfg.data.seq_len, device, echo=print if world.main else
+                          (lambda _: None), gpus=world.size, gpus_per_node=world.local_size,
+                          parallel=cfg.train.parallel)  # one line on CUDA only
     model = build_model(cfg.model, device)
     val_rows = eval_windows(read_split(data_dir, "val"), cfg.data.seq_len, cfg.train.eval_tokens)
     token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.long)

@@ -1,0 +1,483 @@
+"""Memory planner: the per-GPU memory of a training layout, estimated before any GPU is touched.
+
+``codechat plan --preset 8b --gpus 8 --parallel fsdp --ac full`` (plus any training setting spelled
+as in ``codechat pretrain``: ``--train.micro_batch_size 1 --data.seq_len 2048``) prints, for every
+data-parallel strategy (``ddp``, ``fsdp``, ``hsdp``, and each split into ``--pp`` pipeline stages),
+what one GPU holds, a verdict against ``--gpu-mem-gb`` and a recommendation. Training stages call
+:func:`check_training_memory` before step 0: one line on CUDA, a warning when the estimate exceeds
+the device; nothing on a CPU.
+
+What one GPU holds, in bytes (shown in GiB, 2**30 bytes). ``Ψ`` is the parameter count of the
+GPU's pipeline stage, ``shard`` the ranks its model states are split over (1 for DDP, the data-
+parallel ranks for FSDP, the ranks of one node for HSDP), ``tokens = micro_batch_size * seq_len``:
+
+- weights ``Ψ param_bytes / shard``; grads ``Ψ grad_bytes / shard``;
+- optimizer: AdamW keeps m and v, ``2 state_bytes`` per parameter; Muon keeps one momentum buffer
+  per hidden matrix (:func:`codechat.train.optim.hidden_matrix_names`) and AdamW's m and v for the
+  rest; ``/ shard``;
+- master: ``Ψ master_bytes / shard``, the fp32 copy an optimizer keeps when the weights are bf16;
+- activations: ``tokens * n_layer * activation_bytes(...)`` saved for backward, plus the one
+  block recomputed at a time under checkpointing (:func:`activation_bytes`). With ``pp`` stages
+  the 1F1B schedule keeps ``pp`` micro-batches in flight on the first stage, one on the last
+  (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+  Megatron-LM", sec. 2.2.1); the plan shows the fuller of the two (GPipe keeps all of them);
+- logits: ``3 * 4 * tokens * vocab_size``: :meth:`codechat.model.GPT.forward` upcasts the (B, T, V)
+  logits to fp32 for the cross-entropy, whose backward holds three fp32 (B, T, V) tensors at once
+  (the log-softmax output it saved, the gradient from the NLL loss and the gradient of the logits);
+- buffers: FSDP's gathered full parameters of the current and the prefetched block in the compute
+  dtype, one block's unsharded gradients (compute dtype, cast to ``grad_bytes`` for the
+  reduce-scatter) and the root unit (embedding, final norm, LM head) gathered with its gradients
+  through the backward (FSDP2: the root is not resharded after forward). Under DDP with autocast,
+  the compute-dtype copies of every matrix: ``torch.autocast`` caches each cast weight until the
+  forward's autocast region exits, checkpointed blocks or not;
+- step: Muon's working set while it orthogonalises its largest batch of same-shape matrices (the
+  Nesterov update and its stack in ``grad_bytes``, three bf16 iterates);
+- margin: ``context_gib`` (CUDA context, cuBLAS workspaces, NCCL buffers) plus ``fragmentation``
+  of the tensors (the caching allocator's reserved-over-allocated share).
+
+Peak = weights + grads + optimizer + master + max(activations + logits + buffers, step) + margin:
+a conservative upper bound, since with ``zero_grad(set_to_none=True)`` gradients are allocated as
+activations are freed. ``torch.compile`` fuses elementwise ops and saves less.
+
+Dtypes: the defaults are codechat's trainer (``Trainer``, :func:`codechat.device.autocast_for`):
+fp32 weights, fp32 gradients, fp32 AdamW state, no master copy, bf16 autocast on CUDA: 4 + 4 + 8 = 16
+bytes per parameter plus the bf16 copies. The seed system's settings are bf16 weights and
+gradients, an fp32 master copy and fp32 m and v (``param_bytes=2, grad_bytes=2, master_bytes=4``):
+2 + 2 + 4 + 4 + 4 = 16 bytes per parameter, the mixed-precision Adam of ZeRO (Rajbhandari et al.
+2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", sec. 3.1: 2Ψ + 2Ψ +
+KΨ with K = 12).
+
+Against measurements: torchtitan's Llama 3.1 8B under FSDP on 8 H100s (local batch 2 x 8192,
+selective op AC, no compile; its docs/performance.md, table 1) reserved 82.4 GiB per GPU; this
+planner gives 87.1 GiB. At the seed's settings (micro-batch 1 x 2048, checkpointing on, 16 bytes
+per parameter) it gives 150.3 GiB for ``8b`` on one GPU (the seed: ~160 GB, does not fit), but
+27.0 GiB for ``2b`` on one GPU (the seed: ~60 GB) and 24.2 GiB for ``8b`` FSDP over 8 (the seed:
+55-65 GB measured on A800s). Those two seed figures are more than their model states (22.5 and
+16.8 GiB at 16 bytes per parameter) plus checkpointed activations (~1 GiB) can explain: they
+describe the seed's own implementation (FSDP1 wrapping, its allocator's reserve), not a layout
+this planner models; the GPU runs of the parallel layer are the check that matters.
+"""
+from __future__ import annotations
+
+import argparse
+import warnings
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from ..config import ConfigError, ModelConfig, OptimConfig, TrainConfig
+
+STRATEGIES = ("ddp", "hsdp", "fsdp")  # cheapest first: replicated, sharded in a node, sharded everywhere
+AC_MODES = ("none", "selective", "full")  # cheapest first: recomputation costs compute
+GIB = 2 ** 30
+FP32 = 4
+#: fp32 (B, T, V) tensors alive at once in the cross-entropy's backward (see the module docstring).
+LOGITS_FP32_COPIES = 3
+#: Bytes per element of Muon's Newton-Schulz iterates: bf16 on CUDA (``optim.muon_ns_dtype`` auto).
+NS_BYTES = 2
+#: ``--gpu-mem-gb`` without a local CUDA device: an 80 GB A100/H100.
+DEFAULT_GPU_MEM_GIB = 80.0
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+#: The table's columns: :class:`Estimate` fields (bytes, shown in GiB) and their headings.
+COLUMNS = {"weights": "weights", "grads": "grads", "optimizer": "optim", "master": "master", "activations": "activ",
+           "logits": "logits", "buffers": "buffers", "step": "step", "margin": "margin"}
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """The inputs of a memory plan: model shape, batch, layout, dtypes and the GPU's memory.
+
+    Sizes of one element are in bytes (4 fp32, 2 bf16); ``gpu_mem_gib`` and ``context_gib`` in
+    GiB. Defaults are codechat's trainer; the seed's settings are ``param_bytes=2, grad_bytes=2,
+    master_bytes=4`` (module docstring). ``parallel`` and ``pp`` are the layout asked for; the
+    plan shows the other strategies beside it.
+
+    Raises:
+        ConfigError: an unknown strategy or AC mode, ``pp`` not dividing the layers or the
+            GPUs, an HSDP world that is not whole nodes, fewer than one GPU, an impossible dtype.
+    """
+
+    model: ModelConfig
+    micro_batch_size: int = 1  # rows per micro-batch on one data-parallel rank
+    seq_len: int = 2048  # tokens per row
+    gpus: int = 1  # world size
+    gpus_per_node: int = 8  # HSDP shards within a node and replicates across nodes
+    parallel: str = "ddp"  # see STRATEGIES
+    pp: int = 1  # pipeline stages; the other gpus / pp ranks are data parallel
+    ac: str = "none"  # activation checkpointing, see AC_MODES
+    optim: str = "adamw"  # adamw | muon (OptimConfig.name)
+    param_bytes: int = 4  # stored weights (fp32 in codechat; the seed: bf16)
+    grad_bytes: int = 4  # stored gradients, also FSDP's reduce-scatter dtype
+    master_bytes: int = 0  # fp32 master copy of bf16 weights (the seed: 4); 0 -> none
+    state_bytes: int = 4  # each optimizer state element (fp32)
+    compute_bytes: int = 2  # activations and matmul inputs: bf16 autocast on CUDA (train.dtype auto)
+    gpu_mem_gib: float = DEFAULT_GPU_MEM_GIB
+    context_gib: float = 1.0  # CUDA context + cuBLAS workspaces + NCCL buffers per GPU
+    fragmentation: float = 0.1  # allocator reserve, as a share of the tensors' bytes
+
+    def __post_init__(self) -> None:
+        _check(self.gpus >= 1, f"--gpus must be >= 1, got {self.gpus}")
+        _check(self.parallel in STRATEGIES, f"unknown strategy --parallel {self.parallel!r}; choose one of "
+               f"{', '.join(STRATEGIES)}")
+        _check(self.ac in AC_MODES, f"unknown --ac {self.ac!r}; choose one of {', '.join(AC_MODES)}")
+        _check(self.optim in ("adamw", "muon"), f"optim.name must be adamw or muon, got {self.optim!r}")
+        _check(self.pp >= 1 and self.model.n_layer % self.pp == 0,
+               f"--pp {self.pp} does not divide the model's {self.model.n_layer} layers; pick a divisor of "
+               f"{self.model.n_layer}")
+        _check(self.gpus % self.pp == 0, f"--pp {self.pp} does not divide --gpus {self.gpus}; the pipeline "
+               "stages times the data-parallel ranks must make up the GPUs")
+        _check(self.gpus_per_node >= 1, f"--gpus-per-node must be >= 1, got {self.gpus_per_node}")
+        dp = self.gpus // self.pp
+        _check(self.parallel != "hsdp" or dp <= self.gpus_per_node or dp % self.gpus_per_node == 0,
+               f"--parallel hsdp over {dp} data-parallel ranks needs whole nodes of --gpus-per-node "
+               f"{self.gpus_per_node}")
+        _check(self.micro_batch_size >= 1 and self.seq_len >= 1, "micro_batch_size and seq_len must be >= 1")
+        for name in ("param_bytes", "grad_bytes", "state_bytes", "compute_bytes"):
+            _check(getattr(self, name) in (2, 4), f"{name} must be 2 (bf16) or 4 (fp32), got {getattr(self, name)}")
+        _check(self.master_bytes in (0, 4), f"master_bytes must be 0 (none) or 4 (fp32), got {self.master_bytes}")
+        _check(not (self.master_bytes and self.param_bytes == 4),
+               "an fp32 master copy of fp32 weights holds nothing new: use --master-weights with --param-dtype bf16")
+        _check(self.gpu_mem_gib > 0 and self.context_gib >= 0 and 0 <= self.fragmentation < 1,
+               "gpu_mem_gib must be > 0, context_gib >= 0 and fragmentation in [0, 1)")
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks per pipeline stage."""
+        return self.gpus // self.pp
+
+    @property
+    def shard(self) -> int:
+        """Ranks one stage's model states are split over: 1 (DDP), all data-parallel ranks (FSDP),
+        those of one node (HSDP)."""
+        return {"ddp": 1, "fsdp": self.dp, "hsdp": min(self.dp, self.gpus_per_node)}[self.parallel]
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameter counts of a :class:`ModelConfig`; ``total`` equals ``GPT(cfg).num_params()``."""
+
+    n_layer: int
+    embedding: int  # vocab_size * n_embd
+    block: int  # one transformer block: 2 norms, q/k/v/o, optional QK-norm, SwiGLU
+    head: int  # final norm + LM head (the LM head is the embedding when tied)
+    block_matrices: tuple[tuple[int, int], ...]  # shapes of one block's 2-D weights (Muon's hidden matrices)
+    head_matrix: int  # elements of the LM head's matrix (cast by autocast even when tied)
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.n_layer * self.block + self.head
+
+
+def param_counts(cfg: ModelConfig) -> ParamCounts:
+    """Parameter counts of ``cfg`` from its shapes (see :class:`codechat.model.GPT`)."""
+    h, q, kv, i = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.intermediate_size
+    matrices = ((q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i))
+    block = 2 * h + sum(r * c for r, c in matrices) + (2 * cfg.head_dim if cfg.qk_norm else 0)
+    lm_head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
+    return ParamCounts(cfg.n_layer, cfg.vocab_size * h, block, h + lm_head, matrices, cfg.vocab_size * h)
+
+
+def activation_bytes(cfg: ModelConfig, ac: str, residual_bytes: int, compute_bytes: int) -> int:
+    """Bytes per token that one transformer block keeps for its backward.
+
+    The method of Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+    Models", sec. 4.1: sbh(34 + 5as/h) for a GPT layer) applied to this block (RMSNorm, GQA,
+    SwiGLU, no dropout, fused SDPA that keeps no (T, T) scores, only a logsumexp per head), with
+    h = n_embd, q = n_head * head_dim, kv = n_kv_head * head_dim, I = intermediate_size,
+    r = residual_bytes (the residual stream: fp32 when autocast runs on fp32 weights), c = compute_bytes:
+
+    - ``none``: 2hr (the inputs of both norms) + nhc with n = 5 casts of the norms' outputs when
+      r != c (autocast casts them once per projection: q, k, v, gate, up), else n = 2; (q + kv)c for
+      QK-norm; (2q + 2kv)c for attention (rotated q and k, v, the output that ``o_proj`` reads);
+      4Ic for SwiGLU (gate, up, silu(gate), the product); fp32 statistics (norms' rstd, logsumexp).
+    - ``selective``: torchtitan's op-level policy (``apply_ac`` with ``selective_ac_option: op``):
+      keep the attention output and the output of every other matmul of the block, recompute the
+      rest; in this block's order (q, k, v, o, gate, up, down) that keeps q, v, gate and down:
+      hr + (2q + kv + I + h)c + the logsumexp.
+    - ``full`` (each block recomputed from its input; Korthikanti et al.'s 2sbh per layer): hr.
+    """
+    h, q, kv, i = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.intermediate_size
+    r, c = residual_bytes, compute_bytes
+    if ac == "full":
+        return h * r
+    if ac == "selective":
+        return h * r + (2 * q + kv + i + h) * c + FP32 * cfg.n_head
+    casts = 5 if r != c else 2
+    qk_norm = ((q + kv) * c + FP32 * (cfg.n_head + cfg.n_kv_head)) if cfg.qk_norm else 0
+    return 2 * h * r + casts * h * c + qk_norm + (2 * q + 2 * kv) * c + 4 * i * c + FP32 * (2 + cfg.n_head)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes one GPU holds under one layout (its fullest pipeline stage); see the module docstring."""
+
+    parallel: str
+    pp: int
+    weights: float
+    grads: float
+    optimizer: float
+    master: float
+    activations: float
+    logits: float
+    buffers: float
+    step: float
+    margin: float
+
+    @property
+    def layout(self) -> str:
+        return self.parallel if self.pp == 1 else f"pp{self.pp}x{self.parallel}"
+
+    @property
+    def tensors(self) -> float:
+        """Peak bytes of tensors: model states plus the larger of the backward's and the step's working sets."""
+        states = self.weights + self.grads + self.optimizer + self.master
+        return states + max(self.activations + self.logits + self.buffers, self.step)
+
+    @property
+    def total(self) -> float:
+        """Peak bytes with the margin: what the GPU must have."""
+        return self.tensors + self.margin
+
+
+def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Estimate:
+    """The estimate of one pipeline stage (``first`` holds the embedding, ``last`` the head and logits)."""
+    m, layers, shard = cfg.model, cfg.model.n_layer // cfg.pp, cfg.shard
+    tied_copy = counts.embedding if (m.tie_embeddings and last and not first) else 0  # the head's shared matrix
+    root = (counts.embedding if first else 0) + (counts.head + tied_copy if last else 0)
+    params = layers * counts.block + root
+    matrices = layers * sum(rows * cols for rows, cols in counts.block_matrices)  # Muon's hidden matrices
+    if cfg.optim == "muon":
+        optimizer = matrices * cfg.state_bytes + (params - matrices) * 2 * cfg.state_bytes
+        largest = layers * max(rows * cols * n for (rows, cols), n in Counter(counts.block_matrices).items())
+        step = largest * (2 * cfg.grad_bytes + 3 * NS_BYTES) / shard
+    else:
+        optimizer, step = params * 2 * cfg.state_bytes, 0.0
+    sharded = cfg.parallel != "ddp"
+    c = cfg.compute_bytes
+    r = c if sharded else cfg.param_bytes  # FSDP gathers the weights (the embedding too) in the compute dtype
+    tokens = cfg.micro_batch_size * cfg.seq_len
+    in_flight = cfg.pp if first else 1  # 1F1B: stage 0 holds pp micro-batches in flight, the last one
+    acts = in_flight * tokens * layers * activation_bytes(m, cfg.ac, r, c)
+    if cfg.ac != "none":  # the one block recomputed during its backward
+        acts += tokens * activation_bytes(m, "none", r, c)
+    logits = 0.0
+    if last:  # final norm input and its cast output, then the (B, T, V) logits
+        acts += tokens * (m.n_embd * (r + c) + FP32)
+        logits = float(LOGITS_FP32_COPIES * FP32 * tokens * m.vocab_size)
+    if sharded:
+        buffers = 2 * counts.block * c + counts.block * (c + cfg.grad_bytes) + root * 2 * c
+    elif c < cfg.param_bytes:
+        buffers = (matrices + (counts.head_matrix if last else 0)) * c
+    else:
+        buffers = 0
+    est = Estimate(cfg.parallel, cfg.pp, params * cfg.param_bytes / shard,
+                   params * cfg.grad_bytes / shard, optimizer / shard, params * cfg.master_bytes / shard,
+                   float(acts), logits, float(buffers), step, 0.0)
+    return replace(est, margin=cfg.context_gib * GIB + cfg.fragmentation * est.tensors)
+
+
+def estimate(cfg: PlanConfig) -> Estimate:
+    """Per-GPU bytes of ``cfg``'s layout: its fullest pipeline stage (the first or the last)."""
+    counts = param_counts(cfg.model)
+    stages = [_stage(cfg, counts, True, cfg.pp == 1)] + ([_stage(cfg, counts, False, True)] if cfg.pp > 1 else [])
+    return max(stages, key=lambda e: e.total)
+
+
+def fits(cfg: PlanConfig, est: Estimate) -> bool:
+    """Whether ``est``'s peak with its margin is within ``cfg.gpu_mem_gib``."""
+    return est.total <= cfg.gpu_mem_gib * GIB
+
+
+def _candidates(cfg: PlanConfig) -> list[PlanConfig]:
+    """Valid variants of ``cfg``, cheapest first: the full micro-batch before a smaller one (more
+    accumulation), no pipeline before stages (bubbles), less recomputation before more, then
+    DDP < HSDP < FSDP (communication). HSDP within one node is FSDP and is left out."""
+    pps = [p for p in range(1, cfg.gpus + 1) if cfg.gpus % p == 0 and cfg.model.n_layer % p == 0]
+    mbs = [d for d in range(cfg.micro_batch_size, 0, -1) if cfg.micro_batch_size % d == 0]
+    out = []
+    for mb in mbs:
+        for pp in pps:
+            for ac in AC_MODES:
+                for strategy in STRATEGIES:
+                    try:
+                        cand = replace(cfg, micro_batch_size=mb, ac=ac, pp=pp, parallel=strategy)
+                    except ConfigError:  # HSDP over part of a node
+                        continue
+                    if strategy != "hsdp" or cand.shard < cand.dp:
+                        out.append(cand)
+    return out
+
+
+def _flags(cfg: PlanConfig, base: PlanConfig) -> str:
+    flags = [f"--parallel {cfg.parallel}", f"--ac {cfg.ac}"] + ([f"--pp {cfg.pp}"] if cfg.pp > 1 else [])
+    if cfg.micro_batch_size != base.micro_batch_size:
+        times = base.micro_batch_size // cfg.micro_batch_size
+        flags.append(f"--train.micro_batch_size {cfg.micro_batch_size} with {times}x the --train.grad_accum "
+                     "(the same rows per step)")
+    return " ".join(flags)
+
+
+def recommend(cfg: PlanConfig) -> str:
+    """One sentence: the cheapest variant of ``cfg`` that fits (in :func:`_candidates`' order), or
+    how many GPUs FSDP with full checkpointing at micro-batch 1 would need."""
+    asked_fits = fits(cfg, estimate(cfg))
+    for cand in _candidates(cfg):
+        if cand == cfg and asked_fits:
+            return "the layout asked for is the cheapest that fits."
+        est = estimate(cand)
+        if fits(cand, est):
+            lead = "a cheaper layout fits too" if asked_fits else "use"
+            return f"{lead}: {_flags(cand, cfg)} (about {est.total / GIB:.1f} GiB per GPU)."
+    floor = replace(cfg, parallel="fsdp", ac="full", pp=1, micro_batch_size=1)
+    for k in range(1, 15):
+        big = replace(floor, gpus=cfg.gpus * 2 ** k)
+        if fits(big, estimate(big)):
+            return (f"nothing fits on {cfg.gpus} GPU(s): --parallel fsdp --ac full at micro-batch 1 needs about "
+                    f"{big.gpus} GPUs of {cfg.gpu_mem_gib:.0f} GiB.")
+    return "nothing fits: the LM head and the logits alone exceed one GPU; lower data.seq_len."
+
+
+def format_plan(cfg: PlanConfig) -> str:
+    """The plan as text: the inputs, a table of GiB per GPU for every strategy, a verdict and a recommendation."""
+    m, counts = cfg.model, param_counts(cfg.model)
+    names = {4: "fp32", 2: "bf16"}
+    lines = [f"model: {counts.total:,} parameters ({m.n_layer} layers, width {m.n_embd}, vocab {m.vocab_size}); "
+             f"micro-batch {cfg.micro_batch_size} x {cfg.seq_len} tokens; {cfg.gpus} GPU(s), "
+             f"{cfg.gpus_per_node} per node; optimizer {cfg.optim}",
+             f"dtypes: weights {names[cfg.param_bytes]}, grads {names[cfg.grad_bytes]}, optimizer state "
+             f"{names[cfg.state_bytes]}, master copy {names.get(cfg.master_bytes, 'none')}, compute "
+             f"{names[cfg.compute_bytes]}",
+             "activations per GPU (" + ", ".join(f"--ac {a}: {estimate(replace(cfg, ac=a)).activations / GIB:.1f}"
+                                                 for a in AC_MODES) + " GiB)",
+             f"{'GiB per GPU':<19}" + "".join(f"{n:>8}" for n in COLUMNS.values()) + "   total"]
+    for pp in sorted({1, cfg.pp}):
+        for strategy in STRATEGIES:
+            try:
+                alt = replace(cfg, parallel=strategy, pp=pp)
+            except ConfigError:
+                continue
+            if strategy == "hsdp" and alt.shard == alt.dp and cfg.parallel != "hsdp":
+                continue  # within one node HSDP is FSDP
+            e = estimate(alt)
+            mark = "*" if (strategy, pp) == (cfg.parallel, cfg.pp) else " "
+            lines.append(f"{mark} {e.layout:<17}" + "".join(f"{getattr(e, n) / GIB:8.1f}" for n in COLUMNS)
+                         + f"{e.total / GIB:8.1f}" + ("  fits" if fits(alt, e) else "  too big"))
+    lines += [verdict(cfg), f"recommendation: {recommend(cfg)}"]
+    return "\n".join(lines)
+
+
+def verdict(cfg: PlanConfig, est: Estimate | None = None) -> str:
+    """``fits`` / ``does not fit`` for the layout asked for, with the GiB it needs and has."""
+    est = est or estimate(cfg)
+    need, have = est.total / GIB, cfg.gpu_mem_gib
+    word = f"fits ({have - need:.1f} GiB to spare)" if need <= have else f"does not fit ({need - have:.1f} GiB over)"
+    return f"verdict: {est.layout} on {cfg.gpus} GPU(s) needs about {need:.1f} GiB per GPU of {have:.1f} GiB: {word}"
+
+
+def plan_config(model: ModelConfig, train: TrainConfig, optim: OptimConfig, seq_len: int, **layout: Any
+                ) -> PlanConfig:
+    """The :class:`PlanConfig` of a training run's settings; ``layout`` sets the other fields."""
+    return PlanConfig(model=model, micro_batch_size=train.micro_batch_size, seq_len=seq_len, optim=optim.name,
+                      compute_bytes=DTYPE_BYTES["fp32" if train.dtype == "fp32" else "bf16"], **layout)
+
+
+def print_plan(cfg: PlanConfig, echo: Callable[[str], None] = print) -> Estimate:
+    """Echo one line: the estimated peak per GPU of ``cfg``'s layout and what it is made of."""
+    e = estimate(cfg)
+    parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in (
+        ("weights", e.weights), ("grads", e.grads), ("optimizer", e.optimizer + e.master),
+        ("activations", e.activations), ("logits", e.logits), ("buffers", max(e.buffers, e.step)),
+        ("margin", e.margin)))
+    echo(f"memory plan: ~{e.total / GIB:.1f} GiB per GPU of {cfg.gpu_mem_gib:.1f} GiB ({e.layout}, --ac {cfg.ac}; "
+         f"{parts}); see `codechat plan`")
+    return e
+
+
+def warn_if_exceeds(cfg: PlanConfig, est: Estimate) -> bool:
+    """Warn (``warnings.warn``) when ``est`` exceeds ``cfg.gpu_mem_gib``, with the recommendation.
+
+    Returns:
+        whether it warned.
+    """
+    if fits(cfg, est):
+        return False
+    warnings.warn(f"{verdict(cfg, est)}; this run will likely run out of memory. Try {recommend(cfg)}",
+                  stacklevel=2)
+    return True
+
+
+def device_memory_gib(device: Any = None) -> float | None:
+    """Total memory of a CUDA ``device`` (default: the current one) in GiB, or None without CUDA."""
+    import torch
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
+        return None
+    return torch.cuda.get_device_properties(device or torch.cuda.current_device()).total_memory / GIB
+
+
+def check_training_memory(model: ModelConfig, train: TrainConfig, optim: OptimConfig, seq_len: int, device: Any,
+                          echo: Callable[[str], None] = print, **layout: Any) -> Estimate | None:
+    """What a training stage calls before step 0: on CUDA print the plan's line and warn if it
+    exceeds the device; on other devices do nothing and return None."""
+    mem = device_memory_gib(device)
+    if mem is None:
+        return None
+    cfg = plan_config(model, train, optim, seq_len, gpu_mem_gib=mem, **layout)
+    est = print_plan(cfg, echo)
+    warn_if_exceeds(cfg, est)
+    return est
+
+
+def add_cli(sub: Any) -> None:
+    """Register ``codechat plan`` on the ``codechat`` subparsers."""
+    from ..config import PRESETS
+    p = sub.add_parser("plan", help="estimate per-GPU memory of a training layout (no GPU needed)",
+                       description="Per-GPU memory (weights, grads, optimizer, master copy, activations, logits, "
+                                   "buffers, margin) of pretraining --preset under DDP, FSDP, HSDP and --pp stages, "
+                                   "a verdict against --gpu-mem-gb and a recommendation. Training settings are spelled "
+                                   "as in `codechat pretrain` (--train.micro_batch_size 1 --data.seq_len 2048 "
+                                   "--optim.name muon). The vocabulary is the tokenizer's (--data.tokenizer_dir) or "
+                                   "the one pretraining would train (--data.vocab_size), unless --model.vocab_size "
+                                   "is given. Exit code 0: fits, 1: does not.")
+    p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model shape and its recipe (default tiny)")
+    p.add_argument("--config", help="YAML file of settings, applied over the preset")
+    p.add_argument("--gpus", type=int, default=1, help="world size (default 1)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs of one node, HSDP's shard group (default 8)")
+    p.add_argument("--parallel", choices=STRATEGIES, default="ddp", help="data-parallel strategy (default ddp)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
+    p.add_argument("--ac", choices=AC_MODES, default="none", help="activation checkpointing (default none)")
+    p.add_argument("--gpu-mem-gb", type=float,
+                   help="memory of one GPU in GiB (default: this machine's CUDA device, else "
+                        f"{DEFAULT_GPU_MEM_GIB:.0f})")
+    p.add_argument("--param-dtype", choices=list(DTYPE_BYTES), default="fp32", help="stored weights (default fp32, "
+                   "codechat's trainer; the seed: bf16)")
+    p.add_argument("--grad-dtype", choices=list(DTYPE_BYTES), help="stored gradients (default: the weights' dtype)")
+    p.add_argument("--master-weights", action="store_true", help="an fp32 master copy of bf16 weights (the seed's)")
+    p.set_defaults(func=_cmd_plan, accepts_overrides=True)
+
+
+def _cmd_plan(args: argparse.Namespace, overrides: dict[str, str]) -> int:
+    from ..config import PretrainConfig, load, pretrain_recipe
+    run = load(PretrainConfig, args.config, overrides, base=pretrain_recipe(args.preset))
+    model = run.model
+    if "model.vocab_size" not in overrides:  # pretraining takes the vocabulary from its tokenizer
+        from ..tokenizer import Tokenizer
+        vocab = Tokenizer.load(run.data.tokenizer_dir).vocab_size if run.data.tokenizer_dir else run.data.vocab_size
+        model = replace(model, vocab_size=vocab)
+    mem = args.gpu_mem_gb if args.gpu_mem_gb is not None else (device_memory_gib() or DEFAULT_GPU_MEM_GIB)
+    cfg = plan_config(model, run.train, run.optim, run.data.seq_len, gpus=args.gpus,
+                      gpus_per_node=args.gpus_per_node, parallel=args.parallel, pp=args.pp, ac=args.ac,
+                      gpu_mem_gib=mem, param_bytes=DTYPE_BYTES[args.param_dtype],
+                      grad_bytes=DTYPE_BYTES[args.grad_dtype or args.param_dtype],
+                      master_bytes=FP32 if args.master_weights else 0)
+    print(format_plan(cfg))
+    return 0 if fits(cfg, estimate(cfg)) else 1
+
+
+__all__ = ["PlanConfig", "ParamCounts", "Estimate", "STRATEGIES", "AC_MODES", "param_counts", "activation_bytes",
+           "estimate", "fits", "recommend", "verdict", "format_plan", "plan_config", "print_plan", "warn_if_exceeds",
+           "device_memory_gib", "check_training_memory", "add_cli"]

@@ -1,0 +1,185 @@
+"""The memory planner (`codechat plan`, codechat.train.plan): counts against the real model and
+optimizer, the seed's table, the logits at large vocabularies, layouts, bad input and the CLI."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from codechat.cli import main
+from codechat.config import ConfigError, ModelConfig, OptimConfig, preset
+from codechat.model import GPT, Block, rope_tables
+from codechat.train.optim import build_optimizer
+from codechat.train.plan import (GIB, PlanConfig, activation_bytes, check_training_memory, estimate, fits,
+                                 param_counts, print_plan, recommend, warn_if_exceeds)
+
+#: The seed system's settings: micro-batch 1 x 2048, checkpointing on, bf16 weights and
+#: gradients, fp32 master copy and fp32 AdamW m and v (16 bytes per parameter).
+SEED = dict(micro_batch_size=1, seq_len=2048, ac="full", param_bytes=2, grad_bytes=2, master_bytes=4,
+            gpu_mem_gib=80.0)
+SMALL = ModelConfig(vocab_size=512, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, intermediate_size=160,
+                    max_seq_len=128)
+
+
+def states(e) -> float:
+    return e.weights + e.grads + e.optimizer + e.master
+
+
+@pytest.mark.parametrize("cfg", [preset("tiny"), preset("d12"), preset("2b"), preset("8b"),
+                                 preset("d12", tie_embeddings=True, qk_norm=False), SMALL])
+def test_param_count_equals_the_model_built_on_meta(cfg):
+    with torch.device("meta"):
+        model = GPT(cfg)
+    assert param_counts(cfg).total == model.num_params()
+
+
+def test_activation_bytes_match_the_tensors_a_real_block_saves():
+    B, T = 2, 128
+    block = Block(SMALL)
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    cos, sin = rope_tables(SMALL.head_dim, T, SMALL.rope_theta)
+    skip = {t.untyped_storage().data_ptr() for t in (*block.parameters(), cos, sin)}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in skip:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randn(B, T, SMALL.n_embd, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x, cos, sin, None, 0)
+    # on a CPU, F.rms_norm runs decomposed and also keeps x * rstd of each norm (two of width
+    # n_embd, QK-norm's of q and k); CUDA's fused kernel keeps only x and rstd
+    h, q, kv = SMALL.n_embd, SMALL.n_head * SMALL.head_dim, SMALL.n_kv_head * SMALL.head_dim
+    cpu_decomposition = 4 * (2 * h + q + kv)
+    assert sum(saved.values()) == B * T * (activation_bytes(SMALL, "none", 4, 4) + cpu_decomposition)
+    assert activation_bytes(SMALL, "full", 4, 2) == 4 * h  # the block's fp32 input only
+    assert activation_bytes(SMALL, "full", 4, 2) < activation_bytes(SMALL, "selective", 4, 2) \
+        < activation_bytes(SMALL, "none", 4, 2)
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_optimizer_bytes_match_the_real_optimizer_state(name):
+    model = GPT(SMALL)
+    model.init_weights()
+    opt = build_optimizer(model, OptimConfig(name=name), torch.device("cpu"))
+    model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long)).backward()
+    opt.step()
+    groups = [opt.muon, opt.adamw] if name == "muon" else [opt]
+    held = sum(t.numel() * t.element_size() for o in groups for s in o.state.values() for t in s.values()
+               if isinstance(t, torch.Tensor) and t.dim() > 0)  # AdamW's 0-dim step counters aside
+    e = estimate(PlanConfig(model=SMALL, optim=name))
+    assert e.optimizer == held
+    assert e.weights == e.grads == 4 * model.num_params()
+
+
+def test_reproduces_the_seed_verdicts_and_16_bytes_per_parameter():
+    n2, n8 = param_counts(preset("2b")).total, param_counts(preset("8b")).total
+    one_2b = PlanConfig(model=preset("2b"), **SEED)
+    one_8b = PlanConfig(model=preset("8b"), **SEED)
+    fsdp_8b = PlanConfig(model=preset("8b"), gpus=8, parallel="fsdp", **SEED)
+    e2, e8, ef = estimate(one_2b), estimate(one_8b), estimate(fsdp_8b)
+    assert states(e2) == 16 * n2 and states(e8) == 16 * n8 and states(ef) == 16 * n8 / 8  # ZeRO's 2 + 2 + 12
+    assert fits(one_2b, e2) and not fits(one_8b, e8) and fits(fsdp_8b, ef)
+    assert e8.total / GIB == pytest.approx(160, rel=0.15)
+    # 2b and 8b FSDP sit far below the seed's 60 and 55 GB: 1.51e9 and 8.99e9 / 8 parameters at 16
+    # bytes, small checkpointed activations, per-block FSDP2 gathers; see the module's note
+    assert e2.total / GIB == pytest.approx(27.0, abs=0.5) and ef.total / GIB == pytest.approx(24.2, abs=0.5)
+    tokens, h = 2048, 2304
+    assert e2.logits == 3 * 4 * tokens * 32768
+    assert e2.activations == (24 * tokens * h * 2 + tokens * activation_bytes(one_2b.model, "none", 2, 2)
+                              + tokens * (2 * h * 2 + 4))
+
+
+def test_logits_dominate_memory_at_a_large_vocabulary():
+    big = estimate(PlanConfig(model=preset("d12", vocab_size=151_936), micro_batch_size=4, seq_len=2048))
+    terms = {k: getattr(big, k) for k in ("weights", "grads", "optimizer", "activations", "logits", "buffers")}
+    assert max(terms, key=terms.get) == "logits"
+    small = estimate(PlanConfig(model=preset("d12"), micro_batch_size=4, seq_len=2048))
+    assert small.logits < small.activations  # at vocabulary 32768 the blocks' activations are larger
+
+
+def test_layouts_shard_states_and_split_layers():
+    m, c = preset("8b"), param_counts(preset("8b"))
+    ddp = estimate(PlanConfig(model=m, gpus=16))
+    assert estimate(PlanConfig(model=m, gpus=16, parallel="fsdp")).weights == ddp.weights / 16
+    assert estimate(PlanConfig(model=m, gpus=16, parallel="hsdp", gpus_per_node=8)).weights == ddp.weights / 8
+    pp = estimate(PlanConfig(model=m, gpus=16, pp=4))  # stage 0 is the fullest: 4 micro-batches in flight (1F1B)
+    assert pp.weights == 4 * (10 * c.block + c.embedding) and pp.logits == 0
+    assert estimate(PlanConfig(model=m, ac="full")).activations < estimate(PlanConfig(model=m)).activations / 5
+
+
+def test_recommendation_names_the_cheapest_fix():
+    d20 = PlanConfig(model=preset("d20"), micro_batch_size=32, seq_len=2048)
+    assert not fits(d20, estimate(d20))
+    assert recommend(d20).startswith("use: --parallel ddp --ac selective")
+    assert recommend(PlanConfig(model=preset("8b"), gpus=8)).startswith("use: --parallel fsdp --ac none")
+    assert "needs about 2 GPUs" in recommend(PlanConfig(model=preset("8b")))
+    fsdp_full = PlanConfig(model=preset("8b"), gpus=8, parallel="fsdp", ac="full", micro_batch_size=1)
+    assert recommend(fsdp_full).startswith("a cheaper layout fits too: --parallel fsdp --ac none")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(gpus=0), "--gpus must be >= 1"),
+    (dict(parallel="zero3"), "unknown strategy --parallel 'zero3'"),
+    (dict(gpus=3, pp=3), "--pp 3 does not divide the model's 40 layers"),
+    (dict(gpus=6, pp=4), "--pp 4 does not divide --gpus 6"),
+    (dict(gpus=12, parallel="hsdp"), "needs whole nodes"),
+    (dict(master_bytes=4), "master copy of fp32 weights"),
+])
+def test_bad_input_is_a_config_error(kwargs, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        PlanConfig(model=preset("8b"), **kwargs)
+
+
+def test_cli_prints_the_table_and_the_verdict(capsys):
+    seed = ["--train.micro_batch_size", "1", "--data.seq_len", "2048", "--gpu-mem-gb", "80",
+            "--param-dtype", "bf16", "--master-weights"]
+    assert main(["plan", "--preset", "8b", "--gpus", "8", "--parallel", "fsdp", "--ac", "full", *seed]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: fsdp on 8 GPU(s) needs about 24.2 GiB per GPU of 80.0 GiB: fits" in out
+    assert "* fsdp" in out and "dtypes: weights bf16, grads bf16, optimizer state fp32, master copy fp32" in out
+    assert main(["plan", "--preset", "8b", "--ac", "full", *seed]) == 1
+    assert "does not fit" in capsys.readouterr().out
+    assert main(["plan", "--preset", "tiny", "--gpu-mem-gb", "80"]) == 0  # the vocabulary its recipe would train
+    assert "parameters (4 layers, width 96, vocab 4096)" in capsys.readouterr().out
+
+
+def test_cli_bad_input_exits_2_with_one_line(capsys):
+    assert main(["plan", "--preset", "8b", "--gpus", "3", "--pp", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("codechat plan: error: --pp 3 does not divide") and err.count("\n") == 1
+    assert main(["plan", "--gpus", "0"]) == 2
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--parallel", "zero3"])
+    assert e.value.code == 2 and "invalid choice: 'zero3'" in capsys.readouterr().err
+
+
+def test_training_start_warns_only_when_the_plan_exceeds_the_device():
+    lines: list[str] = []
+    cfg = PlanConfig(model=preset("8b"), gpu_mem_gib=80.0)
+    est = print_plan(cfg, lines.append)
+    assert len(lines) == 1 and lines[0].startswith(f"memory plan: ~{est.total / GIB:.1f} GiB per GPU of 80.0 GiB")
+    with pytest.warns(UserWarning, match="does not fit .* Try nothing fits on 1 GPU"):
+        assert warn_if_exceeds(cfg, est)
+    small = PlanConfig(model=preset("tiny"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not warn_if_exceeds(small, estimate(small))
+
+
+def test_training_check_prints_one_line_on_cuda_and_nothing_on_cpu(monkeypatch):
+    from codechat.config import TrainConfig
+    from codechat.train import plan
+    lines: list[str] = []
+    train = TrainConfig(max_steps=1, micro_batch_size=2)
+    assert check_training_memory(preset("8b"), train, OptimConfig(), 2048, torch.device("cpu"), lines.append) is None
+    assert lines == []
+    monkeypatch.setattr(plan, "device_memory_gib", lambda device: 139.8)  # an H200, as torch reports it
+    with pytest.warns(UserWarning, match="ddp on 1 GPU.* of 139.8 GiB: does not fit"):
+        est = check_training_memory(preset("8b"), train, OptimConfig(), 2048, torch.device("cuda"), lines.append)
+    assert len(lines) == 1 and lines[0].startswith("memory plan: ~")
+    assert est == estimate(PlanConfig(model=preset("8b"), micro_batch_size=2, seq_len=2048))  # the run's settings
