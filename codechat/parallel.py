@@ -194,6 +194,14 @@ class Parallel:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t)
 
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order (``[obj]`` in a world of one)."""
+        if self.world.size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world.size
+        dist.all_gather_object(out, obj)
+        return out
+
     def grad_norm(self, total: torch.Tensor) -> float:
         """The clip function's total norm as a float (a DTensor under FSDP)."""
         return float(total.full_tensor() if hasattr(total, "full_tensor") else total)

@@ -238,3 +238,27 @@ def test_the_speedrun_rl_stage_trains_when_the_verdict_allows_and_reports_it(pol
     assert 0 <= out["reward_first"] <= 1 and (run / "rl" / "preflight.json").is_file()
     s.m["rl"], s.m["stages"]["rl"]["status"] = out, "done"
     assert "## RL (GRPO)" in speedrun_report(s.m) and f"{out['steps']} (stopped: budget)" in speedrun_report(s.m)
+
+
+def test_an_rl_step_under_ddp_on_two_ranks_equals_one_process(policy, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl")
+    args = rl_cli(policy, tasks, tmp_path / "X", "--max-steps", "2", "--rl.log_rollouts_every", "1",
+                  "--train.micro_batch_size", "4")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "codechat", *args], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert one.returncode == 0, one.stderr[-3000:]
+    args[args.index(str(tmp_path / "X"))] = str(tmp_path / "two")
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "codechat", *args, "--train.micro_batch_size", "2"], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = (rows for rows in ([json.loads(ln) for ln in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+                              for d in ("X", "two")))
+    keys = ("reward_mean", "pass_rate", "frac_reward_zero_std", "completion_len", "tests_passed", "train_tokens")
+    assert [[r[k] for k in keys] for r in a[:1]] == [[r[k] for k in keys] for r in b[:1]]
+    assert [r["loss"] for r in b] == pytest.approx([r["loss"] for r in a], rel=1e-4, abs=1e-6)
+    assert b[0]["entropy"] == pytest.approx(a[0]["entropy"], rel=1e-5)
+    texts = [[r["text"] for r in map(json.loads, (tmp_path / d / "rollouts.jsonl").read_text().splitlines())]
+             for d in ("X", "two")]
+    assert texts[0] == texts[1]  # the best and typical rollouts of every step, from the gathered groups

@@ -10,6 +10,11 @@ LR schedule and ``metrics.jsonl`` / TensorBoard are the shared trainer's
 the next steps see the same tasks and seeds as an uninterrupted run (both are functions of the
 seed and the step).
 
+Under ``torchrun`` (``--parallel ddp``) each rank samples and judges ``prompts_per_step / world``
+of the step's tasks (whole groups), every rank's rewards give the advantages and the metrics, and
+each rank trains on its own rollouts (:mod:`codechat.train.grpo_update`): a step equals one
+process's with the same ``prompts_per_step``.
+
 Training rows: a rollout's prompt then its sampled ids (the stop id included: the policy learns
 to stop), loss on the sampled ids only. Rows of a flat group (advantage exactly 0) carry no
 gradient and are not trained on unless ``beta > 0`` (DAPO's dynamic sampling, §3.2: they would
@@ -72,10 +77,10 @@ import torch
 from .. import checkpoint as ckpt
 from ..atomic import write_text
 from ..config import ConfigError, OptimConfig, RunConfig, TrainConfig, _check, save_yaml, to_dict
-from ..device import resolve_device
+from ..parallel import init_world
 from .grpo_update import GRPOStep
 from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages
-from .rollouts import REWARD_KINDS, Judge, RolloutBatch, collect
+from .rollouts import REWARD_KINDS, Judge, Rollout, collect
 from .trainer import MetricsLog, Trainer, restart_jsonl
 
 DEAD_FIXES = ("use --reward tiered (partial credit for getting further), a larger --group-size, tasks the "
@@ -206,18 +211,18 @@ def preflight(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLConfig, s
             "verdict": verdict(p1), "seconds": batch.generate_s + batch.judge_s}
 
 
-def _step_metrics(batch: RolloutBatch, stats: Any) -> dict[str, float]:
-    rs = batch.rollouts
+def _step_metrics(rs: list[Rollout], stats: Any, prompts_truncated: int) -> dict[str, float]:
+    """The step's rollout metrics (module docstring) over every rank's rollouts ``rs``."""
     return {"reward_mean": stats.reward_mean, "reward_std": stats.reward_std,
             "frac_reward_zero_std": stats.frac_reward_zero_std, "pass_rate": sum(r.passed for r in rs) / len(rs),
             "tests_passed": sum(r.tests_passed for r in rs), "n_unscorable": stats.n_unscorable,
-            "completion_len": batch.completion_tokens / len(rs),
+            "completion_len": sum(len(r.completion_ids) for r in rs) / len(rs),
             "frac_truncated": sum(r.finish == "length" for r in rs) / len(rs),
-            "prompts_truncated": batch.prompts_truncated}
+            "prompts_truncated": prompts_truncated}
 
 
-def _log_rollouts(out: Path, step: int, batch: RolloutBatch, echo: Any) -> None:
-    ranked = sorted(batch.rollouts, key=lambda r: -math.inf if r.reward is None else r.reward)
+def _log_rollouts(out: Path, step: int, rollouts: list[Rollout], echo: Any) -> None:
+    ranked = sorted(rollouts, key=lambda r: -math.inf if r.reward is None else r.reward)
     picks = {"best": ranked[-1], "typical": ranked[len(ranked) // 2]}
     with (out / "rollouts.jsonl").open("a") as f:
         for name, r in picks.items():
@@ -232,21 +237,24 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
     (``budget`` or ``dead``) and, when dead, ``message``.
 
     Raises:
-        ConfigError: a missing --init, a torchrun world of several processes, or the pre-RL verdict says
-            the run will stall (without ``force``).
+        ConfigError: a missing --init, a torchrun world with a layout other than ``ddp`` or a
+            ``prompts_per_step`` it does not divide, or the pre-RL verdict says the run will stall
+            (without ``force``).
         ValueError: bad tasks (no tests, failing references, a file or line named), a reward that
             does not fit the task kind.
         TrainingDiverged: a non-finite loss or gradient (no update applied; resume from the last checkpoint).
     """
-    import os
-
     from codechat.data.tasks import load_tasks
     from codechat.engine import Engine, EngineConfig, SamplingConfig
     cfg.check_init()
-    _check(int(os.environ.get("WORLD_SIZE", "1")) == 1,
-           "codechat rl runs in one process for now: start it without torchrun (it uses one GPU)")
     rl, out = cfg.rl, Path(cfg.run.out)
-    device = resolve_device(cfg.run.device)
+    world = init_world(cfg.run.device)
+    _check(world.size == 1 or cfg.train.parallel == "ddp",
+           f"codechat rl under torchrun needs --parallel ddp (got {cfg.train.parallel}): each rank samples from "
+           "whole weights")
+    _check(rl.prompts_per_step % world.size == 0,
+           f"rl.prompts_per_step={rl.prompts_per_step} does not divide over {world.size} ranks (whole groups per rank)")
+    device = world.device
     init_dir = ckpt.resolve(cfg.init)
     model, tok, state = ckpt.load_model(init_dir, device)
     tasks = load_tasks(rl.tasks, split=rl.split or None, limit=rl.limit or None, check_references=True,
@@ -255,20 +263,24 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
     judge = Judge(reward, workers=rl.judge_workers, timeout_s=rl.judge_timeout_s, memory_mb=rl.judge_memory_mb)
     judge.check(tasks)
     out.mkdir(parents=True, exist_ok=True)
-    save_yaml(cfg, out / "config.yaml")
+    if world.main:
+        save_yaml(cfg, out / "config.yaml")
     schedule = TaskSchedule(tasks, rl.prompts_per_step, cfg.run.seed)
     trainer = Trainer(model.train(), train=cfg.train, optim=cfg.optim, run=cfg.run, batches=schedule, out_dir=out,
                       meta={"stage": "rl", "model": state["meta"]["model"], "config": to_dict(cfg),
-                            "init": str(init_dir)}, tokenizer_dir=init_dir / "tokenizer", show_progress=show_progress)
+                            "init": str(init_dir)}, tokenizer_dir=init_dir / "tokenizer",
+                      show_progress=show_progress and world.main, world=world)
     resumed = cfg.run.resume and trainer.resume()
-    engine = Engine(model, EngineConfig(slots=rl.engine_slots or rl.prompts_per_step * rl.group_size))
+    per_rank = rl.prompts_per_step // world.size
+    engine = Engine(model, EngineConfig(slots=rl.engine_slots or per_rank * rl.group_size))
     sampling = SamplingConfig(rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
-    echo = print
+    echo = print if world.main else (lambda *a, **k: None)
     try:
         if not (resumed and (out / "preflight.json").exists()):
             model.eval()
-            pre = preflight(engine, tok, tasks, judge, rl, sampling, cfg.run.seed)
-            write_text(out / "preflight.json", json.dumps({**pre, "forced": rl.force}, indent=1))
+            pre = preflight(engine, tok, tasks, judge, rl, sampling, cfg.run.seed)  # every rank: the same figures
+            if world.main:
+                write_text(out / "preflight.json", json.dumps({**pre, "forced": rl.force}, indent=1))
             echo(f"pre-RL check on {pre['tasks']} tasks x {pre['group_size']} samples: pass@1 {pre['pass@1']:.2%}, "
                  f"pass@{rl.group_size} {pre[f'pass@{rl.group_size}']:.2%}, mean reward {pre['reward_mean']:.3f}\n"
                  f"verdict: {pre['verdict']}")
@@ -280,8 +292,9 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
                 echo("--force: starting anyway")
         ref = copy.deepcopy(model).eval().requires_grad_(False) if rl.beta > 0 else None
         update = GRPOStep(trainer, rl, tok.end_id, ref)
-        log = MetricsLog(out, trainer.step if resumed else None)
-        restart_jsonl(out / "rollouts.jsonl", trainer.step if resumed else None)
+        log = MetricsLog(out, trainer.step if resumed else None) if world.main else None
+        if world.main:
+            restart_jsonl(out / "rollouts.jsonl", trainer.step if resumed else None)
         result = _loop(trainer, schedule, engine, tok, judge, update, log, rl, sampling, out, echo)
     finally:
         judge.close()
@@ -289,8 +302,15 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
 
 
 def _loop(trainer: Trainer, schedule: TaskSchedule, engine: Any, tok: Any, judge: Judge, update: GRPOStep,
-          log: MetricsLog, rl: RLConfig, sampling: Any, out: Path, echo: Any) -> dict[str, Any]:
+          log: MetricsLog | None, rl: RLConfig, sampling: Any, out: Path, echo: Any) -> dict[str, Any]:
+    """The steps. Each rank samples and judges its share of the step's tasks (whole groups); the
+    rewards of all ranks give the advantages (the same on every rank: one process's) and the
+    metrics, and each rank trains on its own rollouts."""
+    from dataclasses import replace as copy_with
     model, saved_at = trainer.model, trainer.elapsed_s
+    world, par = trainer.world, trainer.par
+    per = rl.prompts_per_step // world.size
+    mine = slice(world.rank * per * rl.group_size, (world.rank + 1) * per * rl.group_size)
     stopped, message = "budget", None
     loader_state = schedule.state_dict()
     try:
@@ -300,33 +320,37 @@ def _loop(trainer: Trainer, schedule: TaskSchedule, engine: Any, tok: Any, judge
             tasks, seeds = schedule.next_batch()
             engine.load_weights(model)
             model.eval()
-            batch = collect(engine, tok, tasks, seeds, judge, group_size=rl.group_size, sampling=sampling)
-            rewards = [r.reward for r in batch.rollouts]
+            batch = collect(engine, tok, tasks[world.rank * per:(world.rank + 1) * per],
+                            seeds[world.rank * per:(world.rank + 1) * per], judge, group_size=rl.group_size,
+                            sampling=sampling)
+            every = [r for part in par.all_gather([copy_with(r, prompt_ids=[], engine_logprobs=[])
+                                                   for r in batch.rollouts]) for r in part]  # task-major, all ranks
+            rewards = [r.reward for r in every]
             if rl.shuffle_rewards:
                 random.Random(f"{trainer.rcfg.seed}:shuffle:{trainer.step}").shuffle(rewards)
-            adv, stats = group_advantages(rewards, [r.task_id for r in batch.rollouts], scale=rl.advantage_scale)
+            adv, stats = group_advantages(rewards, [r.task_id for r in every], scale=rl.advantage_scale)
             model.train()
             t1 = time.perf_counter()
-            upd = update(batch, adv)
+            upd = update(batch, adv[mine])
             if trainer.device.type == "cuda":
                 torch.cuda.synchronize()
             t2 = time.perf_counter()
-            row = _step_metrics(batch, stats)
+            row = _step_metrics(every, stats, int(par.all_sum(batch.prompts_truncated)))
             dead = stats.frac_reward_zero_std == 1.0 or (judge.kind == "code" and row["tests_passed"] == 0)
             schedule.dead_streak = schedule.dead_streak + 1 if dead else 0
             trainer.step += 1
-            trainer.elapsed_s += t2 - t0
+            trainer.elapsed_s += par.all_max(t2 - t0)
             loader_state = schedule.state_dict()
             row = {"step": trainer.step, **row, **upd, "dead_streak": schedule.dead_streak,
-                   "gen_tokens_per_s": batch.completion_tokens / max(batch.generate_s, 1e-9),
+                   "gen_tokens_per_s": par.all_sum(batch.completion_tokens) / max(par.all_max(batch.generate_s), 1e-9),
                    "train_tokens_per_s": upd["train_tokens"] * rl.num_iterations / max(t2 - t1, 1e-9),
                    "time_generate_s": batch.generate_s, "time_judge_s": batch.judge_s, "time_train_s": t2 - t1,
                    "elapsed_s": trainer.elapsed_s}
             is_dead = schedule.dead_streak >= rl.dead_steps
             if trainer.step % trainer.tcfg.log_every == 0 or is_dead or trainer.done():
                 trainer.record(log, echo, row)
-            if rl.log_rollouts_every and trainer.step % rl.log_rollouts_every == 0:
-                _log_rollouts(out, trainer.step, batch, echo)
+            if rl.log_rollouts_every and trainer.step % rl.log_rollouts_every == 0 and world.main:
+                _log_rollouts(out, trainer.step, every, echo)
             tc = trainer.tcfg
             if (is_dead or trainer.done() or trainer.step % tc.save_every == 0
                     or (tc.save_every_s and trainer.elapsed_s - saved_at >= tc.save_every_s)):
@@ -345,7 +369,8 @@ def _loop(trainer: Trainer, schedule: TaskSchedule, engine: Any, tok: Any, judge
         trainer.save(loader_state)
         raise
     finally:
-        log.close()
+        if log is not None:
+            log.close()
     return {"step": trainer.step, "elapsed_s": trainer.elapsed_s, "stopped": stopped, "message": message,
             **trainer.last}
 
