@@ -24,8 +24,8 @@ Checkpoints stay one consolidated file set written by rank 0 (:mod:`codechat.che
 world size and layout loads them: under FSDP the full model and optimizer states are gathered to
 rank 0's CPU (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict`` and
 ``cpu_offload``: the other ranks never hold them whole), and the optimizer state is keyed by
-parameter name; checkpoints of one process keep the optimizer's own format. Muon needs whole
-matrices for its Newton-Schulz step and is refused under FSDP.
+parameter name; checkpoints of one process keep the optimizer's own format. Muon orthogonalises
+whole matrices: under FSDP each rank gathers them for its step (:class:`codechat.train.optim.Muon`).
 """
 from __future__ import annotations
 
@@ -125,10 +125,10 @@ class Parallel:
     """``model`` (already on ``world.device``) wrapped for ``strategy``; a world of one wraps nothing.
 
     Raises:
-        ConfigError: an unknown strategy, Muon under FSDP/HSDP, or HSDP in a world of one node.
+        ConfigError: an unknown strategy, or HSDP in a world of one node.
     """
 
-    def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp", optim_name: str = "adamw") -> None:
+    def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp") -> None:
         if strategy not in STRATEGIES:
             raise ConfigError(f"--parallel must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         self.model, self.world = model, world
@@ -136,9 +136,6 @@ class Parallel:
         self.module: torch.nn.Module = model
         if self.strategy == "none":
             return
-        if self.strategy in ("fsdp", "hsdp") and optim_name == "muon":
-            raise ConfigError("Muon orthogonalises whole matrices and cannot run on FSDP shards: use "
-                              "--optim.name adamw with --parallel fsdp/hsdp, or --parallel ddp with Muon")
         if self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
             ids = [world.device.index] if world.device.type == "cuda" else None
@@ -219,7 +216,7 @@ class Parallel:
                                                              get_optimizer_state_dict)
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return (get_model_state_dict(self.model, options=opts),
-                get_optimizer_state_dict(self.model, optimizer, options=opts))
+                get_optimizer_state_dict(self.model, _parts(optimizer), options=opts))
 
     def load_state_dicts(self, model_sd: dict[str, Any], optim_sd: dict[str, Any] | None, optimizer: Any) -> None:
         """Load full states saved by :meth:`state_dicts` at any world size (or by one process).
@@ -235,15 +232,17 @@ class Parallel:
             return
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ValueError("this checkpoint's optimizer state is keyed by parameter name (written under FSDP), "
-                             f"which {type(optimizer).__name__} cannot read: resume with --optim.name adamw")
         opts = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, model_sd, options=opts)
         if optim_sd is not None:
             if not by_name:  # a one-process checkpoint resumed under FSDP: name its parameters first
                 optim_sd = _name_optimizer_state(self.model, optimizer, optim_sd)
-            set_optimizer_state_dict(self.model, optimizer, optim_sd, options=opts)
+            set_optimizer_state_dict(self.model, _parts(optimizer), optim_sd, options=opts)
+
+
+def _parts(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """The ``torch.optim`` optimizers of ``optimizer`` (Muon + AdamW is two)."""
+    return [optimizer.muon, optimizer.adamw] if hasattr(optimizer, "muon") else [optimizer]
 
 
 def _keyed_by_name(optim_sd: dict[str, Any]) -> bool:
@@ -253,12 +252,16 @@ def _keyed_by_name(optim_sd: dict[str, Any]) -> bool:
 
 
 def _name_optimizer_state(model: torch.nn.Module, optimizer: Any, optim_sd: dict[str, Any]) -> dict[str, Any]:
-    """A ``torch.optim`` state dict keyed by parameter index, re-keyed by parameter name (the
-    optimizer's groups list parameters in model order, as :func:`codechat.train.optim.build_optimizer` does)."""
+    """A one-process optimizer state (``torch.optim``'s, keyed by parameter index; Muon + AdamW's
+    ``{"muon": ..., "adamw": ...}``) re-keyed by parameter name, one dict for all parts."""
     names = {id(p): n for n, p in model.named_parameters()}
-    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-    state = {order[i]: s for i, s in optim_sd["state"].items()}
-    groups = [{**g, "params": [order[i] for i in g["params"]]} for g in optim_sd["param_groups"]]
+    sds = [optim_sd["muon"], optim_sd["adamw"]] if hasattr(optimizer, "muon") else [optim_sd]
+    state: dict[str, Any] = {}
+    groups: list[dict[str, Any]] = []
+    for part, sd in zip(_parts(optimizer), sds):
+        order = [names[id(p)] for g in part.param_groups for p in g["params"]]
+        state.update({order[i]: s for i, s in sd["state"].items()})
+        groups += [{**g, "params": [order[i] for i in g["params"]]} for g in sd["param_groups"]]
     return {"state": state, "param_groups": groups}
 
 

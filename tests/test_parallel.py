@@ -1,7 +1,8 @@
 """Data parallel training on real process groups (gloo, ``torchrun`` on 127.0.0.1, 2 CPU processes).
 
-Each run is the real command: ``torchrun --nproc_per_node 2 -m codechat pretrain ...`` against one
-process with the same global batch (losses equal to 1e-5 in fp32), a 2-rank FSDP checkpoint
+Each run is the real command: ``torchrun --nproc_per_node 2 -m codechat pretrain ...`` (the tiny
+recipe: Muon, whose Newton-Schulz step gathers whole matrices under FSDP) against one process with
+the same global batch (losses equal to 1e-5 in fp32), a 2-rank FSDP checkpoint
 resumed by one process (the same loss curve), SFT under DDP, and the trainer under DDP step by
 step in a worker script (parameters bit-identical on both ranks after every step; the loss of
 micro-batches with unequal supervised-token counts normalised over both ranks, ``shared/cases/05``).
@@ -33,7 +34,7 @@ def losses(out: Path) -> list[float]:
 def pretrain_args(tok_dir, corpus_dir):
     def args(out: Path, steps: int, *extra: str) -> list[str]:
         return ["pretrain", "--preset", "tiny", "--max-steps", str(steps), "--data", str(corpus_dir), "--tokenizer",
-                str(tok_dir), "--out", str(out), "--device", "cpu", "--optim.name", "adamw", "--train.log_every", "1",
+                str(tok_dir), "--out", str(out), "--device", "cpu", "--train.log_every", "1",
                 "--train.eval_tokens", "2048", *extra]
     return args
 
@@ -151,13 +152,12 @@ def test_steps_keep_ranks_identical_and_normalise_unequal_token_counts_globally(
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--parallel", "fsdp", "--optim.name", "muon"], "Muon orthogonalises whole matrices"),
-    (["--parallel", "hsdp", "--optim.name", "adamw"], "this world is a single node"),
+    (["--parallel", "ddp", "--train.batch_size", "6", "--train.micro_batch_size", "2"],
+     "train.batch_size=6 does not divide into micro-batches of train.micro_batch_size=2 x 2 rank(s)"),
+    (["--parallel", "hsdp"], "this world is a single node"),
 ])
 def test_layouts_that_cannot_work_fail_on_every_rank_before_training(pretrain_args, tmp_path, extra, message):
-    args = pretrain_args(tmp_path / "bad", 2)
-    i = args.index("--optim.name")
-    p = run(args[:i] + args[i + 2:] + extra, TORCHRUN, timeout=180)
+    p = run(pretrain_args(tmp_path / "bad", 2, *extra), TORCHRUN, timeout=180)
     assert p.returncode != 0
     assert p.stderr.count(message) >= 2, p.stderr[-3000:]  # both ranks say it, nobody hangs
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()

@@ -68,8 +68,12 @@ class Muon(torch.optim.Optimizer):
     ``U = orthogonalize(G + momentum (B - G))`` (Nesterov) or ``orthogonalize(B)``;
     ``W <- (1 - lr wd) W - lr 0.2 sqrt(max(rows, cols)) U``. The ``0.2 sqrt(max(rows, cols))``
     factor matches AdamW's update RMS (Liu et al. 2025, "Muon is Scalable for LLM Training",
-    sec. 2.2), as torch's ``Muon(adjust_lr_fn="match_rms_adamw")``; state and param-group keys are
-    torch's, plus ``ns_dtype``. Ours because torch's always orthogonalises in bf16, which a CPU
+    sec. 2.2), as torch's ``Muon(adjust_lr_fn="match_rms_adamw")``. Under FSDP (parameters are
+    DTensor shards) each rank gathers the whole momentum-smoothed matrices, orthogonalises them
+    (the same computation on every rank) and applies its own shard of the result; the momentum
+    buffers stay sharded. State and param-group keys are
+    torch's, plus ``ns_dtype`` (kept in the param groups as its name, ``"bfloat16"`` / ``"float32"``,
+    so that the state dict holds only plain values). Ours because torch's always orthogonalises in bf16, which a CPU
     without native bf16 runs ~100x slower than fp32 (a ``tiny`` step 3x slower than AdamW's).
 
     Raises:
@@ -80,7 +84,8 @@ class Muon(torch.optim.Optimizer):
                  nesterov: bool = True, ns_dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "momentum": momentum,
                                   "nesterov": nesterov, "ns_coefficients": NS_COEFFICIENTS, "eps": NS_EPS,
-                                  "ns_steps": NS_STEPS, "adjust_lr_fn": "match_rms_adamw", "ns_dtype": ns_dtype})
+                                  "ns_steps": NS_STEPS, "adjust_lr_fn": "match_rms_adamw",
+                                  "ns_dtype": _dtype_name(ns_dtype)})
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim != 2:
@@ -90,7 +95,7 @@ class Muon(torch.optim.Optimizer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         for group in self.param_groups:  # a state saved by torch's own Muon has no ns_dtype
-            group.setdefault("ns_dtype", getattr(self, "_ns_dtype", torch.bfloat16))
+            group["ns_dtype"] = _dtype_name(group.get("ns_dtype", getattr(self, "_ns_dtype", torch.bfloat16)))
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:
@@ -109,11 +114,21 @@ class Muon(torch.optim.Optimizer):
                     bufs.append(self.state[p]["momentum_buffer"])
                 torch._foreach_lerp_(bufs, grads, 1 - mom)
                 updates = torch._foreach_lerp(grads, bufs, mom) if group["nesterov"] else bufs
-                u = orthogonalize(torch.stack(updates), group["ns_dtype"], group["ns_steps"],
+                sharded = hasattr(params[0], "full_tensor")  # FSDP's DTensor shards: orthogonalise whole matrices
+                u = orthogonalize(torch.stack([x.full_tensor() for x in updates] if sharded else updates),
+                                  getattr(torch, _dtype_name(group["ns_dtype"])), group["ns_steps"],
                                   group["ns_coefficients"], group["eps"])
+                u = list(u.to(params[0].dtype).unbind(0))
+                if sharded:  # every rank computed the same whole update: keep this rank's shard of it
+                    from torch.distributed.tensor import distribute_tensor
+                    u = [distribute_tensor(x, p.device_mesh, p.placements, src_data_rank=None) for x, p in zip(u, params)]
                 torch._foreach_mul_(params, 1 - lr * wd)
-                torch._foreach_add_(params, list(u.to(params[0].dtype).unbind(0)),
-                                    alpha=-lr * 0.2 * math.sqrt(max(params[0].shape)))
+                torch._foreach_add_(params, u, alpha=-lr * 0.2 * math.sqrt(max(params[0].shape)))
+
+
+def _dtype_name(dtype: torch.dtype | str) -> str:
+    """``torch.bfloat16`` (or ``"bfloat16"``, as a state dict keeps it) -> ``"bfloat16"``."""
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
 
 
 class MuonAdamW:
