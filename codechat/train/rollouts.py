@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from codechat.data.tasks import Task
@@ -63,14 +63,14 @@ class RolloutBatch:
     """The rollouts of one RL step, task-major (``group_size`` consecutive rows per task), and timings.
 
     ``generate_s``: seconds from the first request to the last sampled token; ``judge_s``:
-    seconds from then until the last verdict (judging that overlapped generation is not counted).
+    seconds from then until the last verdict (judging that overlapped generation is not counted);
+    ``prompts_truncated``: prompts shortened (oldest turns first) to leave room to generate.
     """
 
     rollouts: list[Rollout]
     generate_s: float
     judge_s: float
     prompts_truncated: int = 0
-    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def completion_tokens(self) -> int:
@@ -136,7 +136,7 @@ class Judge:
 
     def _judge_code(self, job: Any, rollout: Rollout) -> None:
         try:
-            result = self._box._execute(job)
+            result = self._box.run(job.program, job.tests, timeout_s=job.timeout_s, memory_mb=job.memory_mb)
         except Exception as e:  # noqa: BLE001 - the sandbox broke: unscorable, counted, never fatal
             rollout.reward, rollout.detail = None, f"unscorable: {type(e).__name__}: {e}"
             return
