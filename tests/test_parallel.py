@@ -3,7 +3,7 @@
 Each run is the real command: ``torchrun --nproc_per_node 2 -m codechat pretrain ...`` (the tiny
 recipe: Muon, whose Newton-Schulz step gathers whole matrices under FSDP) against one process with
 the same global batch (losses equal to 1e-5 in fp32), a 2-rank FSDP checkpoint
-resumed by one process (the same loss curve), SFT under DDP, and the trainer under DDP step by
+resumed by one process and by 4 DDP ranks (the same loss curve), SFT under DDP, and the trainer under DDP step by
 step in a worker script (parameters bit-identical on both ranks after every step; the loss of
 micro-batches with unequal supervised-token counts normalised over both ranks, ``shared/cases/05``).
 """
@@ -52,10 +52,18 @@ def test_ddp_and_fsdp_on_two_ranks_train_like_one_process_and_fsdp_checkpoints_r
     for name in ("fsdp", "ddp"):
         assert losses(tmp_path / name) == pytest.approx(ref[:3], rel=1e-5, abs=1e-5), name
     assert fsdp.stdout.count("done: step 3") == 1  # rank 0 speaks
-    # the 2-rank FSDP checkpoint (optimizer state keyed by name) continues in one process
+    # the 2-rank FSDP checkpoint (optimizer state keyed by name) continues in one process, and on 4 ranks (DDP)
+    (tmp_path / "fsdp4").mkdir()
+    import shutil
+    shutil.copytree(tmp_path / "fsdp" / "checkpoints", tmp_path / "fsdp4" / "checkpoints")
+    shutil.copy(tmp_path / "fsdp" / "metrics.jsonl", tmp_path / "fsdp4" / "metrics.jsonl")
     resumed = run(pretrain_args(tmp_path / "fsdp", 4, "--train.micro_batch_size", "8", "--resume"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert losses(tmp_path / "fsdp") == pytest.approx(ref, rel=1e-5, abs=1e-5)
+    four = run(pretrain_args(tmp_path / "fsdp4", 4, "--parallel", "ddp", "--train.micro_batch_size", "2", "--resume"),
+               TORCHRUN[:-1] + ["4"])
+    assert four.returncode == 0, four.stderr[-3000:]
+    assert losses(tmp_path / "fsdp4") == pytest.approx(ref, rel=1e-5, abs=1e-5)
 
 
 def test_sft_under_ddp_on_two_ranks_trains_like_one_process(pretrain_args, tmp_path):
