@@ -57,6 +57,9 @@ def _add_parallel(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", choices=PARALLEL_STRATEGIES,
                    help="under torchrun: ddp (replicas, default), fsdp (sharded) or hsdp (sharded within a node, "
                         "replicated across nodes); one process ignores it (train.parallel)")
+    p.add_argument("--ac", choices=["none", "full"],
+                   help="activation checkpointing: full recomputes each block's activations in the backward pass, "
+                        "trading ~1/3 more compute for activation memory (train.ac; default none)")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -70,7 +73,7 @@ def pretrain_config(args: argparse.Namespace, overrides: dict[str, str]):
     flags = {"data.data_dir": args.data, "data.tokenizer_dir": args.tokenizer, "train.max_steps": args.max_steps,
              "train.time_budget_s": args.time_budget_min * 60 if args.time_budget_min else None,
              "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed, "run.device": args.device,
-             "train.parallel": args.parallel}
+             "train.parallel": args.parallel, "train.ac": args.ac}
     if args.time_budget_min and args.max_steps is None:
         flags["train.max_steps"] = 0
     merged = {k: v for k, v in flags.items() if v is not None}
@@ -117,7 +120,8 @@ def _cmd_sft(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     flags = {"init": args.init, "sft.data": args.data, "train.max_steps": args.max_steps, "train.epochs": args.epochs,
              "sft.packing": args.packing or None, "sft.max_examples": args.max_examples,
              "sft.skip_bad": args.skip_bad or None, "run.out": args.out, "run.resume": args.resume or None,
-             "run.seed": args.seed, "sft.seed": args.seed, "run.device": args.device, "train.parallel": args.parallel}
+             "run.seed": args.seed, "sft.seed": args.seed, "run.device": args.device, "train.parallel": args.parallel,
+             "train.ac": args.ac}
     if args.max_steps is not None and args.epochs is None:
         flags["train.epochs"] = 0.0
     merged = {k: v for k, v in flags.items() if v is not None}

@@ -218,8 +218,10 @@ class TrainConfig:
     dtype: str = "auto"  # auto -> bf16 autocast on CUDA, fp32 elsewhere
     compile: bool = False
     parallel: str = "ddp"  # ddp | fsdp | hsdp: how a torchrun world shares the model (codechat.parallel)
+    ac: str = "none"  # activation checkpointing: none | full (every block's activations recomputed in backward)
 
     def __post_init__(self) -> None:
+        _check(self.ac in ("none", "full"), f"train.ac must be none or full, got {self.ac!r}")
         _check(self.parallel in PARALLEL_STRATEGIES,
                f"train.parallel must be one of {', '.join(PARALLEL_STRATEGIES)}, got {self.parallel!r}")
         _check(self.micro_batch_size > 0, f"train.micro_batch_size must be > 0, got {self.micro_batch_size}")

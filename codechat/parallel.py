@@ -123,15 +123,20 @@ class RankSlice:
 
 class Parallel:
     """``model`` (already on ``world.device``) wrapped for ``strategy``; a world of one wraps nothing.
+    ``ac="full"`` recomputes every block's activations in the backward pass (any world size).
 
     Raises:
         ConfigError: an unknown strategy, or HSDP in a world of one node.
     """
 
-    def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp") -> None:
+    def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp", ac: str = "none") -> None:
         if strategy not in STRATEGIES:
             raise ConfigError(f"--parallel must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         self.model, self.world = model, world
+        if ac == "full":  # composable checkpointing keeps parameter names (checkpoints stay interchangeable)
+            from torch.distributed._composable import checkpoint
+            for block in model.layers:
+                checkpoint(block)
         self.strategy = strategy if world.size > 1 else "none"
         self.module: torch.nn.Module = model
         if self.strategy == "none":

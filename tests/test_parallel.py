@@ -42,7 +42,8 @@ def pretrain_args(tok_dir, corpus_dir):
 def test_ddp_and_fsdp_on_two_ranks_train_like_one_process_and_fsdp_checkpoints_resume_in_one(pretrain_args, tmp_path):
     one = run(pretrain_args(tmp_path / "one", 4, "--train.micro_batch_size", "8"))
     assert one.returncode == 0, one.stderr[-3000:]
-    fsdp = run(pretrain_args(tmp_path / "fsdp", 3, "--parallel", "fsdp", "--train.micro_batch_size", "4"), TORCHRUN)
+    fsdp = run(pretrain_args(tmp_path / "fsdp", 3, "--parallel", "fsdp", "--ac", "full", "--train.micro_batch_size", "4"),
+               TORCHRUN)  # activation checkpointing recomputes, it does not change a number
     assert fsdp.returncode == 0, fsdp.stderr[-3000:]
     ddp = run(pretrain_args(tmp_path / "ddp", 3, "--parallel", "ddp", "--train.micro_batch_size", "2",
                             "--train.grad_accum", "2"), TORCHRUN)

@@ -117,7 +117,7 @@ class Trainer:
         self.out_dir, self.tokenizer_dir, self.show_progress = Path(out_dir), tokenizer_dir, show_progress
         self.device = next(model.parameters()).device
         self.world = world or World(device=self.device)
-        self.par = Parallel(model, self.world, train.parallel)  # before the optimizer: FSDP swaps parameters
+        self.par = Parallel(model, self.world, train.parallel, train.ac)  # before the optimizer: FSDP swaps parameters
         self.optimizer = build_optimizer(model, optim, self.device)
         self.forward = torch.compile(self.par.module) if train.compile else self.par.module
         self.step, self.elapsed_s = 0, 0.0
