@@ -45,6 +45,13 @@ def _message(without: str) -> Callable[[str], str]:
     return check
 
 
+def _stage_config(cls: type, path: str | None, flags: dict, overrides: dict[str, str], base=None):
+    """A stage's config: defaults (or ``base``) <- YAML ``path`` <- the named flags given (not None)
+    <- dotted overrides."""
+    from .config import load
+    return load(cls, path, {**{k: v for k, v in flags.items() if v is not None}, **overrides}, base=base)
+
+
 def _say(text: str) -> None:
     """Print on rank 0 only (every rank of a torchrun world runs the same command)."""
     import os
@@ -69,16 +76,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 def pretrain_config(args: argparse.Namespace, overrides: dict[str, str]):
     """Preset recipe <- YAML file <- named flags <- dotted overrides."""
-    from .config import PretrainConfig, load, pretrain_recipe
+    from .config import PretrainConfig, pretrain_recipe
     flags = {"data.data_dir": args.data, "data.tokenizer_dir": args.tokenizer, "train.max_steps": args.max_steps,
              "train.time_budget_s": args.time_budget_min * 60 if args.time_budget_min else None,
              "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed, "run.device": args.device,
              "train.parallel": args.parallel, "train.ac": args.ac}
     if args.time_budget_min and args.max_steps is None:
         flags["train.max_steps"] = 0
-    merged = {k: v for k, v in flags.items() if v is not None}
-    merged.update(overrides)
-    return load(PretrainConfig, args.config, merged, base=pretrain_recipe(args.preset))
+    return _stage_config(PretrainConfig, args.config, flags, overrides, base=pretrain_recipe(args.preset))
 
 
 def _cmd_pretrain(args: argparse.Namespace, overrides: dict[str, str]) -> int:
@@ -115,7 +120,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_sft(args: argparse.Namespace, overrides: dict[str, str]) -> int:
-    from .config import SFTStageConfig, load
+    from .config import SFTStageConfig
     from .train.sft import run_sft
     flags = {"init": args.init, "sft.data": args.data, "train.max_steps": args.max_steps, "train.epochs": args.epochs,
              "sft.packing": args.packing or None, "sft.max_examples": args.max_examples,
@@ -124,9 +129,7 @@ def _cmd_sft(args: argparse.Namespace, overrides: dict[str, str]) -> int:
              "train.ac": args.ac}
     if args.max_steps is not None and args.epochs is None:
         flags["train.epochs"] = 0.0
-    merged = {k: v for k, v in flags.items() if v is not None}
-    merged.update(overrides)
-    cfg = load(SFTStageConfig, args.config, merged)
+    cfg = _stage_config(SFTStageConfig, args.config, flags, overrides)
     result = run_sft(cfg)
     _say(f"done: step {result['step']}, loss {result.get('loss', float('nan')):.4f}, "
           f"checkpoints in {Path(cfg.run.out) / 'checkpoints'}")
@@ -160,16 +163,13 @@ def _add_rl(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_rl(args: argparse.Namespace, overrides: dict[str, str]) -> int:
-    from .config import load
     from .train.grpo import RLStageConfig, run_rl
     flags = {"init": args.init, "rl.tasks": args.tasks, "rl.split": args.split, "rl.group_size": args.group_size,
              "rl.prompts_per_step": args.prompts_per_step, "rl.reward": args.reward,
              "rl.max_new_tokens": args.max_new_tokens, "rl.loss_norm": args.loss_norm,
              "train.max_steps": args.max_steps, "rl.dead_steps": args.dead_steps, "rl.force": args.force or None,
              "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed, "run.device": args.device}
-    merged = {k: v for k, v in flags.items() if v is not None}
-    merged.update(overrides)
-    cfg = load(RLStageConfig, None, merged)
+    cfg = _stage_config(RLStageConfig, None, flags, overrides)
     result = run_rl(cfg)
     if result["stopped"] == "dead":
         print(f"codechat rl: stopped: {result['message']}", file=sys.stderr)

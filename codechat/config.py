@@ -5,29 +5,19 @@ Every magic number of a stage lives here as a field. Each dataclass checks itsel
 and says what to change, so a run that would be useless fails before step 0.
 
 Overrides use dotted names: ``--optim.lr 3e-4 --train.max_steps 100``; a YAML file has one
-mapping per section (``model:``, ``data:``, ``optim:``, ``train:``, ``run:``).
+mapping per section (``model:``, ``data:``, ``optim:``, ``train:``, ``run:``). Loading, building and
+writing them is :mod:`codechat.config_io` (re-exported here).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
 import sysconfig
-import typing
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-import yaml
 
-
-class ConfigError(ValueError):
-    """A setting is invalid; the message names it and says what to do."""
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
+from .config_io import ConfigError, _check, build, load, parse_overrides, save_yaml, to_dict  # noqa: F401 (re-exported)
 
 
 # ----------------------------------------------------------------------------- model
@@ -322,160 +312,6 @@ def pretrain_recipe(name: str) -> "PretrainConfig":
                           train=TrainConfig(max_steps=1000, **r["train"]))
 
 
-# ----------------------------------------------------------------------------- I/O
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """A plain nested dict (tuples become lists) suitable for YAML/JSON."""
-    def conv(v: Any) -> Any:
-        if dataclasses.is_dataclass(v):
-            return {f.name: conv(getattr(v, f.name)) for f in fields(v)}
-        if isinstance(v, tuple):
-            return [conv(x) for x in v]
-        return v
-    return conv(cfg)
-
-
-def _coerce(value: Any, tp: Any, name: str) -> Any:
-    """Convert a YAML/CLI value to the annotated type of field ``name``."""
-    origin = typing.get_origin(tp)
-    try:
-        if tp is bool:
-            if isinstance(value, str):
-                low = value.lower()
-                _check(low in ("1", "0", "true", "false", "yes", "no"), f"{name}: expected true/false, got {value!r}")
-                return low in ("1", "true", "yes")
-            return bool(value)
-        if tp is int:
-            if isinstance(value, str):
-                return int(float(value)) if ("e" in value.lower() and "." not in value) else int(value)
-            _check(float(value).is_integer(), f"{name}: expected an integer, got {value!r}")
-            return int(value)
-        if tp is float:
-            return float(value)
-        if tp is str:
-            return str(value)
-        if origin is tuple:
-            if isinstance(value, str):
-                value = [v for v in value.split(",") if v]
-            return tuple(str(v) for v in value)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{name}: cannot read {value!r} as {getattr(tp, '__name__', tp)} ({e})") from None
-    return value
-
-
-def build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
-    """Construct dataclass ``cls`` from a nested mapping, converting types and rejecting unknown keys.
-
-    Raises:
-        ConfigError: an unknown key, a value of the wrong type, or a failed validation.
-    """
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, val in values.items():
-        _check(key in known, f"unknown setting {prefix}{key}; known: {', '.join(prefix + k for k in known)}")
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            base = to_dict(known[key].default_factory()) if known[key].default_factory is not dataclasses.MISSING else {}
-            kwargs[key] = build(tp, {**base, **(val or {})}, prefix + key + ".")
-        else:
-            kwargs[key] = _coerce(val, tp, prefix + key)
-    return cls(**kwargs)
-
-
-def load(cls: type, path: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None,
-         base: Any = None) -> Any:
-    """Config ``cls`` from defaults (or ``base``), then a YAML file, then dotted overrides.
-
-    ``overrides`` maps dotted names (``"optim.lr"``) to values (strings from the CLI are
-    converted to the field's type).
-
-    A field that is derived from others (``model.head_dim`` from ``n_embd // n_head``, see
-    ``DERIVED`` on a config class) is derived again when one of its inputs is set in a later
-    layer than the field itself: ``--model.n_head 4`` on the ``tiny`` preset (2 heads of 48) gives
-    4 heads of 24, not 4 heads of a stale 48.
-
-    Raises:
-        ConfigError: missing/invalid YAML file, unknown setting or failed validation.
-    """
-    tree: dict[str, Any] = to_dict(base if base is not None else cls())
-    layer: dict[str, int] = {}  # dotted key -> 1 when set by the YAML file, 2 by an override
-    if path:
-        p = Path(path)
-        _check(p.is_file(), f"--config {p}: file not found")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"--config {p}: not valid YAML ({e})") from None
-        _check(isinstance(data, dict), f"--config {p}: expected a mapping of sections at the top level")
-        _merge(tree, data, str(p))
-        layer.update(dict.fromkeys(_dotted_keys(data), 1))
-    layer.update(dict.fromkeys(overrides or {}, 2))
-    for dotted, val in (overrides or {}).items():
-        node = tree
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            _check(isinstance(node.get(part), dict), f"unknown setting --{dotted}")
-            node = node[part]
-        _check(leaf in node, f"unknown setting --{dotted}")
-        node[leaf] = val
-    _rederive(cls, tree, layer)
-    return build(cls, tree)
-
-
-def _dotted_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
-    return [k for key, v in data.items()
-            for k in (_dotted_keys(v, f"{prefix}{key}.") if isinstance(v, dict) else [f"{prefix}{key}"])]
-
-
-def _rederive(cls: type, tree: dict[str, Any], layer: dict[str, int], prefix: str = "") -> None:
-    """Reset to 0 (derive again) each derived field of ``tree`` whose inputs were set later than it."""
-    hints = typing.get_type_hints(cls)
-    for f in fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]) and isinstance(tree.get(f.name), dict):
-            _rederive(hints[f.name], tree[f.name], layer, f"{prefix}{f.name}.")
-    for name, inputs in getattr(cls, "DERIVED", {}).items():
-        if max(layer.get(prefix + i, 0) for i in inputs) > layer.get(prefix + name, 0):
-            tree[name] = 0
-
-
-def _merge(dst: dict[str, Any], src: dict[str, Any], where: str) -> None:
-    for k, v in src.items():
-        _check(k in dst, f"{where}: unknown setting {k!r}; known: {', '.join(dst)}")
-        if isinstance(dst[k], dict):
-            _check(isinstance(v, dict), f"{where}: {k} must be a mapping")
-            _merge(dst[k], v, where)
-        else:
-            dst[k] = v
-
-
-def save_yaml(cfg: Any, path: str | os.PathLike) -> None:
-    """Write ``cfg`` as YAML atomically (temp name, then rename)."""
-    from .atomic import write_text
-    write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
-
-
-def parse_overrides(args: list[str]) -> dict[str, str]:
-    """``["--optim.lr", "3e-4", "--train.compile=true"]`` -> ``{"optim.lr": "3e-4", "train.compile": "true"}``.
-
-    Raises:
-        ConfigError: an argument that is not a dotted ``--section.field`` or lacks a value.
-    """
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        a = args[i]
-        _check(a.startswith("--") and "." in a, f"unrecognised argument {a!r}; settings look like --optim.lr 3e-4")
-        if "=" in a:
-            k, v = a[2:].split("=", 1)
-            i += 1
-        else:
-            _check(i + 1 < len(args), f"{a} needs a value")
-            k, v = a[2:], args[i + 1]
-            i += 2
-        out[k] = v
-    return out
-
-
 __all__ = ["ConfigError", "ModelConfig", "DataConfig", "OptimConfig", "TrainConfig", "RunConfig",
            "PretrainConfig", "PRESETS", "RECIPES", "preset", "pretrain_recipe", "load", "build", "to_dict", "save_yaml", "parse_overrides",
            "replace", "default_corpus_dirs"]
@@ -595,8 +431,13 @@ class SFTStageConfig:
 
     def check_init(self) -> None:
         """Raises ConfigError unless ``init`` names an existing run directory or checkpoint."""
-        _check(bool(self.init), "no --init given: name the pretrained stage directory or checkpoint to start from")
-        _check(Path(self.init).exists(), f"--init {self.init}: no such run directory or checkpoint")
+        check_init(self.init, "the pretrained stage")
 
 
-__all__ += ["SFTStageConfig"]
+def check_init(init: str, what: str) -> None:
+    """Raises ConfigError unless ``init`` (a stage's ``--init``, ``what`` it should be) exists."""
+    _check(bool(init), f"no --init given: name {what} directory or checkpoint to start from")
+    _check(Path(init).exists(), f"--init {init}: no such run directory or checkpoint")
+
+
+__all__ += ["SFTStageConfig", "check_init"]

@@ -76,7 +76,7 @@ import torch
 
 from .. import checkpoint as ckpt
 from ..atomic import write_text
-from ..config import ConfigError, OptimConfig, RunConfig, TrainConfig, _check, save_yaml, to_dict
+from ..config import ConfigError, OptimConfig, RunConfig, TrainConfig, _check, check_init, save_yaml, to_dict
 from ..parallel import init_world
 from .grpo_update import GRPOStep
 from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages
@@ -159,8 +159,7 @@ class RLStageConfig:
 
     def check_init(self) -> None:
         """Raises ConfigError unless ``init`` names an existing run directory or checkpoint."""
-        _check(bool(self.init), "no --init given: name the SFT stage directory or checkpoint to start from")
-        _check(Path(self.init).exists(), f"--init {self.init}: no such run directory or checkpoint")
+        check_init(self.init, "the SFT stage")
 
 
 class TaskSchedule:

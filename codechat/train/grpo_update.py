@@ -8,7 +8,6 @@ synchronises gradients on the same, last micro-step.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -16,7 +15,7 @@ import torch
 from ..device import autocast_for
 from .rl import policy_loss, sequence_logprobs
 from .rollouts import RolloutBatch
-from .trainer import Trainer, TrainingDiverged, lr_at
+from .trainer import Trainer, lr_at
 
 
 def _rows(batch: RolloutBatch, keep: list[int], mask_truncated: bool, pad_id: int, empty: bool = False):
@@ -81,16 +80,8 @@ class GRPOStep:
                 sums["ratio"] += st["ratio_mean"] * w
                 sums["kl"] += st.get("kl", 0.0) * w
                 sums["tok"] += w
-            clip = t.ocfg.grad_clip or float("inf")
-            grad_norm = par.grad_norm(torch.nn.utils.clip_grad_norm_(t.model.parameters(), clip))
             sums = {k: par.all_sum(v) for k, v in sums.items()}
-            if not (math.isfinite(sums["loss"]) and math.isfinite(grad_norm)):
-                t.optimizer.zero_grad(set_to_none=True)
-                raise TrainingDiverged(f"step {t.step}: loss={sums['loss']} grad_norm={grad_norm}; stopped before "
-                                       f"the update. The newest checkpoint in {t.out_dir / 'checkpoints'} is the last "
-                                       "good one: lower --optim.lr, then --resume")
-            t.optimizer.step()
-            t.optimizer.zero_grad(set_to_none=True)
+            grad_norm = t.apply_update(sums["loss"])
         tok = max(sums["tok"], 1.0)
         ent, mis = par.all_sum(self._ent), par.all_sum(self._mis)
         out.update(loss=sums["loss"], clip_frac=sums["clip"] / tok, ratio_mean=sums["ratio"] / tok,

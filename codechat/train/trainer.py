@@ -213,6 +213,17 @@ class Trainer:
         if n_sup == 0:  # nothing to learn from: never let a 0/0 loss reach backward
             return {"loss": float("nan"), "grad_norm": 0.0, "lr": lr, "tokens": 0, "supervised": 0, "skipped": 1}
         loss = self.backward(micro_batches, n_sup) / n_sup
+        grad_norm = self.apply_update(loss)
+        tokens = int(self.par.all_sum(sum(b.real_tokens for b in micro_batches)))
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "supervised": n_sup, "skipped": 0}
+
+    def apply_update(self, loss: float) -> float:
+        """Clip the accumulated gradients, then step the optimizer; returns the gradient norm.
+
+        Raises:
+            TrainingDiverged: ``loss`` or the gradient norm is not finite (the gradients are
+                dropped and no update is applied).
+        """
         clip = self.ocfg.grad_clip or float("inf")
         grad_norm = self.par.grad_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
@@ -222,8 +233,7 @@ class Trainer:
                                    "lower --optim.lr or raise --optim.warmup_steps, then --resume")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        tokens = int(self.par.all_sum(sum(b.real_tokens for b in micro_batches)))
-        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "supervised": n_sup, "skipped": 0}
+        return grad_norm
 
     def run_eval(self) -> dict[str, float]:
         if self.evaluate is None:
