@@ -1,8 +1,9 @@
 """Data parallel training across processes: the world from ``torchrun``'s environment, DDP, FSDP2, HSDP.
 
 Every training stage runs the same code in one process or under ``torchrun``: :func:`init_world`
-reads ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (a single process is a world
-of one and nothing is wrapped), starts the process group (NCCL on CUDA, gloo on CPU) and pins each
+reads ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (a process not started by
+``torchrun`` is a world of one and nothing is wrapped; ``torchrun --nproc_per_node=1`` is a real
+world of one, wrapped like any other, so the DDP / FSDP paths can be timed on one GPU), starts the process group (NCCL on CUDA, gloo on CPU) and pins each
 rank to its GPU; :class:`Parallel` wraps the model from outside (the model knows nothing of it):
 
 - ``ddp``: :class:`torch.nn.parallel.DistributedDataParallel`; gradients are all-reduced once per
@@ -48,13 +49,15 @@ from .device import resolve_device
 @dataclass(frozen=True)
 class World:
     """This process's place: ``rank`` of ``size`` processes, ``local_rank`` of ``local_size`` on
-    its node, and its ``device`` (``cuda:LOCAL_RANK`` under ``torchrun`` on GPUs)."""
+    its node, and its ``device`` (``cuda:LOCAL_RANK`` under ``torchrun`` on GPUs); ``distributed``:
+    a process group is up (under ``torchrun``, whatever the size)."""
 
     rank: int = 0
     size: int = 1
     local_rank: int = 0
     local_size: int = 1
     device: torch.device = torch.device("cpu")
+    distributed: bool = False
 
     @property
     def main(self) -> bool:
@@ -69,10 +72,10 @@ def init_world(device: str = "auto") -> World:
         ConfigError: an inconsistent environment (``RANK`` outside ``WORLD_SIZE``, a node size
             that does not divide the world).
     """
-    size = int(os.environ.get("WORLD_SIZE", "1"))
     dev = resolve_device(device)
-    if size == 1:
+    if "WORLD_SIZE" not in os.environ:
         return World(device=dev)
+    size = int(os.environ["WORLD_SIZE"])
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
     if not (0 <= rank < size and 0 <= local < local_size and size % local_size == 0):
@@ -84,7 +87,7 @@ def init_world(device: str = "auto") -> World:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", device_id=dev if dev.type == "cuda" else None)
         atexit.register(dist.destroy_process_group)
-    return World(rank, size, local, local_size, dev)
+    return World(rank, size, local, local_size, dev, distributed=True)
 
 
 @contextlib.contextmanager
@@ -122,7 +125,8 @@ class RankSlice:
 
 
 class Parallel:
-    """``model`` (already on ``world.device``) wrapped for ``strategy``; a world of one wraps nothing.
+    """``model`` (already on ``world.device``) wrapped for ``strategy``; a process outside ``torchrun``
+    wraps nothing.
     ``ac="full"`` recomputes every block's activations in the backward pass (any world size).
 
     Raises:
@@ -137,7 +141,7 @@ class Parallel:
             from torch.distributed._composable import checkpoint
             for block in model.layers:
                 checkpoint(block)
-        self.strategy = strategy if world.size > 1 else "none"
+        self.strategy = strategy if world.distributed else "none"
         self.module: torch.nn.Module = model
         if self.strategy == "none":
             return
