@@ -137,10 +137,9 @@ class Parallel:
         if strategy not in STRATEGIES:
             raise ConfigError(f"--parallel must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         self.model, self.world = model, world
-        if ac == "full":  # composable checkpointing keeps parameter names (checkpoints stay interchangeable)
-            from torch.distributed._composable import checkpoint
+        if ac == "full":
             for block in model.layers:
-                checkpoint(block)
+                checkpoint_forward(block)
         self.strategy = strategy if world.distributed else "none"
         self.module: torch.nn.Module = model
         if self.strategy == "none":
@@ -247,6 +246,21 @@ class Parallel:
             if not by_name:  # a one-process checkpoint resumed under FSDP: name its parameters first
                 optim_sd = _name_optimizer_state(self.model, optimizer, optim_sd)
             set_optimizer_state_dict(self.model, _parts(optimizer), optim_sd, options=opts)
+
+
+def checkpoint_forward(module: torch.nn.Module) -> None:
+    """Recompute ``module``'s activations in the backward pass (non-reentrant
+    ``torch.utils.checkpoint``), by replacing its ``forward`` on the instance: parameter names stay
+    as they are (checkpoints stay interchangeable), FSDP2's hooks still wrap the call, and under
+    ``torch.compile`` the checkpoint is traced into the compiled graph. (The composable
+    ``torch.distributed._composable.checkpoint`` hooks fail under ``torch.compile``: the recomputed
+    tensors' shapes differ from the saved ones, pytorch/pytorch#166926.)"""
+    from torch.utils.checkpoint import checkpoint
+    forward = module.forward
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    module.forward = checkpointed
 
 
 def _parts(optimizer: Any) -> list[torch.optim.Optimizer]:

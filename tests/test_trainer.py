@@ -330,3 +330,21 @@ def test_eval_windows_spread_over_the_whole_split():
     assert everything.shape == (20, 9) and everything[10, 0] == 100
     picked = eval_windows(shards, 8, max_tokens=4 * 8)
     assert picked[:, 0].tolist() == [0, 48, 124, 172]  # evenly spaced, both shards, first and last window
+
+
+def test_activation_checkpointing_under_torch_compile_trains_as_without_it(tmp_path, monkeypatch):
+    """``--ac full`` with ``train.compile`` (every GPU preset's default) once failed in backward:
+    the composable checkpoint's recomputed shapes differed under compile. Now its losses and
+    parameter names are those of an eager run without checkpointing. (Compiled with the
+    ``aot_eager`` backend, which fails the same way, to keep Inductor's C++ builds out of the suite.)"""
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model: compile_(model, backend="aot_eager"))
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 64, (2, 32), generator=g), torch.randint(0, 64, (2, 32), generator=g))
+               for _ in range(3)]
+    runs = {}
+    for ac, compiled in (("none", False), ("full", True)):
+        t = make_trainer(tmp_path / ac, ListBatches(batches), train=TrainConfig(max_steps=3, compile=compiled, ac=ac))
+        runs[ac] = [t.train_step([b])["loss"] for b in batches], sorted(t.model.state_dict())
+    assert runs["full"][1] == runs["none"][1]
+    assert np.allclose(runs["full"][0], runs["none"][0], rtol=1e-5, atol=1e-6)
