@@ -3,8 +3,9 @@
 Random weights of ``--preset``, ``--batch`` greedy rows of ``--prompt-len`` tokens; after one
 warm-up generation (graph capture, compilation) it prints
 
-- the replay time of the batch's decode graph alone (CUDA events over ``--replays`` replays),
-- the whole engine step (graph + sampling + bookkeeping) from a timed generation,
+- the replay time of the batch's decode graph alone (forward pass, sampling and the rows' state
+  update; CUDA events over ``--replays`` replays),
+- the whole engine step (graph + host bookkeeping + copies back) from a timed generation,
 - a table of kernel time per replay, largest first (torch profiler over ``--replays`` replays):
   microseconds per step, calls per step, microseconds per call, kernel name;
 - the timeline of a whole generation of ``--new`` tokens (torch profiler, CPU and CUDA): the
@@ -55,7 +56,8 @@ def main() -> None:
     engine.generate(reqs)
     torch.cuda.synchronize()
     step_ms = (time.perf_counter() - t) / args.new * 1e3
-    graph, _ = engine.graphs[b]
+    graph, _ = engine.graphs[b, (False, False)]  # greedy
+    engine.active.zero_()  # replays below recompute the last step without moving any row on
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(args.replays):

@@ -29,10 +29,11 @@ try:
 except ImportError:  # CPU-only installs: the engine uses scaled_dot_product_attention there
     triton = None
 
-#: Programs to aim for per launch: enough to fill a large GPU a few times over.
-TARGET_PROGRAMS = 512
-#: Keys per block a program reads at once.
-BLOCK_N = 64
+#: Programs to aim for per launch: enough to fill a large GPU several times over (an H200's 132
+#: SMs; ``benchmarks/decode_kernels_sweep.py`` found 2 splits best for d20 at batch 64).
+TARGET_PROGRAMS = 1280
+#: Keys per block a program reads at once (32 beat 64 and 128 at batch 1 and 64 on the H200).
+BLOCK_N = 32
 #: Splits per sequence at most.
 MAX_SPLITS = 64
 
@@ -42,11 +43,11 @@ def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-def num_splits(batch: int, n_kv_head: int, positions: int) -> int:
+def num_splits(batch: int, n_kv_head: int, positions: int, block_n: int = BLOCK_N) -> int:
     """Splits per sequence: about :data:`TARGET_PROGRAMS` programs in all, no split shorter than
     one block of the cache's ``positions``."""
     want = math.ceil(TARGET_PROGRAMS / max(1, batch * n_kv_head))
-    return max(1, min(MAX_SPLITS, want, math.ceil(positions / BLOCK_N)))
+    return max(1, min(MAX_SPLITS, want, math.ceil(positions / block_n)))
 
 
 def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -66,7 +67,8 @@ def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, used: torch.Tensor, splits: int | None = None) -> torch.Tensor:
+                     v_cache: torch.Tensor, used: torch.Tensor, splits: int | None = None, block_n: int = BLOCK_N,
+                     num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     """Softmax attention of one new token per sequence over its first ``used`` positions, the last
     of which is the new token's: its key and value are ``k``, ``v``, which are also written into
     the cache at ``[r, used[r] - 1]`` (nothing else in the cache is written).
@@ -79,7 +81,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
             The last dimension must be contiguous. Slot ``r``'s positions ``0..used[r] - 2`` are
             attended as stored; what is stored at ``used[r] - 1`` is ignored, then overwritten.
         used: (b,) int32 or int64, positions attended per row, each in ``1..P``.
-        splits: splits per sequence (default :func:`num_splits`).
+        splits: splits per sequence (default :func:`num_splits`); ``block_n`` (keys per loop
+            step), ``num_warps``, ``num_stages``: the kernel's launch settings (benchmarks tune them).
 
     Returns:
         (b, H, D) in ``q``'s dtype, scaled by ``1/sqrt(D)``.
@@ -93,7 +96,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     b, H, D = q.shape
     P, Hkv = k_cache.size(1), k_cache.size(2)
     G = H // Hkv
-    ns = splits or num_splits(b, Hkv, P)
+    ns = splits or num_splits(b, Hkv, P, block_n)
     part = torch.empty(b, H, ns, D, device=q.device, dtype=torch.float32)
     lse = torch.empty(b, H, ns, device=q.device, dtype=torch.float32)
     BD = triton.next_power_of_2(D)
@@ -104,7 +107,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
         1.0 / math.sqrt(D), ns, D,
-        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_D=BD, BLOCK_N=BLOCK_N, num_warps=4)
+        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_D=BD, BLOCK_N=block_n, num_warps=num_warps,
+        num_stages=num_stages)
     out = torch.empty_like(q)
     _combine[(b, H)](part, lse, out, part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
                      out.stride(0), out.stride(1), ns, D, BLOCK_S=triton.next_power_of_2(ns), BLOCK_D=BD,

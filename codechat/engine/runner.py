@@ -27,12 +27,14 @@ import torch.nn.functional as F
 
 from ..model import GPT, rope_tables
 from . import attention as decode_kernels
+from . import skinny
 
 
 def _add_norm(x: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(residual, normed): ``x + delta`` and its RMSNorm."""
-    x = x + delta
+    """(residual, normed): ``x + delta`` and its RMSNorm; ``delta`` (S, N, C) is the partial sums
+    of a matmul (:func:`codechat.engine.skinny.linear`), rounded to ``x``'s dtype once summed."""
+    x = x + delta.sum(0).to(x.dtype)
     return x, F.rms_norm(x, (x.size(-1),), w, eps)
 
 
@@ -182,8 +184,8 @@ class InferenceModel:
             q, k, v = self.qkv_rope(F.linear(h, w[f"{i}.wqkv"]), cos, sin, w.get(f"{i}.qn"), w.get(f"{i}.kn"),
                                     self.n_head, self.n_kv, self.eps)
             y = attend(i, q, k, v).reshape(x.size(0), -1)
-            x, h = self.add_norm(x, F.linear(y, w[f"{i}.wo"]), w[f"{i}.ln2"], self.eps)
-            down = F.linear(self.swiglu(F.linear(h, w[f"{i}.wgu"])), w[f"{i}.wdown"])
+            x, h = self.add_norm(x, skinny.linear(y, w[f"{i}.wo"]), w[f"{i}.ln2"], self.eps)
+            down = skinny.linear(self.swiglu(F.linear(h, w[f"{i}.wgu"])), w[f"{i}.wdown"])
             x, h = self.add_norm(x, down, w[f"{i + 1}.ln1"] if i + 1 < L else w["norm"], self.eps)
         return h
 

@@ -188,7 +188,8 @@ class Engine:
         self.active = torch.zeros(S, dtype=torch.bool, device=dev)
         self.cu_q = torch.arange(S + 1, dtype=torch.int32, device=dev)
         self.cu_k = self.cu_q * self.cache.positions
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # (batch bucket, (filtered, sampled)) -> the captured decode step and its outputs
+        self.graphs: dict[tuple[int, tuple[bool, bool]], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._pool = None
         self._free = list(range(S))  # a heap: the lowest free slot first keeps batches small
         self._rows: list[_Row | None] = [None] * S
@@ -327,10 +328,9 @@ class Engine:
         t = torch.tensor(values, dtype=dtype)
         return t.pin_memory().to(self.device, non_blocking=True) if self.cuda else t
 
-    def _launch(self, rows: list[_Row], tok: torch.Tensor, lp: torch.Tensor, lp1: torch.Tensor,
-                index: list[int]) -> _Launch:
-        """Queue the copy of a launch's results to the host; row ``rows[j]`` is entry ``index[j]``."""
-        lps = torch.stack([lp, lp1])
+    def _launch(self, rows: list[_Row], tok: torch.Tensor, lps: torch.Tensor, index: list[int]) -> _Launch:
+        """Queue the copy of a launch's results to the host: tokens (n,) and log-probabilities (2, n)
+        (:class:`Token`'s ``logprob``, ``logprob_t1``); row ``rows[j]`` is entry ``index[j]``."""
         if not self.cuda:
             return _Launch(rows, index, tok, lps, None)
         host_t = torch.empty(tok.shape, dtype=tok.dtype, pin_memory=True)
@@ -355,15 +355,18 @@ class Engine:
                 mask[k] = True
             self.active.copy_(self._h2d(mask, torch.bool))
             self._active_rows = key
-        logits = self._decode_logits(b, max(r.launched + len(r.req.prompt) for r in rows))
-        active = self.active[:b]
-        tok, lp, lp1 = sample(logits, self._params(slice(0, b), rows))
-        self.tokens[:b] = torch.where(active, tok, self.tokens[:b])
-        self.lengths[:b] += active
-        self.counter[:b] += active
+        kind = (any(r.req.sampling.top_k > 0 or r.req.sampling.top_p < 1.0 for r in rows),
+                any(r.req.sampling.temperature > 0 for r in rows))
+        if self.cuda and self.config.cuda_graphs:
+            if (b, kind) not in self.graphs:
+                self.graphs[b, kind] = self._capture(b, kind)
+            graph, (tok, lps) = self.graphs[b, kind]
+            graph.replay()
+        else:
+            tok, lps = self._decode(b, kind, None if self.cuda else max(r.launched + len(r.req.prompt) for r in rows))
         for r in rows:
             r.launched += 1
-        return self._launch(rows, tok, lp, lp1, [r.slot for r in rows])
+        return self._launch(rows, tok, lps, [r.slot for r in rows])
 
     def _buckets(self) -> list[int]:
         out, k = [], 1
@@ -372,38 +375,41 @@ class Engine:
             k *= 2
         return out + [self.slots]
 
-    def _decode_logits(self, b: int, max_used: int) -> torch.Tensor:
-        """(b, V) float32 logits of slots ``0..b-1``'s current tokens (writing their keys and values)."""
+    def _decode(self, b: int, kind: tuple[bool, bool], max_used: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step of slots ``0..b-1``, all on the device (a CUDA graph captures it whole):
+        the forward pass (writing their keys and values), sampling (``kind`` = the rows'
+        ``(filtered, sampled)``, :class:`RowParams`), and the update of the active rows' current
+        token, length and counter. Returns the (b,) tokens and the (2, b) log-probabilities."""
         m = self.model
-        if not (self.cuda and self.config.cuda_graphs):
-            lengths = self.lengths[:b]
-            attend = m.decode_attend(self.cache, lengths, self.cu_q[:b + 1], self.cu_k[:b + 1],
-                                     None if self.cuda else max_used)
-            return m.logits(m.forward(self.tokens[:b], lengths, attend))
-        if b not in self.graphs:
-            self.graphs[b] = self._capture(b)
-        graph, out = self.graphs[b]
-        graph.replay()
-        return out
+        lengths, active = self.lengths[:b], self.active[:b]
+        attend = m.decode_attend(self.cache, lengths, self.cu_q[:b + 1], self.cu_k[:b + 1], max_used)
+        logits = m.logits(m.forward(self.tokens[:b], lengths, attend))
+        params = RowParams(self.temperature[:b], self.top_k[:b], self.top_p[:b], self.seed[:b], self.counter[:b],
+                           filtered=kind[0], sampled=kind[1])
+        tok, lp, lp1 = sample(logits, params)
+        self.tokens[:b] = torch.where(active, tok, self.tokens[:b])
+        lengths += active
+        self.counter[:b] += active
+        return tok, torch.stack([lp, lp1])
 
-    def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        m = self.model
-        tokens, lengths = self.tokens[:b], self.lengths[:b]
-
-        def step() -> torch.Tensor:  # everything derived from ``lengths`` is computed inside the graph
-            attend = m.decode_attend(self.cache, lengths, self.cu_q[:b + 1], self.cu_k[:b + 1])
-            return m.logits(m.forward(tokens, lengths, attend))
+    def _capture(self, b: int, kind: tuple[bool, bool]) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]:
+        """A CUDA graph of :meth:`_decode`. Warm-up runs (compilation, cuBLAS workspaces) happen on
+        a side stream and their state updates are undone, so capturing changes nothing."""
+        state = [t[:b].clone() for t in (self.tokens, self.lengths, self.counter)]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up (compilation, cuBLAS workspaces) off the capture
+        with torch.cuda.stream(side):
             for _ in range(2):
-                step()
+                self._decode(b, kind)
         torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = step()
+            out = self._decode(b, kind)
+        for t, saved in zip((self.tokens, self.lengths, self.counter), state):
+            t[:b].copy_(saved)
         return graph, out
 
     def _drain(self, keep: _Launch | None) -> list[Token]:
@@ -494,4 +500,4 @@ class Engine:
         self.lengths[slots] = h2d([len(r.req.prompt) for r in rows], long)
         self.counter[slots] = 1
         self._active_rows = ()  # the active mask changes
-        return self._launch(rows, tok, lp, lp1, list(range(len(rows))))
+        return self._launch(rows, tok, torch.stack([lp, lp1]), list(range(len(rows))))

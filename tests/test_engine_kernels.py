@@ -1,7 +1,9 @@
-"""The split-KV decode attention kernel against plain PyTorch, in Triton's interpreter on CPU.
+"""The engine's Triton decode kernels against plain PyTorch, in Triton's interpreter on CPU: the
+split-KV attention and the split-K skinny matmul.
 
 Runs where Triton is installed (``pip install triton``; CUDA machines have it, the CPU CI does
-not); on CUDA the same kernel is checked end to end by ``benchmarks/generate_agreement.py``.
+not); on CUDA the same kernels are checked end to end by ``benchmarks/generate_agreement.py``,
+and alone by ``benchmarks/decode_attention_check.py`` / ``decode_kernels_sweep.py``.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-SCRIPT = r"""
+ATTENTION = r"""
 import torch
 from codechat.engine.attention import decode_attention, decode_attention_reference, num_splits
 torch.manual_seed(0)
@@ -61,12 +63,39 @@ print(worst)
 """
 
 
-def test_split_kv_kernel_equals_reference_attention_and_writes_the_new_kv_for_any_split():
+SKINNY = r"""
+import torch
+from codechat.engine.skinny import linear_partials, num_splits
+torch.manual_seed(0)
+worst = 0.0
+# (M, N, K, splits, block_n, block_k): ragged N and K, one row, more rows than a block, 1 split
+for M, N, K, s, bn, bk in [(1, 40, 300, None, 16, 64), (5, 33, 256, 3, 16, 64), (17, 64, 130, 2, 32, 32),
+                           (64, 20, 64, 1, 16, 16)]:
+    x, w = torch.randn(M, K + 8)[:, :K], torch.randn(N, K)  # rows strided as a view's are
+    p = linear_partials(x, w, splits=s, block_n=bn, block_k=bk)
+    assert p.dim() == 3 and p.shape[1:] == (M, N) and p.shape[0] <= (s or K) and p.dtype == torch.float32
+    assert s is None or s == 1 or p.shape[0] > 1, "split-K must split"
+    worst = max(worst, float((p.sum(0) - x @ w.T).abs().max()))
+assert num_splits(1280, 3456) > num_splits(32768, 1280) == 1
+print(worst)
+"""
+
+
+def interpret(script: str) -> float:
+    """Run ``script`` under ``TRITON_INTERPRET=1``; its last printed line (the worst error)."""
     root = Path(__file__).resolve().parents[1]
     path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(root)) if p)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     if out.returncode != 0 and "only 0-dimensional arrays" in out.stderr:
         pytest.skip("Triton's interpreter needs numpy < 2.3 (int() of 1-element arrays)")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def test_split_kv_kernel_equals_reference_attention_and_writes_the_new_kv_for_any_split():
+    assert interpret(ATTENTION) < 1e-5
+
+
+def test_split_k_matmul_partials_sum_to_the_product():
+    assert interpret(SKINNY) < 1e-4
