@@ -31,6 +31,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                           "required": ["city"]}}}]
 ATOL = 1e-4
+GENERATE_STEPS = 100  # a 3-step model repeats one token whatever the prompt: generation would prove nothing
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -40,13 +41,13 @@ def code_batch(tok_encode, rows: int = 4, length: int = 64) -> torch.Tensor:
     return torch.tensor([tok_encode((root / f).read_text(encoding="utf-8"))[:length] for f in CODE_FILES[:rows]])
 
 
-def pretrain(out: Path, tok_dir: Path, corpus_dir: Path, qk_norm: bool, tied: bool) -> Path:
-    """A tiny model trained for 3 steps on the session corpus; returns the stage directory."""
+def pretrain(out: Path, tok_dir: Path, corpus_dir: Path, qk_norm: bool, tied: bool, steps: int = 3) -> Path:
+    """A tiny model trained for ``steps`` steps on the session corpus; returns the stage directory."""
     cfg = PretrainConfig(model=ModelConfig(n_layer=2, n_embd=64, n_head=4, n_kv_head=2, max_seq_len=256,
                                            qk_norm=qk_norm, tie_embeddings=tied),
                          data=DataConfig(data_dir=str(corpus_dir), tokenizer_dir=str(tok_dir), seq_len=128),
                          optim=OptimConfig(lr=1e-2, warmup_steps=0),
-                         train=TrainConfig(max_steps=3, micro_batch_size=4, eval_every=10**6, eval_tokens=512,
+                         train=TrainConfig(max_steps=steps, micro_batch_size=4, eval_every=10**6, eval_tokens=512,
                                            log_every=10**6),
                          run=RunConfig(out=str(out), device="cpu"))
     run_pretrain(cfg, show_progress=False)
@@ -66,9 +67,10 @@ def trained(request, tok_dir, corpus_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def exported(tok_dir, corpus_dir, tmp_path_factory):
-    """The Qwen3-style tied model exported in fp32, with codechat's model and tokenizer and transformers'."""
+    """A Qwen3-style tied model trained long enough to write varied code, exported in fp32, with codechat's
+    model and tokenizer and transformers'."""
     root = tmp_path_factory.mktemp("hf-exported")
-    stage = pretrain(root / "pretrain", tok_dir, corpus_dir, True, True)
+    stage = pretrain(root / "pretrain", tok_dir, corpus_dir, True, True, steps=GENERATE_STEPS)
     out = export_hf(ckpt.load(stage), root / "hf", ExportConfig(dtype="fp32"))
     model, tok, _ = ckpt.load_model(stage)
     return out, model, tok, AutoTokenizer.from_pretrained(out)
@@ -229,6 +231,7 @@ def test_transformers_generate_gives_codechat_greedy_tokens(exported):
         with torch.no_grad():
             g = hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False)[0, len(p):].tolist()
         assert g == mine
+    assert len({t for mine in ours for t in mine}) >= 5  # varied output, which a wrong RoPE or norm would change
 
 
 # ----------------------------------------------------------------------------- import
