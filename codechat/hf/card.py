@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..config import default_corpus_dirs
+
 #: Licences of the data sets codechat's documentation uses, by a name fragment (lower case).
 KNOWN_LICENSES: dict[str, str] = {
     "code_alpaca": "CC BY-NC 4.0 (non-commercial)", "codealpaca": "CC BY-NC 4.0 (non-commercial)",
@@ -70,8 +72,9 @@ def _sources(meta: dict[str, Any], stage_dir: Path, speedrun: dict[str, str]) ->
     if stage == "hf_import":
         return [(f"imported weights: {meta.get('source')}", "the model's own licence (see its model card)")]
     if stage == "pretrain":
-        src = cfg.get("data", {}).get("src") or ["this Python's standard library"]
-        names = [str(s) for s in src]
+        data = cfg.get("data", {})
+        index = _json(Path(data["data_dir"]) / "index.json") if data.get("data_dir") else {}
+        names = [str(s) for s in index.get("sources") or data.get("src") or default_corpus_dirs()]
         lic = speedrun.get("pretraining corpus")
     elif stage in ("sft", "funcall"):
         report = _json(stage_dir / "data_report.json")
@@ -90,12 +93,13 @@ def _eval_line(r: dict[str, Any]) -> str:
 
 
 def model_card(name: str, cfg: dict[str, Any], hf_cfg: dict[str, Any], ckpt_dir: Path, params: int) -> str:
-    """Markdown of the model card of export ``name`` (``cfg``: codechat's model config, ``hf_cfg`` the
+    """Markdown of the model card of run ``name`` (``cfg``: codechat's model config, ``hf_cfg`` the
     written ``config.json``) from the run behind ``ckpt_dir``."""
     chain = stages(ckpt_dir)
     sources = [s for st in chain for s in st["sources"]]
     nc = sorted({n for n, lic in sources if NON_COMMERCIAL in lic.lower()})
-    lines = [f"# {name}", ""]
+    last = chain[-1] if chain else {"stage": "?", "step": "?"}
+    lines = [f"# {name} ({last['stage']}, step {last['step']})", ""]
     if nc:
         lines += [f"**Licence: non-commercial use only.** Trained on {', '.join(nc)}, whose licence forbids "
                   "commercial use; the model inherits it.", ""]

@@ -78,7 +78,8 @@ def export_hf(ckpt: dict[str, Any], out: str | os.PathLike, config: ExportConfig
     (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
     write_tokenizer(src / "tokenizer", tmp, cfg.max_seq_len)
     params = sum(v.numel() for k, v in sd.items() if not (cfg.tie_embeddings and k == HEAD))
-    (tmp / "README.md").write_text(model_card(dst.name, to_dict(cfg), hf_cfg, src, params), encoding="utf-8")
+    run = src.parent.parent.parent if src.parent.name == "checkpoints" else src
+    (tmp / "README.md").write_text(model_card(run.name, to_dict(cfg), hf_cfg, src, params), encoding="utf-8")
     if dst.exists():
         shutil.rmtree(dst)
     os.replace(tmp, dst)

@@ -79,9 +79,11 @@ def import_tokenizer(directory: Path, vocab_rows: int) -> tuple[Tokenizer, dict[
         if spec.get("model", {}).get("type") != "BPE":
             raise ValueError(f"model.type is {spec.get('model', {}).get('type')!r}, not BPE")
         bpe = HFTokenizer.from_str(json.dumps(spec))
-    except (ValueError, KeyError, TypeError) as e:
+    except Exception as e:  # JSON, a missing field, or the tokenizers library refusing the spec
         raise HFImportError(f"{f}: cannot be read as a byte-level BPE ({e})") from None
     n_bpe = bpe.get_vocab_size(with_added_tokens=False)
+    if n_bpe > vocab_rows:
+        raise HFImportError(f"{f}: the BPE has {n_bpe} tokens, more than the model's {vocab_rows} embedding rows")
     outside = sorted(i for i in added if i >= vocab_rows)
     if outside:
         raise HFImportError(f"{f}: added token {added[outside[0]]!r} has id {outside[0]}, outside the model's "
