@@ -79,7 +79,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def pretrain_config(args: argparse.Namespace, overrides: dict[str, str]):
     """Preset recipe <- YAML file <- named flags <- dotted overrides."""
     from .config import PretrainConfig, pretrain_recipe
-    flags = {"init": args.init, "data.data_dir": args.data, "data.tokenizer_dir": args.tokenizer, "train.max_steps": args.max_steps,
+    flags = {"init": args.init, "data.data_dir": args.data, "data.tokenizer_dir": args.tokenizer,
+             "train.max_steps": args.max_steps,
              "train.time_budget_s": args.time_budget_min * 60 if args.time_budget_min else None,
              "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed, "run.device": args.device,
              "train.parallel": args.parallel, "train.ac": args.ac}
