@@ -23,6 +23,8 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="YAML file of settings, applied over the preset")
     p.add_argument("--data", help="token-shard directory made by `codechat data corpus`")
     p.add_argument("--tokenizer", help="tokenizer directory made by `codechat tokenizer train`")
+    p.add_argument("--init", help="continue pretraining this checkpoint or stage directory, or hf:PATH (a Llama / "
+                                  "Qwen3 directory or Hub repo id): its shape and tokenizer replace the preset's")
     p.add_argument("--max-steps", type=int, help="optimizer steps (train.max_steps)")
     p.add_argument("--time-budget-min", type=float, help="stop after this many minutes of training")
     p.add_argument("--out", help="stage directory (default runs/default/pretrain)")
@@ -77,7 +79,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def pretrain_config(args: argparse.Namespace, overrides: dict[str, str]):
     """Preset recipe <- YAML file <- named flags <- dotted overrides."""
     from .config import PretrainConfig, pretrain_recipe
-    flags = {"data.data_dir": args.data, "data.tokenizer_dir": args.tokenizer, "train.max_steps": args.max_steps,
+    flags = {"init": args.init, "data.data_dir": args.data, "data.tokenizer_dir": args.tokenizer,
+             "train.max_steps": args.max_steps,
              "train.time_budget_s": args.time_budget_min * 60 if args.time_budget_min else None,
              "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed, "run.device": args.device,
              "train.parallel": args.parallel, "train.ac": args.ac}
@@ -101,7 +104,8 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
                                    "files or directories, hf:ORG/NAME[:CONFIG][@SPLIT]). Without --data, docstring -> "
                                    "function pairs mined from this Python's standard library. Overrides: "
                                    "--sft.*, --optim.*, --train.*, --run.*.")
-    p.add_argument("--init", help="pretrained stage directory (its newest checkpoint) or checkpoint")
+    p.add_argument("--init", help="pretrained stage directory (its newest checkpoint) or checkpoint, or hf:PATH "
+                                  "(a Llama / Qwen3 directory or Hub repo id, imported into OUT/hf_init)")
     p.add_argument("--data", help="mixture spec, e.g. mbpp.jsonl:1,code_alpaca.json:0.5 (default: mined pairs)")
     p.add_argument("--config", help="YAML file of settings")
     p.add_argument("--max-steps", type=int, help="optimizer steps (default: --epochs over the data)")
@@ -145,7 +149,8 @@ def _add_rl(sub: argparse._SubParsersAction) -> None:
                                    "refuses a run that would stall; a run that goes --dead-steps steps without signal "
                                    "stops with a checkpoint. Overrides: --rl.*, --optim.*, --train.*, --run.* "
                                    "(metrics: codechat.train.grpo).")
-    p.add_argument("--init", help="SFT stage directory (its newest checkpoint) or checkpoint")
+    p.add_argument("--init", help="SFT stage directory (its newest checkpoint) or checkpoint, or hf:PATH "
+                                  "(a Llama / Qwen3 directory or Hub repo id, imported into OUT/hf_init)")
     p.add_argument("--tasks", help="task spec (default doctest)")
     p.add_argument("--split", help="task split (default: the spec's RL default, MBPP train)")
     p.add_argument("--group-size", type=int, help="samples per task, one GRPO group (default 8)")
@@ -183,17 +188,27 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a checkpoint as one consolidated directory (model.safetensors)",
                        description="Write --model (a stage directory means its newest checkpoint; one written by "
                                    "any number of ranks) as OUT/model.safetensors + state.json + tokenizer/, which "
-                                   "sample, chat, eval and --init load like any checkpoint. One process, CPU only.")
+                                   "sample, chat, eval and --init load like any checkpoint; or with --format hf as a "
+                                   "Hugging Face Llama / Qwen3 directory (config.json, tokenizer with the chat "
+                                   "template, model card) that transformers loads. One process, CPU only.")
     p.add_argument("--model", required=True, help="stage directory or checkpoint")
     p.add_argument("--out", required=True, help="directory to write (replaced if it is an earlier export)")
-    p.add_argument("--format", default="codechat", choices=["codechat"],
-                   help="codechat (default): safetensors + config + tokenizer")
+    p.add_argument("--format", default="codechat", choices=["codechat", "hf"],
+                   help="codechat (default): safetensors + config + tokenizer; hf: transformers' layout")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], help="--format hf: dtype of the weights (default bf16)")
     p.set_defaults(func=_cmd_export)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from .checkpoint import export
-    print(f"exported {args.model} -> {export(args.model, args.out)}")
+    from .checkpoint import export, load
+    if args.format == "codechat":
+        if args.dtype:
+            raise ConfigError("--dtype applies to --format hf only (the codechat format keeps the trained dtype)")
+        print(f"exported {args.model} -> {export(args.model, args.out)}")
+        return 0
+    from .hf import ExportConfig, export_hf
+    config = ExportConfig(dtype=args.dtype or "bf16")
+    print(f"exported {args.model} -> {export_hf(load(args.model), args.out, config)} (Hugging Face, {config.dtype})")
     return 0
 
 
@@ -397,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return args.func(args)
-    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:  # ToolError is a ValueError
+    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:  # ToolError, HFImportError: ValueErrors
         print(f"codechat {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

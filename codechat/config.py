@@ -11,6 +11,7 @@ writing them is :mod:`codechat.config_io` (re-exported here).
 from __future__ import annotations
 
 import math
+import re
 import sysconfig
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -272,8 +273,13 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    """Everything a pretraining run needs; saved to ``DIR/config.yaml`` to reproduce it."""
+    """Everything a pretraining run needs; saved to ``DIR/config.yaml`` to reproduce it.
 
+    ``init`` (optional) continues pretraining a checkpoint (or ``hf:PATH``, :mod:`codechat.hf`): its
+    weights, model shape and tokenizer replace the preset's, and the corpus is tokenised with it.
+    """
+
+    init: str = ""
     model: ModelConfig = field(default_factory=lambda: preset("d12"))
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -435,8 +441,14 @@ class SFTStageConfig:
 
 
 def check_init(init: str, what: str) -> None:
-    """Raises ConfigError unless ``init`` (a stage's ``--init``, ``what`` it should be) exists."""
+    """Raises ConfigError unless ``init`` (a stage's ``--init``, ``what`` it should be) exists, or is
+    ``hf:PATH`` with ``PATH`` a local directory or a Hub repo id ``ORG/NAME`` (:mod:`codechat.hf`)."""
     _check(bool(init), f"no --init given: name {what} directory or checkpoint to start from")
+    if init.startswith("hf:"):
+        name = init[3:]
+        _check(Path(name).is_dir() or re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None,
+               f"--init {init}: {name!r} is not a directory, nor a Hugging Face Hub repo id ORG/NAME")
+        return
     _check(Path(init).exists(), f"--init {init}: no such run directory or checkpoint")
 
 

@@ -79,6 +79,7 @@ from ..atomic import write_text
 from ..config import ConfigError, OptimConfig, RunConfig, TrainConfig, _check, check_init, save_yaml, to_dict
 from ..parallel import init_world
 from .grpo_update import GRPOStep
+from .init import resolve_init
 from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages
 from .rollouts import REWARD_KINDS, Judge, Rollout, collect
 from .trainer import MetricsLog, Trainer, restart_jsonl
@@ -254,7 +255,7 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
     _check(rl.prompts_per_step % world.size == 0,
            f"rl.prompts_per_step={rl.prompts_per_step} does not divide over {world.size} ranks (whole groups per rank)")
     device = world.device
-    init_dir = ckpt.resolve(cfg.init)
+    init_dir = resolve_init(cfg.init, out, world)
     model, tok, state = ckpt.load_model(init_dir, device)
     tasks = load_tasks(rl.tasks, split=rl.split or None, limit=rl.limit or None, check_references=True,
                        mbpp_file=rl.mbpp_file or None, workers=rl.judge_workers, timeout_s=rl.judge_timeout_s)

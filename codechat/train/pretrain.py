@@ -7,13 +7,15 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import DataConfig, PretrainConfig, replace, save_yaml, to_dict
+from .. import checkpoint as ckpt
+from ..config import DataConfig, PretrainConfig, _check, check_init, replace, save_yaml, to_dict
 from ..data.corpus import build_corpus, iter_split_texts, load_index, read_split
 from ..data.windows import WindowLoader, eval_windows
 from ..parallel import RankSlice, init_world, main_first
 from ..model import GPT, build_model
 from ..tokenizer import Tokenizer, train_tokenizer
 from .plan import check_training_memory
+from .init import resolve_init
 from .trainer import Trainer
 
 
@@ -69,9 +71,20 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True) -> dict[str
     world = init_world(cfg.run.device)
     show_progress = show_progress and world.main
     torch.manual_seed(cfg.run.seed)
+    init_dir = None
+    if cfg.init:  # continued pretraining: the corpus is tokenised with the init's tokenizer
+        check_init(cfg.init, "the checkpoint to continue pretraining")
+        init_dir = resolve_init(cfg.init, out, world)
+        cfg = replace(cfg, data=replace(cfg.data, tokenizer_dir=cfg.data.tokenizer_dir or str(init_dir / "tokenizer")))
     with main_first(world):  # rank 0 builds the default tokenizer and corpus; the others then read them
         tok_dir, data_dir = prepare_data(cfg.data, out, show_progress)
     tok = Tokenizer.load(tok_dir)
+    init_model = ckpt.load_model(init_dir, world.device)[0].train() if init_dir else None
+    if init_model is not None:
+        _check(init_model.cfg.vocab_size == tok.vocab_size,
+               f"--init {cfg.init} has {init_model.cfg.vocab_size} ids but --tokenizer {tok_dir} has {tok.vocab_size}; "
+               "leave --tokenizer unset to use the init's")
+        cfg = replace(cfg, model=init_model.cfg)
     index = load_index(data_dir)
     if index["vocab_size"] != tok.vocab_size:
         raise ValueError(f"{data_dir}/index.json was tokenised with a vocabulary of {index['vocab_size']} but "
@@ -88,12 +101,13 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True) -> dict[str
     check_training_memory(cfg.model, cfg.train, cfg.optim, cfg.data.seq_len, device, echo=print if world.main else
                           (lambda _: None), gpus=world.size, gpus_per_node=world.local_size,
                           parallel=cfg.train.parallel, ac=cfg.train.ac)  # one line on CUDA only
-    model = build_model(cfg.model, device)
+    model = init_model if init_model is not None else build_model(cfg.model, device)
     val_rows = eval_windows(read_split(data_dir, "val"), cfg.data.seq_len, cfg.train.eval_tokens)
     token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.long)
     trainer = Trainer(model, train=cfg.train, optim=cfg.optim, run=cfg.run, batches=RankSlice(loader, world), out_dir=out,
                       evaluate=bpb_evaluator(val_rows, token_bytes, cfg.train.micro_batch_size),
-                      meta={"stage": "pretrain", "model": to_dict(cfg.model), "config": to_dict(cfg)},
+                      meta={"stage": "pretrain", "model": to_dict(cfg.model), "config": to_dict(cfg),
+                            **({"init": str(init_dir)} if init_dir else {})},
                       tokenizer_dir=tok_dir, show_progress=show_progress, world=world)
     result = trainer.fit()
     return {**result, "params": model.num_params(), "flops_per_token": model.flops_per_token(cfg.data.seq_len),

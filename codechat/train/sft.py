@@ -31,6 +31,7 @@ from ..parallel import RankSlice, init_world
 from ..model import GPT, IGNORE_INDEX
 from ..atomic import write_text
 from .plan import check_training_memory
+from .init import resolve_init
 from .trainer import Trainer
 
 
@@ -72,7 +73,7 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
     device = world.device
     show_progress = show_progress and world.main
     say = print if world.main else (lambda *a, **k: None)
-    init_dir = ckpt.resolve(cfg.init)
+    init_dir = resolve_init(cfg.init, out, world)
     model, tok, state = ckpt.load_model(init_dir, device)
     cfg = replace(cfg, sft=cfg.sft.for_model(model.cfg.max_seq_len, str(init_dir)))
     check_training_memory(model.cfg, cfg.train, cfg.optim, cfg.sft.max_length, device, echo=say, gpus=world.size,
