@@ -355,8 +355,8 @@ class Engine:
                 mask[k] = True
             self.active.copy_(self._h2d(mask, torch.bool))
             self._active_rows = key
-        kind = (any(r.req.sampling.top_k > 0 or r.req.sampling.top_p < 1.0 for r in rows),
-                any(r.req.sampling.temperature > 0 for r in rows))
+        sampled = [r.req.sampling for r in rows if r.req.sampling.temperature > 0]
+        kind = (any(c.top_k > 0 or c.top_p < 1.0 for c in sampled), bool(sampled))  # greedy rows filter nothing
         if self.cuda and self.config.cuda_graphs:
             if (b, kind) not in self.graphs:
                 self.graphs[b, kind] = self._capture(b, kind)
