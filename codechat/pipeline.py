@@ -108,6 +108,7 @@ class Pipeline:
         for m in [*model.layers, model.embed_tokens, model.norm, model.lm_head]:  # free what other stages hold
             if all(id(p) not in kept for p in m.parameters()):
                 m.to("meta")
+        model.tie_weights()  # moving them apart untied them: the whole model keeps one process's parameter list
         self.mesh = init_device_mesh(world.device.type, (pp, dp), mesh_dim_names=("pp", "dp"))
         self.pp_group, self.dp_group = self.mesh.get_group("pp"), self.mesh.get_group("dp")
         # ranks of this pipeline, stage by stage; the tied pair (first, last stage) of every pipeline

@@ -164,6 +164,7 @@ def test_steps_keep_ranks_identical_and_normalise_unequal_token_counts_globally(
     (["--parallel", "ddp", "--train.batch_size", "6", "--train.micro_batch_size", "2"],
      "train.batch_size=6 does not divide into micro-batches of train.micro_batch_size=2 x 2 rank(s)"),
     (["--parallel", "hsdp"], "this world is a single node"),
+    (["--pp", "3", "--train.micro_batch_size", "6"], "--pp 3 does not divide the world size 2"),
 ])
 def test_layouts_that_cannot_work_fail_on_every_rank_before_training(pretrain_args, tmp_path, extra, message):
     p = run(pretrain_args(tmp_path / "bad", 2, *extra), TORCHRUN, timeout=180)
@@ -209,3 +210,34 @@ def test_an_fsdp_checkpoint_exports_to_safetensors_that_every_command_loads(pret
     assert s.returncode == 0 and s.stdout.startswith("def f("), s.stderr[-2000:]
     again = run(["export", "--model", str(tmp_path / "fsdp"), "--out", str(tmp_path / "fsdp")])
     assert again.returncode == 2 and "exists and is not an export" in again.stderr
+
+
+def test_two_pipeline_stages_train_like_one_process_and_resume_in_one_and_on_two_by_two(pretrain_args, tmp_path):
+    """--pp 2 (GPipe, 4 pipeline micro-batches; the tiny model's tied head split from its embedding)
+    gives one process's losses, validation included; its checkpoint is one process's and continues
+    the same curve on 4 ranks as 2 stages x 2 data-parallel replicas (1F1B)."""
+    import shutil
+    one = run(pretrain_args(tmp_path / "one", 4, "--train.micro_batch_size", "8"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    pp = run(pretrain_args(tmp_path / "pp", 3, "--pp", "2", "--train.micro_batch_size", "8", "--train.pp_schedule",
+                           "gpipe", "--train.pp_microbatches", "4"), TORCHRUN)
+    assert pp.returncode == 0, pp.stderr[-3000:]
+    ref = losses(tmp_path / "one")
+    assert losses(tmp_path / "pp") == pytest.approx(ref[:3], rel=1e-5, abs=1e-5)
+    val = [[json.loads(ln)["val_loss"] for ln in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
+            if "val_loss" in ln][0] for d in ("one", "pp")]
+    assert val[1] == pytest.approx(val[0], rel=1e-6)  # validation through the stages, reduced to rank 0
+    assert pp.stdout.count("done: step 3") == 1
+    (tmp_path / "pp4").mkdir()
+    shutil.copytree(tmp_path / "pp" / "checkpoints", tmp_path / "pp4" / "checkpoints")
+    shutil.copy(tmp_path / "pp" / "metrics.jsonl", tmp_path / "pp4" / "metrics.jsonl")
+    from codechat import checkpoint as ckpt  # the stages' pieces make one process's checkpoint
+    import torch
+    model, tok, state = ckpt.load_model(tmp_path / "pp")
+    assert state["step"] == 3 and len(ckpt.load(tmp_path / "pp", with_optim=True)["optim"]["state"]) == \
+        len(list(model.parameters()))  # the tied weight's optimizer state once
+    assert torch.isfinite(model(torch.tensor([tok.encode("def f(x):")]))).all()
+    four = run(pretrain_args(tmp_path / "pp4", 4, "--pp", "2", "--train.micro_batch_size", "4", "--resume"),
+               TORCHRUN[:-1] + ["4"])
+    assert four.returncode == 0, four.stderr[-3000:]
+    assert losses(tmp_path / "pp4") == pytest.approx(ref, rel=1e-5, abs=1e-5)
