@@ -47,6 +47,8 @@ from .config import ConfigError
 from .data.batch import Batch
 from .device import resolve_device
 
+TIED_HEAD = "lm_head.weight"  # a tied head is the embedding: stored once, under the embedding's name
+
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,7 @@ class Parallel:
         if strategy not in STRATEGIES:
             raise ConfigError(f"--parallel must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         self.model, self.world = model, world
+        self.tied_head = bool(getattr(getattr(model, "cfg", None), "tie_embeddings", False))
         self.pipeline = None
         if world.pp > 1:
             from .pipeline import stage_blocks
@@ -285,6 +288,26 @@ class Parallel:
         return (get_model_state_dict(self.model, options=opts),
                 get_optimizer_state_dict(self.model, optimizer_parts(optimizer), options=opts))
 
+    def shards(self, optimizer: Any) -> dict[str, Any]:
+        """This rank's part of a sharded checkpoint (:func:`codechat.checkpoint.save_sharded`):
+        ``{"model": {name: tensor}, "optim": {name: {state: tensor}}}``, FSDP's as DTensor shards, a
+        pipeline stage's own parameters, a tied LM head left out (it is the embedding)."""
+        if self.pipeline is not None:
+            module = self.pipeline.stage
+        else:
+            module = self.model
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+            model_sd = get_model_state_dict(module)
+            optim_state = get_optimizer_state_dict(module, optimizer_parts(optimizer))["state"]
+        else:
+            model_sd = module.state_dict()
+            optim_state = name_optimizer_state(module, optimizer, optimizer.state_dict())["state"]
+        if self.tied_head:
+            model_sd = {k: v for k, v in model_sd.items() if k != TIED_HEAD}
+            optim_state = {k: v for k, v in optim_state.items() if k != TIED_HEAD}
+        return {"model": model_sd, "optim": optim_state}
+
     def load_state_dicts(self, model_sd: dict[str, Any], optim_sd: dict[str, Any] | None, optimizer: Any,
                          whole: tuple[torch.nn.Module, Callable[[], Any]] | None = None) -> None:
         """Load full states saved by :meth:`state_dicts` at any world size (or by one process).
@@ -312,6 +335,27 @@ class Parallel:
             if not by_name:  # a one-process checkpoint resumed under FSDP: name its parameters first
                 optim_sd = name_optimizer_state(self.model, optimizer, optim_sd)
             set_optimizer_state_dict(self.model, optimizer_parts(optimizer), optim_sd, options=opts)
+
+
+def whole_template(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+    """What :meth:`Parallel.shards` writes, as whole tensors of ``model`` (one process's, on the CPU)
+    and ``optimizer`` (built over it): the template a sharded checkpoint is read into. The
+    optimizer's state is first created by one step of learning rate 0 on zero gradients."""
+    parts = optimizer_parts(optimizer)
+    for part in parts:
+        lrs = [g["lr"] for g in part.param_groups]
+        for g in part.param_groups:
+            g["lr"] = 0.0
+            for p in g["params"]:
+                p.grad = torch.zeros_like(p)
+        part.step()
+        for g, lr in zip(part.param_groups, lrs):
+            g["lr"] = lr
+        part.zero_grad(set_to_none=True)
+    tied = getattr(getattr(model, "cfg", None), "tie_embeddings", False)
+    named = name_optimizer_state(model, optimizer, optimizer.state_dict())
+    return {"model": {k: v for k, v in model.state_dict().items() if not (tied and k == TIED_HEAD)},
+            "optim": named["state"], "param_groups": named["param_groups"]}
 
 
 def optimizer_parts(optimizer: Any) -> list[torch.optim.Optimizer]:

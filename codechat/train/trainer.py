@@ -27,8 +27,8 @@ from .. import checkpoint as ckpt
 from ..config import ConfigError, OptimConfig, RunConfig, TrainConfig
 from ..data.batch import Batch
 from ..device import autocast_for, peak_flops
-from ..model import GPT, IGNORE_INDEX
-from ..parallel import Parallel, World
+from ..model import GPT, IGNORE_INDEX, build_model
+from ..parallel import Parallel, World, whole_template
 from .optim import build_optimizer
 
 
@@ -154,6 +154,12 @@ class Trainer:
         if not found:
             return False
         c = ckpt.load(found[-1], map_location=self.device, with_optim=True)
+        if ckpt.is_sharded(c["dir"]):  # the optimizer read whole, into one built over a CPU copy of the model
+            cpu = torch.device("cpu")
+            whole = build_model(self.model.cfg, cpu)
+            t = whole_template(whole, build_optimizer(whole, self.ocfg, cpu))
+            c["optim"] = {"state": ckpt.load_sharded(c["dir"], {"optim": t["optim"]})["optim"],
+                          "param_groups": t["param_groups"]}
         saved_model = c["state"].get("meta", {}).get("model")
         if saved_model is not None and saved_model != self.meta.get("model"):
             raise ckpt.CheckpointError(f"{c['dir'] / 'state.json'}: the checkpoint's model config {saved_model} "
@@ -172,9 +178,14 @@ class Trainer:
         return True
 
     def save(self, loader_state: dict[str, Any]) -> Path:
-        """Write checkpoint ``step`` (rank 0 writes; under FSDP every rank takes part in gathering it)."""
+        """Write checkpoint ``step``: in one process the consolidated files, under torchrun a sharded
+        checkpoint every rank writes its part of (:func:`codechat.checkpoint.save_sharded`)."""
         state = {"step": self.step, "elapsed_s": self.elapsed_s, "loader": loader_state, "meta": self.meta,
                  "metrics": self.last}
+        if self.world.size > 1:  # every rank writes its part (DCP)
+            return ckpt.save_sharded(self.out_dir / "checkpoints", self.step, shards=self.par.shards(self.optimizer),
+                                     state=state, main=self.world.main, barrier=self.par.barrier,
+                                     tokenizer_dir=self.tokenizer_dir, keep_last=self.tcfg.keep_last)
         model_sd, optim_sd = self.par.state_dicts(self.optimizer)
         path = ckpt.step_dir(self.out_dir / "checkpoints", self.step)
         if self.world.main:
