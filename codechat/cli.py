@@ -64,9 +64,10 @@ def _add_parallel(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", choices=PARALLEL_STRATEGIES,
                    help="under torchrun: ddp (replicas, default), fsdp (sharded) or hsdp (sharded within a node, "
                         "replicated across nodes); one process ignores it (train.parallel)")
-    p.add_argument("--ac", choices=["none", "full"],
+    p.add_argument("--ac", choices=["none", "selective", "full"],
                    help="activation checkpointing: full recomputes each block's activations in the backward pass, "
-                        "trading ~1/3 more compute for activation memory (train.ac; default none)")
+                        "trading ~1/3 more compute for activation memory; selective keeps the attention and every "
+                        "other matmul output and recomputes the rest (train.ac; default none)")
     p.add_argument("--pp", type=int, help="under torchrun: pipeline stages; world size / N ranks replicate each stage "
                                           "(train.pp; schedule and micro-batches: --train.pp_schedule gpipe|1f1b, "
                                           "--train.pp_microbatches M)")

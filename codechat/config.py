@@ -211,13 +211,14 @@ class TrainConfig:
     dtype: str = "auto"  # auto -> bf16 autocast on CUDA, fp32 elsewhere
     compile: bool = False
     parallel: str = "ddp"  # ddp | fsdp | hsdp: how a torchrun world shares the model (codechat.parallel)
-    ac: str = "none"  # activation checkpointing: none | full (every block's activations recomputed in backward)
+    ac: str = "none"  # activation checkpointing: none | selective (attention + every other matmul kept) | full (every
+    # block recomputed from its input in the backward pass); codechat.parallel.selective_contexts
     pp: int = 1  # pipeline stages (--pp); the world's other factor, world_size / pp, is data parallel
     pp_schedule: str = "1f1b"  # gpipe | 1f1b (codechat.pipeline); only with pp > 1
     pp_microbatches: int = 0  # pipeline micro-batches each micro-batch is cut into; 0 -> pp. Divides micro_batch_size
 
     def __post_init__(self) -> None:
-        _check(self.ac in ("none", "full"), f"train.ac must be none or full, got {self.ac!r}")
+        _check(self.ac in ("none", "selective", "full"), f"train.ac must be none, selective or full, got {self.ac!r}")
         _check(self.pp >= 1, f"train.pp (--pp) must be >= 1, got {self.pp}")
         _check(self.pp_schedule in PP_SCHEDULES,
                f"train.pp_schedule must be one of {', '.join(PP_SCHEDULES)}, got {self.pp_schedule!r}")

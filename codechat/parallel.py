@@ -150,7 +150,8 @@ class RankSlice:
 
 class Parallel:
     """``model`` (already on ``world.device``) wrapped for ``strategy``; a world of one wraps nothing.
-    ``ac="full"`` recomputes every block's activations in the backward pass (any world size). With
+    ``ac="full"`` recomputes every block's activations in the backward pass (any world size),
+    ``ac="selective"`` only what :func:`selective_contexts` does not keep. With
     ``world.pp > 1`` the model is cut into pipeline stages run by ``pp_schedule`` over
     ``pp_microbatches`` (:class:`codechat.pipeline.Pipeline`): :attr:`model` is then this rank's
     stage (train and optimise it) and :attr:`eval_model` the whole model's forward through the stages.
@@ -173,10 +174,10 @@ class Parallel:
             if strategy != "ddp" and world.dp_size > 1:
                 raise ConfigError(f"--pp {world.pp} with --parallel {strategy}: stages are replicated over the "
                                   "data-parallel ranks, not sharded, yet; use --parallel ddp")
-        if ac == "full":  # composable checkpointing keeps parameter names (checkpoints stay interchangeable)
-            from torch.distributed._composable import checkpoint
+        if ac in ("full", "selective"):  # composable checkpointing keeps parameter names (checkpoints stay
+            from torch.distributed._composable import checkpoint  # interchangeable)
             for block in model.layers:
-                checkpoint(block)
+                checkpoint(block, **({"context_fn": selective_contexts} if ac == "selective" else {}))
         self.strategy = strategy if world.size > 1 else "none"
         self.module: torch.nn.Module = model
         self.eval_model: torch.nn.Module = model
@@ -335,6 +336,30 @@ class Parallel:
             if not by_name:  # a one-process checkpoint resumed under FSDP: name its parameters first
                 optim_sd = name_optimizer_state(self.model, optimizer, optim_sd)
             set_optimizer_state_dict(self.model, optimizer_parts(optimizer), optim_sd, options=opts)
+
+
+def selective_contexts() -> tuple[Any, Any]:
+    """The contexts of ``--ac selective`` for one checkpointed block (torchtitan's op-level policy,
+    what :func:`codechat.train.plan.activation_bytes` counts): keep the attention's output and every
+    other matmul's (in a block's order q, k, v, o, gate, up, down: q, v, gate and down), recompute
+    the rest (norms, RoPE, SiLU, products, the other matmuls) in the backward pass."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    keep = {getattr(aten, n).default for n in ("_scaled_dot_product_flash_attention",
+                                                 "_scaled_dot_product_efficient_attention",
+                                                 "_scaled_dot_product_cudnn_attention",
+                                                 "_scaled_dot_product_flash_attention_for_cpu") if hasattr(aten, n)}
+    counts = {True: 0, False: 0}  # matmuls seen in the forward and in its recomputation
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if func in keep:
+            return CheckpointPolicy.MUST_SAVE
+        if func == aten.mm.default:
+            counts[ctx.is_recompute] += 1
+            return CheckpointPolicy.MUST_SAVE if counts[ctx.is_recompute] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def whole_template(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
