@@ -24,12 +24,13 @@ the same sequence. The loss of a step is the sum over supervised tokens of every
 rank divided by their global count (``shared/cases/05``); DDP and FSDP average gradients over
 ranks, so each rank's loss is scaled by ``world_size`` first (:attr:`Parallel.loss_scale`).
 
-Checkpoints stay one consolidated file set written by rank 0 (:mod:`codechat.checkpoint`), so any
-world size and layout loads them: under FSDP the full model and optimizer states are gathered to
-rank 0's CPU (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict`` and
-``cpu_offload``: the other ranks never hold them whole), and the optimizer state is keyed by
-parameter name; checkpoints of one process keep the optimizer's own format. Muon orthogonalises
-whole matrices: under FSDP each rank gathers them for its step (:class:`codechat.train.optim.Muon`).
+Checkpoints under ``torchrun`` are sharded: every rank writes its part (:meth:`Parallel.shards`,
+:func:`codechat.checkpoint.save_sharded`: FSDP's DTensor shards, a pipeline stage's parameters,
+one copy of replicated ones), the optimizer state keyed by parameter name; any world size and
+layout, one process included, reads them whole (:func:`whole_template`) and loads them with
+:meth:`Parallel.load_state_dicts`, as it loads a one-process checkpoint (the optimizer's own format,
+keyed by index). Muon orthogonalises whole matrices: under FSDP each rank gathers them for its step
+(:class:`codechat.train.optim.Muon`).
 """
 from __future__ import annotations
 
@@ -276,19 +277,6 @@ class Parallel:
             dist.barrier()
 
     # ------------------------------------------------------------------ state
-    def state_dicts(self, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """Full model and optimizer states for a checkpoint, on rank 0 (empty dicts elsewhere under FSDP
-        and pipelines)."""
-        if self.pipeline is not None:
-            return self.pipeline.state_dicts(optimizer)
-        if not self.sharded:
-            return self.model.state_dict(), optimizer.state_dict()
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return (get_model_state_dict(self.model, options=opts),
-                get_optimizer_state_dict(self.model, optimizer_parts(optimizer), options=opts))
-
     def shards(self, optimizer: Any) -> dict[str, Any]:
         """This rank's part of a sharded checkpoint (:func:`codechat.checkpoint.save_sharded`):
         ``{"model": {name: tensor}, "optim": {name: {state: tensor}}}``, FSDP's as DTensor shards, a
@@ -311,7 +299,7 @@ class Parallel:
 
     def load_state_dicts(self, model_sd: dict[str, Any], optim_sd: dict[str, Any] | None, optimizer: Any,
                          whole: tuple[torch.nn.Module, Callable[[], Any]] | None = None) -> None:
-        """Load full states saved by :meth:`state_dicts` at any world size (or by one process).
+        """Load whole states (a one-process checkpoint, or a sharded one read through :func:`whole_template`).
         ``whole``: the whole model and a builder of its optimizer, which name a one-process optimizer
         state's parameters for a pipeline stage.
 

@@ -25,8 +25,9 @@ gradient norm for clipping is taken over all stages (the tied weight counted onc
 
 Validation runs a plain forward through the stages (point-to-point sends of the hidden states),
 its result broadcast from the last stage to the pipeline, so ``evaluate(model)`` sees one model.
-Checkpoints stay consolidated: the first pipeline's stages send their states to rank 0, which
-writes the one-process layout (optimizer state keyed by parameter name).
+Checkpoints are sharded (:meth:`codechat.parallel.Parallel.shards`): each stage writes its own
+parameters (the tied head copy left out: it is the embedding) and their optimizer state by name,
+and a stage reads its part of any checkpoint, a one-process one included (:meth:`Pipeline.load_state_dicts`).
 """
 from __future__ import annotations
 
@@ -167,30 +168,6 @@ class Pipeline:
         return float(total)
 
     # ------------------------------------------------------------------ state
-    def state_dicts(self, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """The whole model's and optimizer's states on rank 0 (one process's layout, optimizer keyed
-        by name), sent by the stages of the first pipeline; empty dicts on the other ranks."""
-        from .parallel import name_optimizer_state
-        mine = None
-        if self.world.dp_rank == 0:
-            model_sd = {k: v.detach().cpu() for k, v in self.stage.state_dict().items()}
-            optim_sd = _to_cpu(name_optimizer_state(self.stage, optimizer, optimizer.state_dict()))
-            if self.last and self.tied and not self.first:  # the head copy's state is the embedding's
-                optim_sd["state"].pop(TIED_HEAD, None)
-                for g in optim_sd["param_groups"]:
-                    g["params"] = [n for n in g["params"] if n != TIED_HEAD]
-            mine = (model_sd, optim_sd)
-        got: list[Any] | None = [None] * self.world.size if self.world.main else None
-        dist.gather_object(mine, got, dst=0)
-        if not self.world.main:
-            return {}, {}
-        parts = [got[r] for r in self.ranks]
-        model_sd = {k: v for m, _ in parts for k, v in m.items()}
-        state = {k: v for _, o in parts for k, v in o["state"].items()}
-        groups = [{**g, "params": [n for _, o in parts for n in o["param_groups"][i]["params"]]}
-                  for i, g in enumerate(parts[0][1]["param_groups"])]
-        return model_sd, {"state": state, "param_groups": groups}
-
     def load_state_dicts(self, model_sd: dict[str, Any], optim_sd: dict[str, Any] | None, optimizer: Any,
                          whole_optimizer: Callable[[], Any] | None = None, whole_model: nn.Module | None = None) -> None:
         """Load this stage's part of full states (a checkpoint of any layout). An optimizer state of one
@@ -242,16 +219,6 @@ class _PipelinedForward(nn.Module):
             res = torch.empty(shape, dtype=torch.float32, device=idx.device)
         dist.broadcast(res, src=p.ranks[-1], group=p.pp_group)
         return res
-
-
-def _to_cpu(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
-    return obj
 
 
 def _index_optimizer_state(module: nn.Module, optimizer: Any, named: dict[str, Any],

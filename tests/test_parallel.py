@@ -2,8 +2,9 @@
 
 Each run is the real command: ``torchrun --nproc_per_node 2 -m codechat pretrain ...`` (the tiny
 recipe: Muon, whose Newton-Schulz step gathers whole matrices under FSDP) against one process with
-the same global batch (losses equal to 1e-5 in fp32), a 2-rank FSDP checkpoint
-resumed by one process and by 4 DDP ranks (the same loss curve), SFT under DDP, and the trainer under DDP step by
+the same global batch (losses equal to 1e-5 in fp32), a 2-rank FSDP checkpoint (DCP, written by
+both ranks) resumed by one process and by 4 DDP ranks (the same loss curve), ``--pp 2`` against one
+process and its checkpoint resumed on 2 stages x 2 replicas, SFT under DDP, and the trainer under DDP step by
 step in a worker script (parameters bit-identical on both ranks after every step; the loss of
 micro-batches with unequal supervised-token counts normalised over both ranks, ``shared/cases/05``).
 """
@@ -123,9 +124,10 @@ for step in range(3):
     digests = [None] * world.size
     dist.all_gather_object(digests, digest)
     out.append({"loss": stats["loss"], "supervised": stats["supervised"], "same": len(set(digests)) == 1})
-model_sd, optim_sd = trainer.par.state_dicts(trainer.optimizer)  # what a checkpoint save gathers
+shards = trainer.par.shards(trainer.optimizer)  # what this rank writes of a checkpoint
 held = [None] * world.size
-dist.all_gather_object(held, len(model_sd) + len((optim_sd or {}).get("state", {})))
+dist.all_gather_object(held, sum((t.to_local() if hasattr(t, "to_local") else t).numel()
+                                 for t in shards["model"].values()))
 if world.main:
     print(json.dumps({"steps": out, "held": held}))
 '''
@@ -156,8 +158,11 @@ def test_steps_keep_ranks_identical_and_normalise_unequal_token_counts_globally(
     with torch.no_grad():
         whole = float(m(x, y, reduction="sum")) / 137
     assert steps[0]["loss"] == pytest.approx(whole, rel=1e-6)
-    if strategy == "fsdp":  # the full state is gathered to rank 0 alone
-        assert report["held"][0] > 0 and report["held"][1] == 0
+    whole = sum(t.numel() for t in m.state_dict().values())
+    if strategy == "fsdp":  # each rank writes its shard of the parameters
+        assert sum(report["held"]) == whole and 0 < report["held"][0] < whole
+    else:  # replicas: each holds all (the checkpoint writes one copy)
+        assert report["held"] == [whole, whole]
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -212,7 +217,7 @@ def test_an_fsdp_checkpoint_exports_to_safetensors_that_every_command_loads(pret
     assert again.returncode == 2 and "exists and is not an export" in again.stderr
 
 
-def test_two_pipeline_stages_train_like_one_process_and_resume_in_one_and_on_two_by_two(pretrain_args, tmp_path):
+def test_two_pipeline_stages_train_like_one_process_and_their_checkpoint_resumes_on_two_by_two(pretrain_args, tmp_path):
     """--pp 2 (GPipe, 4 pipeline micro-batches; the tiny model's tied head split from its embedding)
     gives one process's losses, validation included; its checkpoint is one process's and continues
     the same curve on 4 ranks as 2 stages x 2 data-parallel replicas (1F1B)."""

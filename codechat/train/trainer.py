@@ -154,17 +154,17 @@ class Trainer:
         if not found:
             return False
         c = ckpt.load(found[-1], map_location=self.device, with_optim=True)
-        if ckpt.is_sharded(c["dir"]):  # the optimizer read whole, into one built over a CPU copy of the model
-            cpu = torch.device("cpu")
-            whole = build_model(self.model.cfg, cpu)
-            t = whole_template(whole, build_optimizer(whole, self.ocfg, cpu))
-            c["optim"] = {"state": ckpt.load_sharded(c["dir"], {"optim": t["optim"]})["optim"],
-                          "param_groups": t["param_groups"]}
         saved_model = c["state"].get("meta", {}).get("model")
         if saved_model is not None and saved_model != self.meta.get("model"):
             raise ckpt.CheckpointError(f"{c['dir'] / 'state.json'}: the checkpoint's model config {saved_model} "
                                        f"does not match this run's {self.meta.get('model')}; resume with the same "
                                        "--preset/--config or start a new --out directory")
+        if ckpt.is_sharded(c["dir"]):  # the optimizer read whole, into one built over a CPU copy of the model
+            cpu = torch.device("cpu")
+            copy = build_model(self.model.cfg, cpu)
+            t = whole_template(copy, build_optimizer(copy, self.ocfg, cpu))
+            c["optim"] = {"state": ckpt.load_sharded(c["dir"], {"optim": t["optim"]})["optim"],
+                          "param_groups": t["param_groups"]}
         whole = (self.model, lambda: build_optimizer(self.model, self.ocfg, torch.device("meta")))
         try:
             self.par.load_state_dicts(c["model"], c["optim"], self.optimizer, whole)
@@ -186,13 +186,9 @@ class Trainer:
             return ckpt.save_sharded(self.out_dir / "checkpoints", self.step, shards=self.par.shards(self.optimizer),
                                      state=state, main=self.world.main, barrier=self.par.barrier,
                                      tokenizer_dir=self.tokenizer_dir, keep_last=self.tcfg.keep_last)
-        model_sd, optim_sd = self.par.state_dicts(self.optimizer)
-        path = ckpt.step_dir(self.out_dir / "checkpoints", self.step)
-        if self.world.main:
-            path = ckpt.save(self.out_dir / "checkpoints", self.step, model=model_sd, state=state, optim=optim_sd,
-                             tokenizer_dir=self.tokenizer_dir, keep_last=self.tcfg.keep_last)
-        self.par.barrier()
-        return path
+        return ckpt.save(self.out_dir / "checkpoints", self.step, model=self.model.state_dict(), state=state,
+                         optim=self.optimizer.state_dict(), tokenizer_dir=self.tokenizer_dir,
+                         keep_last=self.tcfg.keep_last)
 
     # ------------------------------------------------------------------ loop
     def backward(self, micro_batches: list[Batch], n_supervised: int) -> float:
