@@ -455,6 +455,11 @@ class SFTStageConfig:
                                                                    eval_every=10**9, save_every=500))
     run: RunConfig = field(default_factory=lambda: RunConfig(out="runs/default/sft"))
 
+    def __post_init__(self) -> None:
+        _check(not (self.sft.packing and self.train.pp > 1),
+               "--packing with --pp: pipeline stages do not pass the documents of packed rows along yet; "
+               "leave --packing out or use --pp 1")
+
     def check_init(self) -> None:
         """Raises ConfigError unless ``init`` names an existing run directory or checkpoint."""
         check_init(self.init, "the pretrained stage")

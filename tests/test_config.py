@@ -26,6 +26,7 @@ from codechat.config import (ConfigError, DataConfig, ModelConfig, OptimConfig, 
     (lambda: TrainConfig(max_steps=1, pp=2, micro_batch_size=3), "train.pp_microbatches=2 does not divide"),
     (lambda: TrainConfig(max_steps=1, pp=4, pp_microbatches=2, micro_batch_size=4), "1f1b needs train.pp_micro"),
     (lambda: TrainConfig(max_steps=1, pp=2, pp_schedule="zb"), "train.pp_schedule must be one of gpipe, 1f1b"),
+    (lambda: SFTStageConfig(sft=SFTConfig(packing=True), train=TrainConfig(epochs=1, pp=2)), "--packing with --pp"),
 ])
 def test_invalid_settings_fail_at_construction_naming_the_setting(make, match):
     with pytest.raises(ConfigError, match=match):
