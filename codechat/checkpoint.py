@@ -114,9 +114,13 @@ def load_sharded(d: Path, template: dict[str, Any]) -> dict[str, Any]:
     Raises:
         CheckpointError: unreadable files, or names and shapes that are not the checkpoint's.
     """
+    import warnings
+
     import torch.distributed.checkpoint as dcp
     try:
-        dcp.load(template, checkpoint_id=d / DCP_DIR, no_dist=True)
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.filterwarnings("ignore", message=".*load in a single process")
+            dcp.load(template, checkpoint_id=d / DCP_DIR, no_dist=True)
     except Exception as e:  # DCP wraps every failure (missing key, bad shape, truncated file) in one type
         raise CheckpointError(f"{d / DCP_DIR}: cannot be read into this model ({type(e).__name__}: "
                               f"{str(e)[:500]})") from None

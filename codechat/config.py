@@ -305,8 +305,8 @@ class PretrainConfig:
 
     def __post_init__(self) -> None:
         _check(self.train.pp <= self.model.n_layer,
-               f"--pp {self.train.pp} stages for a model of {self.model.n_layer} layers: every stage needs at least one "
-               f"block; use --pp <= {self.model.n_layer}")
+               f"--pp {self.train.pp} stages for a model of {self.model.n_layer} layers: every stage needs at least "
+               f"one block; use --pp <= {self.model.n_layer}")
         _check(self.data.seq_len <= self.model.max_seq_len,
                f"data.seq_len={self.data.seq_len} is over the model's limit model.max_seq_len="
                f"{self.model.max_seq_len}; lower --data.seq_len or raise --model.max_seq_len")

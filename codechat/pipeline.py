@@ -169,7 +169,8 @@ class Pipeline:
 
     # ------------------------------------------------------------------ state
     def load_state_dicts(self, model_sd: dict[str, Any], optim_sd: dict[str, Any] | None, optimizer: Any,
-                         whole_optimizer: Callable[[], Any] | None = None, whole_model: nn.Module | None = None) -> None:
+                         whole_optimizer: Callable[[], Any] | None = None,
+                         whole_model: nn.Module | None = None) -> None:
         """Load this stage's part of full states (a checkpoint of any layout). An optimizer state of one
         process (keyed by index) is first named through ``whole_optimizer()`` over ``whole_model``.
 

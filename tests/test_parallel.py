@@ -240,7 +240,8 @@ def test_two_pipeline_stages_train_like_one_process_and_their_checkpoint_resumes
 
     from codechat import checkpoint as ckpt  # each stage wrote its part; one process reads the whole model
     d = ckpt.resolve(tmp_path / "pp")
-    assert ckpt.is_sharded(d) and sorted(f.name for f in (d / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert ckpt.is_sharded(d)
+    assert sorted(f.name for f in (d / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     model, tok, state = ckpt.load_model(d)
     assert state["step"] == 3 and torch.isfinite(model(torch.tensor([tok.encode("def f(x):")]))).all()
     four = run(pretrain_args(tmp_path / "pp4", 4, "--pp", "2", "--train.micro_batch_size", "4", "--resume"),

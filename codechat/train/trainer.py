@@ -120,7 +120,8 @@ class Trainer:
         # before the optimizer: FSDP swaps parameters, a pipeline keeps this rank's stage
         self.par = Parallel(model, self.world, train.parallel, train.ac, train.pp_schedule, train.pipeline_microbatches)
         self.optimizer = build_optimizer(self.par.model, optim, self.device)
-        self.forward = torch.compile(self.par.module) if train.compile and self.par.pipeline is None else self.par.module
+        compile_whole = train.compile and self.par.pipeline is None
+        self.forward = torch.compile(self.par.module) if compile_whole else self.par.module
         if train.compile and self.par.pipeline is not None:  # the schedule calls the stage: compile its blocks
             for block in self.par.model.layers.values():
                 block.compile()
