@@ -12,6 +12,15 @@ Layout of one checkpoint (a directory, so a stage's checkpoints sort by name)::
 A checkpoint is written under ``.tmp-step_000500`` and renamed when complete, so a crash
 mid-write never leaves a directory that looks finished.
 
+Under ``torchrun`` every rank writes its part of a sharded checkpoint in parallel
+(``torch.distributed.checkpoint``, :func:`save_sharded`): ``dcp/`` (``.metadata`` plus one file per
+rank) replaces ``model.pt`` and ``optim.pt``; it holds ``{"model": {name: tensor}, "optim": {name:
+{state: tensor}}}`` (FSDP shards, pipeline stages and replicas alike; a tied LM head stored once, as
+the embedding), and ``state.json``, ``rng.pt`` and ``tokenizer/`` are rank 0's. Any layout and world
+size, one process included, reads it back whole (:func:`load_sharded`, no process group needed):
+resuming, ``--init``, sampling and export treat both kinds the same. One process writes
+``model.pt`` / ``optim.pt``.
+
 :func:`export` (``codechat export``) writes the consolidated form every command also loads::
 
     OUT/model.safetensors   the weights (as trained; a tied LM head stored once, as the embedding)
@@ -26,12 +35,13 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
+DCP_DIR = "dcp"  # a sharded checkpoint's torch.distributed.checkpoint files
 WEIGHT_FILES = ("model.pt", "model.safetensors")  # a training checkpoint's, an export's
 TIED_HEAD = "lm_head.weight"  # left out of an export's safetensors when the embedding is tied
 
@@ -72,6 +82,54 @@ def save(checkpoints: Path, step: int, *, model: dict[str, torch.Tensor], state:
     torch.save(model, tmp / "model.pt")
     if optim is not None:
         torch.save(optim, tmp / "optim.pt")
+    return _finish(tmp, final, state, tokenizer_dir, keep_last)
+
+
+def save_sharded(checkpoints: Path, step: int, *, shards: dict[str, Any], state: dict[str, Any], main: bool,
+                 barrier: Callable[[], None], tokenizer_dir: Path | None = None, keep_last: int = 0) -> Path:
+    """Write checkpoint ``step`` from every rank at once (a collective: every rank calls it with its
+    ``shards``, ``{"model": ..., "optim": ...}``); rank ``main`` adds the rest and renames it when
+    every rank is done. Returns the final checkpoint directory."""
+    import torch.distributed.checkpoint as dcp
+    final = step_dir(checkpoints, step)
+    tmp = checkpoints / f".tmp-{final.name}"
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier()
+    dcp.save(shards, checkpoint_id=tmp / DCP_DIR)
+    barrier()
+    return _finish(tmp, final, state, tokenizer_dir, keep_last) if main else final
+
+
+def is_sharded(d: Path) -> bool:
+    """Whether checkpoint ``d`` was written by :func:`save_sharded`."""
+    return (d / DCP_DIR / ".metadata").is_file()
+
+
+def load_sharded(d: Path, template: dict[str, Any]) -> dict[str, Any]:
+    """Fill ``template`` (whole, unsharded tensors of the names wanted, e.g. ``{"model": {...}}``)
+    from sharded checkpoint ``d`` in this process alone, whatever layout wrote it; returns it.
+
+    Raises:
+        CheckpointError: unreadable files, or names and shapes that are not the checkpoint's.
+    """
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.filterwarnings("ignore", message=".*load in a single process")
+            dcp.load(template, checkpoint_id=d / DCP_DIR, no_dist=True)
+    except Exception as e:  # DCP wraps every failure (missing key, bad shape, truncated file) in one type
+        raise CheckpointError(f"{d / DCP_DIR}: cannot be read into this model ({type(e).__name__}: "
+                              f"{str(e)[:500]})") from None
+    return template
+
+
+def _finish(tmp: Path, final: Path, state: dict[str, Any], tokenizer_dir: Path | None, keep_last: int) -> Path:
+    """RNG, ``state.json`` and the tokenizer into ``tmp``, then rename it ``final`` and prune."""
+    checkpoints = final.parent
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
     if tokenizer_dir is not None:
@@ -121,6 +179,8 @@ def load(path: str | os.PathLike, *, map_location: str | torch.device = "cpu", w
         CheckpointError: a missing or truncated file, named in the message.
     """
     d = resolve(path)
+    if is_sharded(d):
+        return _load_sharded_model(d, with_optim)
     weights = next((d / f for f in WEIGHT_FILES if (d / f).is_file()), d / WEIGHT_FILES[0])
     for f in (weights, d / "state.json"):
         if not f.is_file():
@@ -138,6 +198,31 @@ def load(path: str | os.PathLike, *, map_location: str | torch.device = "cpu", w
         if not (d / "optim.pt").is_file():
             raise CheckpointError(f"{d / 'optim.pt'}: missing; cannot resume the optimizer from {d}")
         out["optim"] = _torch_load(d / "optim.pt", map_location)
+        out["rng"] = _torch_load(d / "rng.pt", "cpu") if (d / "rng.pt").is_file() else None
+    return out
+
+
+def _load_sharded_model(d: Path, with_optim: bool) -> dict[str, Any]:
+    """:func:`load` of a sharded checkpoint: the whole model read into a CPU model built from its config
+    (about the model's size in memory); ``"optim"`` is None (the trainer reads it with its optimizer)."""
+    from .config import ModelConfig, build
+    from .model import build_model
+    f = d / "state.json"
+    if not f.is_file():
+        raise CheckpointError(f"{f}: missing; the checkpoint is incomplete")
+    state = json.loads(f.read_text())
+    try:
+        cfg = build(ModelConfig, state["meta"]["model"])
+    except KeyError:
+        raise CheckpointError(f"{f}: has no meta.model (not a codechat checkpoint?)") from None
+    sd = build_model(cfg, "cpu").state_dict()
+    tied = cfg.tie_embeddings
+    model = load_sharded(d, {"model": {k: v for k, v in sd.items() if not (tied and k == TIED_HEAD)}})["model"]
+    if tied:
+        model[TIED_HEAD] = model["embed_tokens.weight"]
+    out: dict[str, Any] = {"dir": d, "state": state, "model": model}
+    if with_optim:
+        out["optim"] = None
         out["rng"] = _torch_load(d / "rng.pt", "cpu") if (d / "rng.pt").is_file() else None
     return out
 

@@ -66,9 +66,13 @@ def _add_parallel(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", choices=PARALLEL_STRATEGIES,
                    help="under torchrun: ddp (replicas, default), fsdp (sharded) or hsdp (sharded within a node, "
                         "replicated across nodes); one process ignores it (train.parallel)")
-    p.add_argument("--ac", choices=["none", "full"],
+    p.add_argument("--ac", choices=["none", "selective", "full"],
                    help="activation checkpointing: full recomputes each block's activations in the backward pass, "
-                        "trading ~1/3 more compute for activation memory (train.ac; default none)")
+                        "trading ~1/3 more compute for activation memory; selective keeps the attention and every "
+                        "other matmul output and recomputes the rest (train.ac; default none)")
+    p.add_argument("--pp", type=int, help="under torchrun: pipeline stages; world size / N ranks replicate each stage "
+                                          "(train.pp; schedule and micro-batches: --train.pp_schedule gpipe|1f1b, "
+                                          "--train.pp_microbatches M)")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -83,7 +87,7 @@ def pretrain_config(args: argparse.Namespace, overrides: dict[str, str]):
              "train.max_steps": args.max_steps,
              "train.time_budget_s": args.time_budget_min * 60 if args.time_budget_min else None,
              "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed, "run.device": args.device,
-             "train.parallel": args.parallel, "train.ac": args.ac}
+             "train.parallel": args.parallel, "train.ac": args.ac, "train.pp": args.pp}
     if args.time_budget_min and args.max_steps is None:
         flags["train.max_steps"] = 0
     return _stage_config(PretrainConfig, args.config, flags, overrides, base=pretrain_recipe(args.preset))
@@ -130,7 +134,7 @@ def _cmd_sft(args: argparse.Namespace, overrides: dict[str, str]) -> int:
              "sft.packing": args.packing or None, "sft.max_examples": args.max_examples,
              "sft.skip_bad": args.skip_bad or None, "run.out": args.out, "run.resume": args.resume or None,
              "run.seed": args.seed, "sft.seed": args.seed, "run.device": args.device, "train.parallel": args.parallel,
-             "train.ac": args.ac}
+             "train.ac": args.ac, "train.pp": args.pp}
     if args.max_steps is not None and args.epochs is None:
         flags["train.epochs"] = 0.0
     cfg = _stage_config(SFTStageConfig, args.config, flags, overrides)

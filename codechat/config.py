@@ -183,20 +183,23 @@ class OptimConfig:
 # ----------------------------------------------------------------------------- train
 #: ``train.parallel`` values (:mod:`codechat.parallel`).
 PARALLEL_STRATEGIES = ("ddp", "fsdp", "hsdp")
+#: ``train.pp_schedule`` values: ``torch.distributed.pipelining``'s ScheduleGPipe and Schedule1F1B.
+PP_SCHEDULES = ("gpipe", "1f1b")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """The training loop: batch shape, budget, evaluation, logging and checkpoints.
 
-    One optimizer step sees ``micro_batch_size * grad_accum * world_size`` rows. The run
+    One optimizer step sees ``micro_batch_size * grad_accum * dp_size`` rows (``dp_size``: the
+    data-parallel ranks, ``world_size / pp``). The run
     stops at ``max_steps`` or after ``time_budget_s`` seconds of training, whichever
     comes first; at least one of them must be set.
     """
 
     micro_batch_size: int = 8
     grad_accum: int = 1
-    batch_size: int = 0  # rows per optimizer step over all ranks; 0 -> micro_batch_size * grad_accum * ranks
+    batch_size: int = 0  # rows per optimizer step over all ranks; 0 -> micro_batch_size * grad_accum * dp ranks
     max_steps: int = 0  # 0 -> no step limit (time_budget_s or epochs must be set)
     epochs: float = 0.0  # passes over the data, turned into max_steps by the stage; 0 -> not used
     time_budget_s: float = 0.0  # 0 -> no time limit
@@ -209,10 +212,25 @@ class TrainConfig:
     dtype: str = "auto"  # auto -> bf16 autocast on CUDA, fp32 elsewhere
     compile: bool = False
     parallel: str = "ddp"  # ddp | fsdp | hsdp: how a torchrun world shares the model (codechat.parallel)
-    ac: str = "none"  # activation checkpointing: none | full (every block's activations recomputed in backward)
+    ac: str = "none"  # activation checkpointing: none | selective (attention + every other matmul kept) | full (every
+    # block recomputed from its input in the backward pass); codechat.parallel.selective_contexts
+    pp: int = 1  # pipeline stages (--pp); the world's other factor, world_size / pp, is data parallel
+    pp_schedule: str = "1f1b"  # gpipe | 1f1b (codechat.pipeline); only with pp > 1
+    pp_microbatches: int = 0  # pipeline micro-batches each micro-batch is cut into; 0 -> pp. Divides micro_batch_size
 
     def __post_init__(self) -> None:
-        _check(self.ac in ("none", "full"), f"train.ac must be none or full, got {self.ac!r}")
+        _check(self.ac in ("none", "selective", "full"), f"train.ac must be none, selective or full, got {self.ac!r}")
+        _check(self.pp >= 1, f"train.pp (--pp) must be >= 1, got {self.pp}")
+        _check(self.pp_schedule in PP_SCHEDULES,
+               f"train.pp_schedule must be one of {', '.join(PP_SCHEDULES)}, got {self.pp_schedule!r}")
+        _check(self.pp_microbatches >= 0, f"train.pp_microbatches must be >= 0 (0: --pp), got {self.pp_microbatches}")
+        n_mb = self.pipeline_microbatches
+        _check(self.micro_batch_size % n_mb == 0,
+               f"train.pp_microbatches={n_mb} does not divide train.micro_batch_size={self.micro_batch_size}: "
+               "each micro-batch is cut into that many pipeline micro-batches; make micro_batch_size a multiple of it")
+        _check(self.pp_schedule != "1f1b" or n_mb >= self.pp,
+               f"train.pp_schedule=1f1b needs train.pp_microbatches >= --pp {self.pp}, got {n_mb}: raise it or use "
+               "--train.pp_schedule gpipe")
         _check(self.parallel in PARALLEL_STRATEGIES,
                f"train.parallel must be one of {', '.join(PARALLEL_STRATEGIES)}, got {self.parallel!r}")
         _check(self.micro_batch_size > 0, f"train.micro_batch_size must be > 0, got {self.micro_batch_size}")
@@ -230,6 +248,11 @@ class TrainConfig:
         _check(self.eval_tokens > 0, f"train.eval_tokens must be > 0, got {self.eval_tokens}")
         _check(self.save_every_s >= 0, f"train.save_every_s must be >= 0 (0: by steps only), got {self.save_every_s}")
         _check(self.dtype in ("auto", "bf16", "fp32"), f"train.dtype must be auto, bf16 or fp32, got {self.dtype!r}")
+
+    @property
+    def pipeline_microbatches(self) -> int:
+        """Pipeline micro-batches per micro-batch (``pp_microbatches``, or ``pp`` when 0)."""
+        return self.pp_microbatches or self.pp
 
     def with_epochs(self, steps_per_epoch: float) -> "TrainConfig":
         """This config with ``max_steps`` set from ``epochs`` when only epochs were given."""
@@ -287,6 +310,9 @@ class PretrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
+        _check(self.train.pp <= self.model.n_layer,
+               f"--pp {self.train.pp} stages for a model of {self.model.n_layer} layers: every stage needs at least "
+               f"one block; use --pp <= {self.model.n_layer}")
         _check(self.data.seq_len <= self.model.max_seq_len,
                f"data.seq_len={self.data.seq_len} is over the model's limit model.max_seq_len="
                f"{self.model.max_seq_len}; lower --data.seq_len or raise --model.max_seq_len")
@@ -434,6 +460,11 @@ class SFTStageConfig:
     train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=1.0, micro_batch_size=8, log_every=10,
                                                                    eval_every=10**9, save_every=500))
     run: RunConfig = field(default_factory=lambda: RunConfig(out="runs/default/sft"))
+
+    def __post_init__(self) -> None:
+        _check(not (self.sft.packing and self.train.pp > 1),
+               "--packing with --pp: pipeline stages do not pass the documents of packed rows along yet; "
+               "leave --packing out or use --pp 1")
 
     def check_init(self) -> None:
         """Raises ConfigError unless ``init`` names an existing run directory or checkpoint."""

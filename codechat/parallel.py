@@ -1,10 +1,10 @@
-"""Data parallel training across processes: the world from ``torchrun``'s environment, DDP, FSDP2, HSDP.
+"""Training across processes: the world from ``torchrun``'s environment, DDP, FSDP2, HSDP, pipeline stages.
 
 Every training stage runs the same code in one process or under ``torchrun``: :func:`init_world`
 reads ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (a process not started by
 ``torchrun`` is a world of one and nothing is wrapped; ``torchrun --nproc_per_node=1`` is a real
-world of one, wrapped like any other, so the DDP / FSDP paths can be timed on one GPU), starts the process group (NCCL on CUDA, gloo on CPU) and pins each
-rank to its GPU; :class:`Parallel` wraps the model from outside (the model knows nothing of it):
+world of one, wrapped like any other, so the DDP / FSDP paths can be timed on one GPU), starts the
+process group (NCCL on CUDA, gloo on CPU) and pins each rank to its GPU; :class:`Parallel` wraps the model from outside (the model knows nothing of it):
 
 - ``ddp``: :class:`torch.nn.parallel.DistributedDataParallel`; gradients are all-reduced once per
   optimizer step, on the last micro-step only (``no_sync`` before it: ``shared/cases/06``);
@@ -12,21 +12,26 @@ rank to its GPU; :class:`Parallel` wraps the model from outside (the model knows
   gradients and optimizer state sharded over all ranks: ZeRO-3, Rajbhandari et al. 2020);
   gradients reduce-scattered on the last micro-step only (``set_requires_gradient_sync``);
 - ``hsdp``: the same, sharded within a node (``LOCAL_WORLD_SIZE`` ranks) and replicated across
-  nodes, on a 2-D :class:`~torch.distributed.device_mesh.DeviceMesh` (``replicate``, ``shard``).
+  nodes, on a 2-D :class:`~torch.distributed.device_mesh.DeviceMesh` (``replicate``, ``shard``);
+- ``--pp N`` (``train.pp``): N pipeline stages x ``world_size / N`` data-parallel replicas of each
+  (:mod:`codechat.pipeline`, on a ``("pp", "dp")`` mesh); the data-parallel side is DDP's rule
+  (gradients summed once per step), sharding within a stage is not offered yet.
 
 Data: every rank builds the same loader for the *global* micro-batch (``micro_batch_size x
-world_size`` rows) and takes its own rows (:class:`RankSlice`), so the order of rows is a function
+dp_size`` rows, ``dp_size = world_size / pp``) and takes its data-parallel rank's rows
+(:class:`RankSlice`; the stages of one pipeline read the same rows), so the order of rows is a function
 of the step alone and a run resumed at another world size with the same global batch continues
 the same sequence. The loss of a step is the sum over supervised tokens of every micro-batch and
 rank divided by their global count (``shared/cases/05``); DDP and FSDP average gradients over
 ranks, so each rank's loss is scaled by ``world_size`` first (:attr:`Parallel.loss_scale`).
 
-Checkpoints stay one consolidated file set written by rank 0 (:mod:`codechat.checkpoint`), so any
-world size and layout loads them: under FSDP the full model and optimizer states are gathered to
-rank 0's CPU (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict`` and
-``cpu_offload``: the other ranks never hold them whole), and the optimizer state is keyed by
-parameter name; checkpoints of one process keep the optimizer's own format. Muon orthogonalises
-whole matrices: under FSDP each rank gathers them for its step (:class:`codechat.train.optim.Muon`).
+Checkpoints under ``torchrun`` are sharded: every rank writes its part (:meth:`Parallel.shards`,
+:func:`codechat.checkpoint.save_sharded`: FSDP's DTensor shards, a pipeline stage's parameters,
+one copy of replicated ones), the optimizer state keyed by parameter name; any world size and
+layout, one process included, reads them whole (:func:`whole_template`) and loads them with
+:meth:`Parallel.load_state_dicts`, as it loads a one-process checkpoint (the optimizer's own format,
+keyed by index). Muon orthogonalises whole matrices: under FSDP each rank gathers them for its step
+(:class:`codechat.train.optim.Muon`).
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ import atexit
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -43,6 +48,8 @@ from .config import PARALLEL_STRATEGIES as STRATEGIES
 from .config import ConfigError
 from .data.batch import Batch
 from .device import resolve_device
+
+TIED_HEAD = "lm_head.weight"  # a tied head is the embedding: stored once, under the embedding's name
 
 
 
@@ -57,6 +64,7 @@ class World:
     local_rank: int = 0
     local_size: int = 1
     device: torch.device = torch.device("cpu")
+    pp: int = 1  # pipeline stages; rank = stage * dp_size + dp_rank
     distributed: bool = False
 
     @property
@@ -64,18 +72,37 @@ class World:
         """Rank 0: the process that logs, prints and writes files."""
         return self.rank == 0
 
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel replicas: ``size / pp`` (the ranks that read different rows)."""
+        return self.size // self.pp
 
-def init_world(device: str = "auto") -> World:
-    """The world of this process from ``torchrun``'s environment (one process without it).
+    @property
+    def dp_rank(self) -> int:
+        return self.rank % self.dp_size
+
+    @property
+    def pp_rank(self) -> int:
+        """This rank's pipeline stage (0 without ``--pp``)."""
+        return self.rank // self.dp_size
+
+
+def init_world(device: str = "auto", pp: int = 1) -> World:
+    """The world of this process from ``torchrun``'s environment (one process without it), cut
+    into ``pp`` pipeline stages x ``size / pp`` data-parallel ranks.
 
     Raises:
         ConfigError: an inconsistent environment (``RANK`` outside ``WORLD_SIZE``, a node size
-            that does not divide the world).
+            that does not divide the world), or ``pp`` not dividing the world size (raised on
+            every rank before the process group starts).
     """
+    size = int(os.environ.get("WORLD_SIZE", "1"))
     dev = resolve_device(device)
+    if size % pp:
+        raise ConfigError(f"--pp {pp} does not divide the world size {size}: run a multiple of {pp} processes "
+                          f"(torchrun --nproc_per_node) or pick a --pp that divides {size}")
     if "WORLD_SIZE" not in os.environ:
         return World(device=dev)
-    size = int(os.environ["WORLD_SIZE"])
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
     if not (0 <= rank < size and 0 <= local < local_size and size % local_size == 0):
@@ -87,7 +114,7 @@ def init_world(device: str = "auto") -> World:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", device_id=dev if dev.type == "cuda" else None)
         atexit.register(dist.destroy_process_group)
-    return World(rank, size, local, local_size, dev, distributed=True)
+    return World(rank, size, local, local_size, dev, pp, distributed=True)
 
 
 @contextlib.contextmanager
@@ -101,20 +128,21 @@ def main_first(world: World) -> Iterator[None]:
 
 
 class RankSlice:
-    """A loader of global micro-batches (``rows x world.size`` rows each) seen through one rank:
-    rows ``[rank * rows, (rank + 1) * rows)`` of each. State is the global loader's."""
+    """A loader of global micro-batches (``rows x world.dp_size`` rows each) seen through one rank:
+    rows ``[dp_rank * rows, (dp_rank + 1) * rows)`` of each. State is the global loader's."""
 
     def __init__(self, loader: Any, world: World) -> None:
         self.loader, self.world = loader, world
 
     def next_batch(self) -> Batch:
         b = Batch(*self.loader.next_batch())
-        if self.world.size == 1:
+        dp, rank = self.world.dp_size, self.world.dp_rank
+        if dp == 1:
             return b
-        n = b.inputs.size(0) // self.world.size
-        rows = slice(self.world.rank * n, (self.world.rank + 1) * n)
+        n = b.inputs.size(0) // dp
+        rows = slice(rank * n, (rank + 1) * n)
         doc = None if b.doc_ids is None else b.doc_ids[rows]
-        real = None if b.n_tokens is None else round(b.n_tokens / self.world.size)  # for tokens/s only
+        real = None if b.n_tokens is None else round(b.n_tokens / dp)  # for tokens/s only
         return Batch(b.inputs[rows], b.labels[rows], doc, real)
 
     def state_dict(self) -> dict[str, Any]:
@@ -127,21 +155,43 @@ class RankSlice:
 class Parallel:
     """``model`` (already on ``world.device``) wrapped for ``strategy``; a process outside ``torchrun``
     wraps nothing.
-    ``ac="full"`` recomputes every block's activations in the backward pass (any world size).
+    ``ac="full"`` recomputes every block's activations in the backward pass (any world size),
+    ``ac="selective"`` only what :func:`selective_contexts` does not keep. With
+    ``world.pp > 1`` the model is cut into pipeline stages run by ``pp_schedule`` over
+    ``pp_microbatches`` (:class:`codechat.pipeline.Pipeline`): :attr:`model` is then this rank's
+    stage (train and optimise it) and :attr:`eval_model` the whole model's forward through the stages.
 
     Raises:
-        ConfigError: an unknown strategy, or HSDP in a world of one node.
+        ConfigError: an unknown strategy, HSDP in a world of one node, fewer layers than ``--pp``
+            stages, or ``--pp`` with sharded data parallelism.
     """
 
-    def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp", ac: str = "none") -> None:
+    def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp", ac: str = "none",
+                 pp_schedule: str = "1f1b", pp_microbatches: int = 1) -> None:
         if strategy not in STRATEGIES:
             raise ConfigError(f"--parallel must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         self.model, self.world = model, world
-        if ac == "full":
+        self.tied_head = bool(getattr(getattr(model, "cfg", None), "tie_embeddings", False))
+        self.pipeline = None
+        if world.pp > 1:
+            from .pipeline import stage_blocks
+            stage_blocks(model.cfg.n_layer, world.pp, world.pp_rank)  # fewer layers than stages: stop here
+            if strategy != "ddp" and world.dp_size > 1:
+                raise ConfigError(f"--pp {world.pp} with --parallel {strategy}: stages are replicated over the "
+                                  "data-parallel ranks, not sharded, yet; use --parallel ddp")
+        if ac in ("full", "selective"):
             for block in model.layers:
-                checkpoint_forward(block)
+                checkpoint_forward(block, selective_contexts if ac == "selective" else None)
         self.strategy = strategy if world.distributed else "none"
         self.module: torch.nn.Module = model
+        self.eval_model: torch.nn.Module = model
+        if world.pp > 1:
+            from .pipeline import Pipeline
+            self.strategy = "pp"
+            self.pipeline = Pipeline(model, world, pp_schedule, pp_microbatches)
+            self.model = self.module = self.pipeline.stage
+            self.eval_model = self.pipeline.forward
+            return
         if self.strategy == "none":
             return
         if self.strategy == "ddp":
@@ -169,12 +219,18 @@ class Parallel:
 
     @property
     def loss_scale(self) -> float:
-        """Factor on each rank's loss: DDP and FSDP average gradients over ranks; the step's loss is a sum."""
-        return float(self.world.size)
+        """Factor on each rank's loss: DDP and FSDP average gradients over ranks; the step's loss is a
+        sum (the pipeline sums them: 1)."""
+        return 1.0 if self.pipeline is not None else float(self.world.size)
 
     @contextlib.contextmanager
     def micro_step(self, last: bool) -> Iterator[None]:
         """Backward of one micro-batch; gradients are synchronised only when ``last``."""
+        if self.pipeline is not None:
+            yield
+            if last:
+                self.pipeline.sync_grads()
+            return
         if self.strategy == "ddp" and not last:
             with self.module.no_sync():
                 yield
@@ -190,6 +246,10 @@ class Parallel:
         t = torch.tensor([float(value)], dtype=torch.float64, device=self.world.device)
         dist.all_reduce(t)
         return float(t)
+
+    def data_sum(self, value: float) -> float:
+        """``value`` summed over the data-parallel replicas (every stage of a pipeline holds the same rows)."""
+        return self.all_sum(value) / self.world.pp
 
     def all_max(self, value: float) -> float:
         """The largest ``value`` over ranks (so that every rank takes the same stop decision)."""
@@ -207,32 +267,53 @@ class Parallel:
         dist.all_gather_object(out, obj)
         return out
 
-    def grad_norm(self, total: torch.Tensor) -> float:
-        """The clip function's total norm as a float (a DTensor under FSDP)."""
-        return float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Clip the gradients to total norm ``max_norm`` (over the whole model: every shard and
+        stage); returns the norm before clipping."""
+        if self.pipeline is not None:
+            return self.pipeline.clip_grad_norm(max_norm)
+        total = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        return float(total.full_tensor() if hasattr(total, "full_tensor") else total)  # a DTensor under FSDP
 
     def barrier(self) -> None:
         if self.world.size > 1:
             dist.barrier()
 
     # ------------------------------------------------------------------ state
-    def state_dicts(self, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """Full model and optimizer states for a checkpoint, on rank 0 (empty dicts elsewhere under FSDP)."""
-        if not self.sharded:
-            return self.model.state_dict(), optimizer.state_dict()
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return (get_model_state_dict(self.model, options=opts),
-                get_optimizer_state_dict(self.model, _parts(optimizer), options=opts))
+    def shards(self, optimizer: Any) -> dict[str, Any]:
+        """This rank's part of a sharded checkpoint (:func:`codechat.checkpoint.save_sharded`):
+        ``{"model": {name: tensor}, "optim": {name: {state: tensor}}}``, FSDP's as DTensor shards, a
+        pipeline stage's own parameters, a tied LM head left out (it is the embedding)."""
+        if self.pipeline is not None:
+            module = self.pipeline.stage
+        else:
+            module = self.model
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+            model_sd = get_model_state_dict(module)
+            optim_state = get_optimizer_state_dict(module, optimizer_parts(optimizer))["state"]
+        else:
+            model_sd = module.state_dict()
+            optim_state = name_optimizer_state(module, optimizer, optimizer.state_dict())["state"]
+        if self.tied_head:
+            model_sd = {k: v for k, v in model_sd.items() if k != TIED_HEAD}
+            optim_state = {k: v for k, v in optim_state.items() if k != TIED_HEAD}
+        return {"model": model_sd, "optim": optim_state}
 
-    def load_state_dicts(self, model_sd: dict[str, Any], optim_sd: dict[str, Any] | None, optimizer: Any) -> None:
-        """Load full states saved by :meth:`state_dicts` at any world size (or by one process).
+    def load_state_dicts(self, model_sd: dict[str, Any], optim_sd: dict[str, Any] | None, optimizer: Any,
+                         whole: tuple[torch.nn.Module, Callable[[], Any]] | None = None) -> None:
+        """Load whole states (a one-process checkpoint, or a sharded one read through :func:`whole_template`).
+        ``whole``: the whole model and a builder of its optimizer, which name a one-process optimizer
+        state's parameters for a pipeline stage.
 
         Raises:
             RuntimeError, ValueError, KeyError: the states do not fit this model or optimizer.
         """
-        by_name = optim_sd is not None and _keyed_by_name(optim_sd)
+        if self.pipeline is not None:
+            model, build = whole or (None, None)
+            self.pipeline.load_state_dicts(model_sd, optim_sd, optimizer, build, model)
+            return
+        by_name = optim_sd is not None and keyed_by_name(optim_sd)
         if not self.sharded and not by_name:
             self.model.load_state_dict(model_sd)
             if optim_sd is not None:
@@ -244,44 +325,91 @@ class Parallel:
         set_model_state_dict(self.model, model_sd, options=opts)
         if optim_sd is not None:
             if not by_name:  # a one-process checkpoint resumed under FSDP: name its parameters first
-                optim_sd = _name_optimizer_state(self.model, optimizer, optim_sd)
-            set_optimizer_state_dict(self.model, _parts(optimizer), optim_sd, options=opts)
+                optim_sd = name_optimizer_state(self.model, optimizer, optim_sd)
+            set_optimizer_state_dict(self.model, optimizer_parts(optimizer), optim_sd, options=opts)
 
 
-def checkpoint_forward(module: torch.nn.Module) -> None:
+def checkpoint_forward(module: torch.nn.Module, context_fn: Any = None) -> None:
     """Recompute ``module``'s activations in the backward pass (non-reentrant
-    ``torch.utils.checkpoint``), by replacing its ``forward`` on the instance: parameter names stay
-    as they are (checkpoints stay interchangeable), FSDP2's hooks still wrap the call, and under
-    ``torch.compile`` the checkpoint is traced into the compiled graph. (The composable
-    ``torch.distributed._composable.checkpoint`` hooks fail under ``torch.compile``: the recomputed
-    tensors' shapes differ from the saved ones, pytorch/pytorch#166926.)"""
+    ``torch.utils.checkpoint``; ``context_fn``: a selective policy such as
+    :func:`selective_contexts`, None recomputes everything), by replacing its ``forward`` on the
+    instance: parameter names stay as they are (checkpoints stay interchangeable), FSDP2's hooks
+    still wrap the call, and under ``torch.compile`` the checkpoint is traced into the compiled
+    graph. (The composable ``torch.distributed._composable.checkpoint`` hooks fail under
+    ``torch.compile``: the recomputed tensors' shapes differ from the saved ones, pytorch/pytorch#166926.)"""
     from torch.utils.checkpoint import checkpoint
     forward = module.forward
+    extra = {} if context_fn is None else {"context_fn": context_fn}
 
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
     module.forward = checkpointed
 
 
-def _parts(optimizer: Any) -> list[torch.optim.Optimizer]:
+def selective_contexts() -> tuple[Any, Any]:
+    """The contexts of ``--ac selective`` for one checkpointed block (torchtitan's op-level policy,
+    what :func:`codechat.train.plan.activation_bytes` counts): keep the attention's output and every
+    other matmul's (in a block's order q, k, v, o, gate, up, down: q, v, gate and down), recompute
+    the rest (norms, RoPE, SiLU, products, the other matmuls) in the backward pass."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    keep = {getattr(aten, n).default for n in ("_scaled_dot_product_flash_attention",
+                                                 "_scaled_dot_product_efficient_attention",
+                                                 "_scaled_dot_product_cudnn_attention",
+                                                 "_scaled_dot_product_flash_attention_for_cpu") if hasattr(aten, n)}
+    counts = {True: 0, False: 0}  # matmuls seen in the forward and in its recomputation
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if func in keep:
+            return CheckpointPolicy.MUST_SAVE
+        if func == aten.mm.default:
+            counts[ctx.is_recompute] += 1
+            return CheckpointPolicy.MUST_SAVE if counts[ctx.is_recompute] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def whole_template(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
+    """What :meth:`Parallel.shards` writes, as whole tensors of ``model`` (one process's, on the CPU)
+    and ``optimizer`` (built over it): the template a sharded checkpoint is read into. The
+    optimizer's state is first created by one step of learning rate 0 on zero gradients."""
+    parts = optimizer_parts(optimizer)
+    for part in parts:
+        lrs = [g["lr"] for g in part.param_groups]
+        for g in part.param_groups:
+            g["lr"] = 0.0
+            for p in g["params"]:
+                p.grad = torch.zeros_like(p)
+        part.step()
+        for g, lr in zip(part.param_groups, lrs):
+            g["lr"] = lr
+        part.zero_grad(set_to_none=True)
+    tied = getattr(getattr(model, "cfg", None), "tie_embeddings", False)
+    named = name_optimizer_state(model, optimizer, optimizer.state_dict())
+    return {"model": {k: v for k, v in model.state_dict().items() if not (tied and k == TIED_HEAD)},
+            "optim": named["state"], "param_groups": named["param_groups"]}
+
+
+def optimizer_parts(optimizer: Any) -> list[torch.optim.Optimizer]:
     """The ``torch.optim`` optimizers of ``optimizer`` (Muon + AdamW is two)."""
     return [optimizer.muon, optimizer.adamw] if hasattr(optimizer, "muon") else [optimizer]
 
 
-def _keyed_by_name(optim_sd: dict[str, Any]) -> bool:
+def keyed_by_name(optim_sd: dict[str, Any]) -> bool:
     groups = optim_sd.get("param_groups") or [{}]
     params = groups[0].get("params") or [0]
     return isinstance(params[0], str)
 
 
-def _name_optimizer_state(model: torch.nn.Module, optimizer: Any, optim_sd: dict[str, Any]) -> dict[str, Any]:
+def name_optimizer_state(model: torch.nn.Module, optimizer: Any, optim_sd: dict[str, Any]) -> dict[str, Any]:
     """A one-process optimizer state (``torch.optim``'s, keyed by parameter index; Muon + AdamW's
     ``{"muon": ..., "adamw": ...}``) re-keyed by parameter name, one dict for all parts."""
     names = {id(p): n for n, p in model.named_parameters()}
     sds = [optim_sd["muon"], optim_sd["adamw"]] if hasattr(optimizer, "muon") else [optim_sd]
     state: dict[str, Any] = {}
     groups: list[dict[str, Any]] = []
-    for part, sd in zip(_parts(optimizer), sds):
+    for part, sd in zip(optimizer_parts(optimizer), sds):
         order = [names[id(p)] for g in part.param_groups for p in g["params"]]
         state.update({order[i]: s for i, s in sd["state"].items()})
         groups += [{**g, "params": [order[i] for i in g["params"]]} for g in sd["param_groups"]]

@@ -21,6 +21,12 @@ from codechat.config import (ConfigError, DataConfig, ModelConfig, OptimConfig, 
     (lambda: TrainConfig(max_steps=1, micro_batch_size=3, batch_size=8), "train.batch_size=8 does not divide"),
     (lambda: PretrainConfig(model=ModelConfig(max_seq_len=128), data=DataConfig(seq_len=256)),
      "data.seq_len=256 is over the model's limit"),
+    (lambda: PretrainConfig(model=preset("tiny"), train=TrainConfig(max_steps=1, pp=6, micro_batch_size=6)),
+     "--pp 6 stages for a model of 4 layers"),
+    (lambda: TrainConfig(max_steps=1, pp=2, micro_batch_size=3), "train.pp_microbatches=2 does not divide"),
+    (lambda: TrainConfig(max_steps=1, pp=4, pp_microbatches=2, micro_batch_size=4), "1f1b needs train.pp_micro"),
+    (lambda: TrainConfig(max_steps=1, pp=2, pp_schedule="zb"), "train.pp_schedule must be one of gpipe, 1f1b"),
+    (lambda: SFTStageConfig(sft=SFTConfig(packing=True), train=TrainConfig(epochs=1, pp=2)), "--packing with --pp"),
 ])
 def test_invalid_settings_fail_at_construction_naming_the_setting(make, match):
     with pytest.raises(ConfigError, match=match):
@@ -102,3 +108,10 @@ def test_sft_budgets_follow_the_model_unless_set(tmp_path):
     assert budgets(cfg.sft) == (256, 192)
     save_yaml(cfg, tmp_path / "sft.yaml")  # a saved config lists both; a new length derives the prompt again
     assert budgets(load(SFTStageConfig, tmp_path / "sft.yaml", {"sft.max_length": "128"}).sft) == (128, 96)
+
+
+def test_pipeline_stages_split_the_blocks_evenly_and_refuse_more_stages_than_blocks():
+    from codechat.pipeline import stage_blocks
+    assert [list(stage_blocks(10, 4, s)) for s in range(4)] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    with pytest.raises(ConfigError, match="--pp 5 stages for a model of 4 layers"):
+        stage_blocks(4, 5, 0)

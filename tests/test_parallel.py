@@ -2,8 +2,9 @@
 
 Each run is the real command: ``torchrun --nproc_per_node 2 -m codechat pretrain ...`` (the tiny
 recipe: Muon, whose Newton-Schulz step gathers whole matrices under FSDP) against one process with
-the same global batch (losses equal to 1e-5 in fp32), a 2-rank FSDP checkpoint
-resumed by one process and by 4 DDP ranks (the same loss curve), SFT under DDP, and the trainer under DDP step by
+the same global batch (losses equal to 1e-5 in fp32), a 2-rank FSDP checkpoint (DCP, written by
+both ranks) resumed by one process and by 4 DDP ranks (the same loss curve), ``--pp 2`` against one
+process and its checkpoint resumed on 2 stages x 2 replicas, SFT under DDP, and the trainer under DDP step by
 step in a worker script (parameters bit-identical on both ranks after every step; the loss of
 micro-batches with unequal supervised-token counts normalised over both ranks, ``shared/cases/05``).
 """
@@ -123,9 +124,10 @@ for step in range(3):
     digests = [None] * world.size
     dist.all_gather_object(digests, digest)
     out.append({"loss": stats["loss"], "supervised": stats["supervised"], "same": len(set(digests)) == 1})
-model_sd, optim_sd = trainer.par.state_dicts(trainer.optimizer)  # what a checkpoint save gathers
+shards = trainer.par.shards(trainer.optimizer)  # what this rank writes of a checkpoint
 held = [None] * world.size
-dist.all_gather_object(held, len(model_sd) + len((optim_sd or {}).get("state", {})))
+dist.all_gather_object(held, sum((t.to_local() if hasattr(t, "to_local") else t).numel()
+                                 for t in shards["model"].values()))
 if world.main:
     print(json.dumps({"steps": out, "held": held}))
 '''
@@ -156,14 +158,18 @@ def test_steps_keep_ranks_identical_and_normalise_unequal_token_counts_globally(
     with torch.no_grad():
         whole = float(m(x, y, reduction="sum")) / 137
     assert steps[0]["loss"] == pytest.approx(whole, rel=1e-6)
-    if strategy == "fsdp":  # the full state is gathered to rank 0 alone
-        assert report["held"][0] > 0 and report["held"][1] == 0
+    whole = sum(t.numel() for t in m.state_dict().values())
+    if strategy == "fsdp":  # each rank writes its shard of the parameters
+        assert sum(report["held"]) == whole and 0 < report["held"][0] < whole
+    else:  # replicas: each holds all (the checkpoint writes one copy)
+        assert report["held"] == [whole, whole]
 
 
 @pytest.mark.parametrize("extra, message", [
     (["--parallel", "ddp", "--train.batch_size", "6", "--train.micro_batch_size", "2"],
      "train.batch_size=6 does not divide into micro-batches of train.micro_batch_size=2 x 2 rank(s)"),
     (["--parallel", "hsdp"], "this world is a single node"),
+    (["--pp", "3", "--train.micro_batch_size", "6"], "--pp 3 does not divide the world size 2"),
 ])
 def test_layouts_that_cannot_work_fail_on_every_rank_before_training(pretrain_args, tmp_path, extra, message):
     p = run(pretrain_args(tmp_path / "bad", 2, *extra), TORCHRUN, timeout=180)
@@ -209,3 +215,36 @@ def test_an_fsdp_checkpoint_exports_to_safetensors_that_every_command_loads(pret
     assert s.returncode == 0 and s.stdout.startswith("def f("), s.stderr[-2000:]
     again = run(["export", "--model", str(tmp_path / "fsdp"), "--out", str(tmp_path / "fsdp")])
     assert again.returncode == 2 and "exists and is not an export" in again.stderr
+
+
+def test_two_pipeline_stages_train_like_one_process_and_their_checkpoint_resumes_on_two_by_two(pretrain_args, tmp_path):
+    """--pp 2 (GPipe, 4 pipeline micro-batches; the tiny model's tied head split from its embedding)
+    gives one process's losses, validation included; its checkpoint is one process's and continues
+    the same curve on 4 ranks as 2 stages x 2 data-parallel replicas (1F1B)."""
+    import shutil
+    one = run(pretrain_args(tmp_path / "one", 4, "--train.micro_batch_size", "8"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    pp = run(pretrain_args(tmp_path / "pp", 3, "--pp", "2", "--train.micro_batch_size", "8", "--train.pp_schedule",
+                           "gpipe", "--train.pp_microbatches", "4"), TORCHRUN)
+    assert pp.returncode == 0, pp.stderr[-3000:]
+    ref = losses(tmp_path / "one")
+    assert losses(tmp_path / "pp") == pytest.approx(ref[:3], rel=1e-5, abs=1e-5)
+    val = [[json.loads(ln)["val_loss"] for ln in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
+            if "val_loss" in ln][0] for d in ("one", "pp")]
+    assert val[1] == pytest.approx(val[0], rel=1e-6)  # validation through the stages, reduced to rank 0
+    assert pp.stdout.count("done: step 3") == 1
+    (tmp_path / "pp4").mkdir()
+    shutil.copytree(tmp_path / "pp" / "checkpoints", tmp_path / "pp4" / "checkpoints")
+    shutil.copy(tmp_path / "pp" / "metrics.jsonl", tmp_path / "pp4" / "metrics.jsonl")
+    import torch
+
+    from codechat import checkpoint as ckpt  # each stage wrote its part; one process reads the whole model
+    d = ckpt.resolve(tmp_path / "pp")
+    assert ckpt.is_sharded(d)
+    assert sorted(f.name for f in (d / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    model, tok, state = ckpt.load_model(d)
+    assert state["step"] == 3 and torch.isfinite(model(torch.tensor([tok.encode("def f(x):")]))).all()
+    four = run(pretrain_args(tmp_path / "pp4", 4, "--pp", "2", "--train.micro_batch_size", "4", "--resume"),
+               TORCHRUN[:-1] + ["4"])
+    assert four.returncode == 0, four.stderr[-3000:]
+    assert losses(tmp_path / "pp4") == pytest.approx(ref, rel=1e-5, abs=1e-5)

@@ -348,3 +348,31 @@ def test_activation_checkpointing_under_torch_compile_trains_as_without_it(tmp_p
         runs[ac] = [t.train_step([b])["loss"] for b in batches], sorted(t.model.state_dict())
     assert runs["full"][1] == runs["none"][1]
     assert np.allclose(runs["full"][0], runs["none"][0], rtol=1e-5, atol=1e-6)
+
+
+def test_activation_checkpointing_recomputes_what_it_says_and_changes_no_number(tmp_path):
+    """``--ac selective`` recomputes 3 of a block's 7 matmuls (k, o, up; q, v, gate, down and the
+    attention are kept), ``--ac full`` 6 (all but down, whose output no backward reads: the
+    recomputation stops early); the loss and the gradients stay those of ``--ac none``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Matmuls(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += func == torch.ops.aten.mm.default
+            return func(*args, **(kwargs or {}))
+
+    x, y = padded(50, 64, torch.Generator().manual_seed(0))
+    out = {}
+    for ac in ("none", "selective", "full"):
+        t = make_trainer(tmp_path / ac, ListBatches([]), train=TrainConfig(max_steps=1, ac=ac))
+        loss = t.forward(x, y, reduction="sum")
+        with Matmuls() as mm:
+            loss.backward()
+        out[ac] = (float(loss.detach()), grads(t), mm.n)
+    assert out["selective"][2] - out["none"][2] == 3 * CFG.n_layer
+    assert out["full"][2] - out["none"][2] == 6 * CFG.n_layer
+    for ac in ("selective", "full"):
+        assert out[ac][0] == out["none"][0]
+        assert torch.allclose(out[ac][1], out["none"][1], rtol=1e-6, atol=1e-7), ac

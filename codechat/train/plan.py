@@ -422,11 +422,19 @@ def device_memory_gib(device: Any = None) -> float | None:
 def check_training_memory(model: ModelConfig, train: TrainConfig, optim: OptimConfig, seq_len: int, device: Any,
                           echo: Callable[[str], None] = print, **layout: Any) -> Estimate | None:
     """What a training stage calls before step 0: on CUDA print the plan's line and warn if it
-    exceeds the device; on other devices do nothing and return None."""
+    exceeds the device; on other devices do nothing and return None. A layout the planner does not
+    model (``--pp`` not dividing the layers) is said in one line, not an error."""
     mem = device_memory_gib(device)
     if mem is None:
         return None
-    cfg = plan_config(model, train, optim, seq_len, gpu_mem_gib=mem, **layout)
+    if train.pp > 1:  # the planner's micro-batch is what a stage holds at once: one pipeline micro-batch
+        train = replace(train, micro_batch_size=train.micro_batch_size // train.pipeline_microbatches,
+                        pp_microbatches=1, pp=1)
+    try:
+        cfg = plan_config(model, train, optim, seq_len, gpu_mem_gib=mem, **layout)
+    except ConfigError as e:
+        echo(f"memory plan: not estimated ({e})")
+        return None
     est = print_plan(cfg, echo)
     warn_if_exceeds(cfg, est)
     return est

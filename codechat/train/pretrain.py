@@ -68,7 +68,7 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True) -> dict[str
     """
     out = Path(cfg.run.out)
     out.mkdir(parents=True, exist_ok=True)
-    world = init_world(cfg.run.device)
+    world = init_world(cfg.run.device, cfg.train.pp)
     show_progress = show_progress and world.main
     torch.manual_seed(cfg.run.seed)
     init_dir = None
@@ -92,15 +92,15 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True) -> dict[str
     cfg = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size),
                   data=replace(cfg.data, data_dir=str(data_dir), tokenizer_dir=str(tok_dir)))
 
-    rows = cfg.train.micro_batch_size * world.size  # one global micro-batch, every rank taking its rows
+    rows = cfg.train.micro_batch_size * world.dp_size  # one global micro-batch, every data-parallel rank taking its rows
     loader = WindowLoader(read_split(data_dir, "train"), cfg.data.seq_len, rows, seed=cfg.run.seed)
-    cfg = replace(cfg, train=cfg.train.with_epochs(loader.n_windows / (rows * cfg.train.accum_steps(world.size))))
+    cfg = replace(cfg, train=cfg.train.with_epochs(loader.n_windows / (rows * cfg.train.accum_steps(world.dp_size))))
     if world.main:
         save_yaml(cfg, out / "config.yaml")
     device = world.device
     check_training_memory(cfg.model, cfg.train, cfg.optim, cfg.data.seq_len, device, echo=print if world.main else
                           (lambda _: None), gpus=world.size, gpus_per_node=world.local_size,
-                          parallel=cfg.train.parallel, ac=cfg.train.ac)  # one line on CUDA only
+                          parallel=cfg.train.parallel, ac=cfg.train.ac, pp=cfg.train.pp)  # one line on CUDA only
     model = init_model if init_model is not None else build_model(cfg.model, device)
     val_rows = eval_windows(read_split(data_dir, "val"), cfg.data.seq_len, cfg.train.eval_tokens)
     token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.long)

@@ -69,7 +69,7 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
     if missing:
         raise ConfigError("; ".join(missing))
     out = Path(cfg.run.out)
-    world = init_world(cfg.run.device)
+    world = init_world(cfg.run.device, cfg.train.pp)
     device = world.device
     show_progress = show_progress and world.main
     say = print if world.main else (lambda *a, **k: None)
@@ -77,7 +77,8 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
     model, tok, state = ckpt.load_model(init_dir, device)
     cfg = replace(cfg, sft=cfg.sft.for_model(model.cfg.max_seq_len, str(init_dir)))
     check_training_memory(model.cfg, cfg.train, cfg.optim, cfg.sft.max_length, device, echo=say, gpus=world.size,
-                          gpus_per_node=world.local_size, parallel=cfg.train.parallel, ac=cfg.train.ac)  # one line on CUDA only
+                          gpus_per_node=world.local_size, parallel=cfg.train.parallel, ac=cfg.train.ac,
+                          pp=cfg.train.pp)  # one line on CUDA only
 
     mixture = Mixture.from_config(cfg.sft, progress=say if show_progress else None)
     counts, examples = preflight(mixture, tok, cfg.sft, min(cfg.sft.preflight_examples, mixture.epoch_size))
@@ -93,7 +94,7 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
                           "with `codechat data inspect`")
     examples_per_epoch = mixture.epoch_size * counts.kept / counts.seen
     rows_per_example = (counts.tokens / counts.kept) / cfg.sft.max_length if cfg.sft.packing else 1.0
-    rows_per_step = cfg.train.micro_batch_size * cfg.train.accum_steps(world.size) * world.size
+    rows_per_step = cfg.train.micro_batch_size * cfg.train.accum_steps(world.dp_size) * world.dp_size
     cfg = replace(cfg, train=cfg.train.with_epochs(examples_per_epoch * rows_per_example / rows_per_step))
     out.mkdir(parents=True, exist_ok=True)
     if world.main:
@@ -108,8 +109,8 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
     if show_progress:
         print(mixture.format_report(realised=False))
 
-    # one global micro-batch (micro_batch_size rows per rank), every rank taking its rows
-    loader = SFTLoader(mixture, tok, cfg.sft, cfg.train.micro_batch_size * world.size)
+    # one global micro-batch (micro_batch_size rows per data-parallel rank), every rank taking its rows
+    loader = SFTLoader(mixture, tok, cfg.sft, cfg.train.micro_batch_size * world.dp_size)
     trainer = Trainer(model.train(), train=cfg.train, optim=cfg.optim, run=cfg.run, batches=RankSlice(loader, world),
                       out_dir=out,
                       evaluate=fixed_examples_loss(examples[:cfg.sft.eval_examples], tok.end_id,

@@ -24,11 +24,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import checkpoint as ckpt
-from ..config import OptimConfig, RunConfig, TrainConfig
+from ..config import ConfigError, OptimConfig, RunConfig, TrainConfig
 from ..data.batch import Batch
 from ..device import autocast_for, peak_flops
-from ..model import GPT, IGNORE_INDEX
-from ..parallel import Parallel, World
+from ..model import GPT, IGNORE_INDEX, build_model
+from ..parallel import Parallel, World, whole_template
 from .optim import build_optimizer
 
 
@@ -117,9 +117,14 @@ class Trainer:
         self.out_dir, self.tokenizer_dir, self.show_progress = Path(out_dir), tokenizer_dir, show_progress
         self.device = next(model.parameters()).device
         self.world = world or World(device=self.device)
-        self.par = Parallel(model, self.world, train.parallel, train.ac)  # before the optimizer: FSDP swaps parameters
-        self.optimizer = build_optimizer(model, optim, self.device)
-        self.forward = torch.compile(self.par.module) if train.compile else self.par.module
+        # before the optimizer: FSDP swaps parameters, a pipeline keeps this rank's stage
+        self.par = Parallel(model, self.world, train.parallel, train.ac, train.pp_schedule, train.pipeline_microbatches)
+        self.optimizer = build_optimizer(self.par.model, optim, self.device)
+        compile_whole = train.compile and self.par.pipeline is None
+        self.forward = torch.compile(self.par.module) if compile_whole else self.par.module
+        if train.compile and self.par.pipeline is not None:  # the schedule calls the stage: compile its blocks
+            for block in self.par.model.layers.values():
+                block.compile()
         self.step, self.elapsed_s = 0, 0.0
         self.last: dict[str, Any] = {}
         self.peak = peak_flops(self.device)
@@ -155,8 +160,15 @@ class Trainer:
             raise ckpt.CheckpointError(f"{c['dir'] / 'state.json'}: the checkpoint's model config {saved_model} "
                                        f"does not match this run's {self.meta.get('model')}; resume with the same "
                                        "--preset/--config or start a new --out directory")
+        if ckpt.is_sharded(c["dir"]):  # the optimizer read whole, into one built over a CPU copy of the model
+            cpu = torch.device("cpu")
+            copy = build_model(self.model.cfg, cpu)
+            t = whole_template(copy, build_optimizer(copy, self.ocfg, cpu))
+            c["optim"] = {"state": ckpt.load_sharded(c["dir"], {"optim": t["optim"]})["optim"],
+                          "param_groups": t["param_groups"]}
+        whole = (self.model, lambda: build_optimizer(self.model, self.ocfg, torch.device("meta")))
         try:
-            self.par.load_state_dicts(c["model"], c["optim"], self.optimizer)
+            self.par.load_state_dicts(c["model"], c["optim"], self.optimizer, whole)
         except (RuntimeError, ValueError, KeyError) as e:
             raise ckpt.CheckpointError(f"{c['dir']}: does not match this model/optimizer ({e})") from None
         s = c["state"]
@@ -167,16 +179,17 @@ class Trainer:
         return True
 
     def save(self, loader_state: dict[str, Any]) -> Path:
-        """Write checkpoint ``step`` (rank 0 writes; under FSDP every rank takes part in gathering it)."""
+        """Write checkpoint ``step``: in one process the consolidated files, under torchrun a sharded
+        checkpoint every rank writes its part of (:func:`codechat.checkpoint.save_sharded`)."""
         state = {"step": self.step, "elapsed_s": self.elapsed_s, "loader": loader_state, "meta": self.meta,
                  "metrics": self.last}
-        model_sd, optim_sd = self.par.state_dicts(self.optimizer)
-        path = ckpt.step_dir(self.out_dir / "checkpoints", self.step)
-        if self.world.main:
-            path = ckpt.save(self.out_dir / "checkpoints", self.step, model=model_sd, state=state, optim=optim_sd,
-                             tokenizer_dir=self.tokenizer_dir, keep_last=self.tcfg.keep_last)
-        self.par.barrier()
-        return path
+        if self.world.size > 1:  # every rank writes its part (DCP)
+            return ckpt.save_sharded(self.out_dir / "checkpoints", self.step, shards=self.par.shards(self.optimizer),
+                                     state=state, main=self.world.main, barrier=self.par.barrier,
+                                     tokenizer_dir=self.tokenizer_dir, keep_last=self.tcfg.keep_last)
+        return ckpt.save(self.out_dir / "checkpoints", self.step, model=self.model.state_dict(), state=state,
+                         optim=self.optimizer.state_dict(), tokenizer_dir=self.tokenizer_dir,
+                         keep_last=self.tcfg.keep_last)
 
     # ------------------------------------------------------------------ loop
     def backward(self, micro_batches: list[Batch], n_supervised: int) -> float:
@@ -186,16 +199,22 @@ class Trainer:
         micro-batch, and every rank once data parallel), so each micro-batch contributes its
         SUM scaled by one common factor (times the world size, which DDP/FSDP's gradient
         average divides out). Gradients are synchronised on the last micro-batch only. Returns the
-        summed loss in nats over all ranks.
+        summed loss in nats over all ranks (under ``--pp`` the last stages' sums).
         """
         total = torch.zeros((), device=self.device)
         for i, b in enumerate(Batch(*b) for b in micro_batches):
             x, y = b.inputs.to(self.device, non_blocking=True), b.labels.to(self.device, non_blocking=True)
             doc_ids = None if b.doc_ids is None else b.doc_ids.to(self.device, non_blocking=True)
             with self.par.micro_step(last=i == len(micro_batches) - 1):
-                with autocast_for(self.device, self.tcfg.dtype):
-                    loss_sum = self.forward(x, y, reduction="sum", doc_ids=doc_ids)
-                (loss_sum * (self.par.loss_scale / n_supervised)).backward()
+                if self.par.pipeline is not None:  # forward and backward through the stages
+                    if doc_ids is not None:
+                        raise ConfigError("packed rows are not supported with --pp yet: turn --packing off")
+                    with autocast_for(self.device, self.tcfg.dtype):
+                        loss_sum = self.par.pipeline.step(x, y, self.par.loss_scale / n_supervised)
+                else:
+                    with autocast_for(self.device, self.tcfg.dtype):
+                        loss_sum = self.forward(x, y, reduction="sum", doc_ids=doc_ids)
+                    (loss_sum * (self.par.loss_scale / n_supervised)).backward()
             total += loss_sum.detach()
         return self.par.all_sum(float(total))
 
@@ -206,7 +225,7 @@ class Trainer:
             TrainingDiverged: the loss or the gradient norm is not finite (no update is applied).
         """
         micro_batches = [Batch(*b) for b in micro_batches]
-        n_sup = int(self.par.all_sum(sum(int((b.labels != IGNORE_INDEX).sum()) for b in micro_batches)))
+        n_sup = int(self.par.data_sum(sum(int((b.labels != IGNORE_INDEX).sum()) for b in micro_batches)))
         lr = lr_at(self.step, self.progress(), self.ocfg)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -214,7 +233,7 @@ class Trainer:
             return {"loss": float("nan"), "grad_norm": 0.0, "lr": lr, "tokens": 0, "supervised": 0, "skipped": 1}
         loss = self.backward(micro_batches, n_sup) / n_sup
         grad_norm = self.apply_update(loss)
-        tokens = int(self.par.all_sum(sum(b.real_tokens for b in micro_batches)))
+        tokens = int(self.par.data_sum(sum(b.real_tokens for b in micro_batches)))
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "supervised": n_sup, "skipped": 0}
 
     def apply_update(self, loss: float) -> float:
@@ -225,7 +244,7 @@ class Trainer:
                 dropped and no update is applied).
         """
         clip = self.ocfg.grad_clip or float("inf")
-        grad_norm = self.par.grad_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        grad_norm = self.par.clip_grad_norm(clip)
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingDiverged(f"step {self.step}: loss={loss} grad_norm={grad_norm}; stopped before the update. "
@@ -238,10 +257,11 @@ class Trainer:
     def run_eval(self) -> dict[str, float]:
         if self.evaluate is None:
             return {}
-        self.model.eval()
+        model = self.par.eval_model  # the whole model (under --pp its forward through the stages)
+        model.eval()
         with torch.no_grad(), autocast_for(self.device, self.tcfg.dtype):
-            out = self.evaluate(self.model)
-        self.model.train()
+            out = self.evaluate(model)
+        model.train()
         return out
 
     def fit(self) -> dict[str, Any]:
@@ -270,7 +290,7 @@ class Trainer:
             while not self.done():
                 t0 = time.perf_counter()
                 loader_state = self.batches.state_dict()  # position before this step, for Ctrl-C saves
-                micro = [self.batches.next_batch() for _ in range(self.tcfg.accum_steps(self.world.size))]
+                micro = [self.batches.next_batch() for _ in range(self.tcfg.accum_steps(self.world.dp_size))]
                 stats = self.train_step(micro)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
