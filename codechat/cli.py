@@ -27,11 +27,7 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
                                   "Qwen3 directory or Hub repo id): its shape and tokenizer replace the preset's")
     p.add_argument("--max-steps", type=int, help="optimizer steps (train.max_steps)")
     p.add_argument("--time-budget-min", type=float, help="stop after this many minutes of training")
-    p.add_argument("--out", help="stage directory (default runs/default/pretrain)")
-    p.add_argument("--checkpoint-every-s", type=float,
-                   help="training stages also save a checkpoint after this many seconds of training (default 60), "
-                        "so a killed run resumes close to where it stopped")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    _add_stage_io(p, "pretrain")
     _add_parallel(p)
     _add_common(p)
     p.set_defaults(func=_cmd_pretrain, accepts_overrides=True)
@@ -75,6 +71,28 @@ def _add_parallel(p: argparse.ArgumentParser) -> None:
                                           "--train.pp_microbatches M)")
 
 
+HF_INIT_HELP = "or hf:PATH (a Llama / Qwen3 directory or Hub repo id, imported into OUT/hf_init)"
+
+
+def _add_stage_io(p: argparse.ArgumentParser, stage: str) -> None:
+    """A training stage's --out, --checkpoint-every-s and --resume (read back by :func:`_stage_flags`)."""
+    p.add_argument("--out", help=f"stage directory (default runs/default/{stage})")
+    p.add_argument("--checkpoint-every-s", type=float,
+                   help="also save a checkpoint after this many seconds of training, so a killed run resumes close "
+                        "to where it stopped (train.save_every_s; default: every train.save_every steps only)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+
+
+def _stage_flags(args: argparse.Namespace, parallel: bool = True) -> dict:
+    """The flags every training stage shares, as dotted settings: --init, :func:`_add_stage_io`'s,
+    :func:`_add_common`'s and (``parallel``) :func:`_add_parallel`'s."""
+    flags = {"init": args.init, "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed,
+             "run.device": args.device, "train.save_every_s": args.checkpoint_every_s}
+    if parallel:
+        flags.update({"train.parallel": args.parallel, "train.ac": args.ac, "train.pp": args.pp})
+    return flags
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="random seed (run.seed)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], help="device (run.device, default auto)")
@@ -83,11 +101,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def pretrain_config(args: argparse.Namespace, overrides: dict[str, str]):
     """Preset recipe <- YAML file <- named flags <- dotted overrides."""
     from .config import PretrainConfig, pretrain_recipe
-    flags = {"init": args.init, "data.data_dir": args.data, "data.tokenizer_dir": args.tokenizer,
+    flags = {**_stage_flags(args), "data.data_dir": args.data, "data.tokenizer_dir": args.tokenizer,
              "train.max_steps": args.max_steps,
-             "train.time_budget_s": args.time_budget_min * 60 if args.time_budget_min else None,
-             "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed, "run.device": args.device,
-             "train.parallel": args.parallel, "train.ac": args.ac, "train.pp": args.pp}
+             "train.time_budget_s": args.time_budget_min * 60 if args.time_budget_min else None}
     if args.time_budget_min and args.max_steps is None:
         flags["train.max_steps"] = 0
     return _stage_config(PretrainConfig, args.config, flags, overrides, base=pretrain_recipe(args.preset))
@@ -108,8 +124,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
                                    "files or directories, hf:ORG/NAME[:CONFIG][@SPLIT]). Without --data, docstring -> "
                                    "function pairs mined from this Python's standard library. Overrides: "
                                    "--sft.*, --optim.*, --train.*, --run.*.")
-    p.add_argument("--init", help="pretrained stage directory (its newest checkpoint) or checkpoint, or hf:PATH "
-                                  "(a Llama / Qwen3 directory or Hub repo id, imported into OUT/hf_init)")
+    p.add_argument("--init", help=f"pretrained stage directory (its newest checkpoint) or checkpoint, {HF_INIT_HELP}")
     p.add_argument("--data", help="mixture spec, e.g. mbpp.jsonl:1,code_alpaca.json:0.5 (default: mined pairs)")
     p.add_argument("--config", help="YAML file of settings")
     p.add_argument("--max-steps", type=int, help="optimizer steps (default: --epochs over the data)")
@@ -117,11 +132,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--packing", action="store_true", help="best-fit pack examples into full rows")
     p.add_argument("--max-examples", type=int, help="a seeded subset of N records (smoke runs)")
     p.add_argument("--skip-bad", action="store_true", help="skip and count records that fit no format")
-    p.add_argument("--out", help="stage directory (default runs/default/sft)")
-    p.add_argument("--checkpoint-every-s", type=float,
-                   help="training stages also save a checkpoint after this many seconds of training (default 60), "
-                        "so a killed run resumes close to where it stopped")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    _add_stage_io(p, "sft")
     _add_parallel(p)
     _add_common(p)
     p.set_defaults(func=_cmd_sft, accepts_overrides=True)
@@ -130,11 +141,9 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
 def _cmd_sft(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     from .config import SFTStageConfig
     from .train.sft import run_sft
-    flags = {"init": args.init, "sft.data": args.data, "train.max_steps": args.max_steps, "train.epochs": args.epochs,
-             "sft.packing": args.packing or None, "sft.max_examples": args.max_examples,
-             "sft.skip_bad": args.skip_bad or None, "run.out": args.out, "run.resume": args.resume or None,
-             "run.seed": args.seed, "sft.seed": args.seed, "run.device": args.device, "train.parallel": args.parallel,
-             "train.ac": args.ac, "train.pp": args.pp}
+    flags = {**_stage_flags(args), "sft.data": args.data, "train.max_steps": args.max_steps,
+             "train.epochs": args.epochs, "sft.packing": args.packing or None, "sft.max_examples": args.max_examples,
+             "sft.skip_bad": args.skip_bad or None, "sft.seed": args.seed}
     if args.max_steps is not None and args.epochs is None:
         flags["train.epochs"] = 0.0
     cfg = _stage_config(SFTStageConfig, args.config, flags, overrides)
@@ -153,8 +162,7 @@ def _add_rl(sub: argparse._SubParsersAction) -> None:
                                    "refuses a run that would stall; a run that goes --dead-steps steps without signal "
                                    "stops with a checkpoint. Overrides: --rl.*, --optim.*, --train.*, --run.* "
                                    "(metrics: codechat.train.grpo).")
-    p.add_argument("--init", help="SFT stage directory (its newest checkpoint) or checkpoint, or hf:PATH "
-                                  "(a Llama / Qwen3 directory or Hub repo id, imported into OUT/hf_init)")
+    p.add_argument("--init", help=f"SFT stage directory (its newest checkpoint) or checkpoint, {HF_INIT_HELP}")
     p.add_argument("--tasks", help="task spec (default doctest)")
     p.add_argument("--split", help="task split (default: the spec's RL default, MBPP train)")
     p.add_argument("--group-size", type=int, help="samples per task, one GRPO group (default 8)")
@@ -165,19 +173,17 @@ def _add_rl(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-steps", type=int, help="RL steps (default 50)")
     p.add_argument("--dead-steps", type=int, help="stop after N steps in a row without signal (default 20)")
     p.add_argument("--force", action="store_true", help="start even when the pre-RL check says the run will stall")
-    p.add_argument("--out", help="stage directory (default runs/default/rl)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    _add_stage_io(p, "rl")
     _add_common(p)
     p.set_defaults(func=_cmd_rl, accepts_overrides=True)
 
 
 def _cmd_rl(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     from .train.grpo import RLStageConfig, run_rl
-    flags = {"init": args.init, "rl.tasks": args.tasks, "rl.split": args.split, "rl.group_size": args.group_size,
-             "rl.prompts_per_step": args.prompts_per_step, "rl.reward": args.reward,
+    flags = {**_stage_flags(args, parallel=False), "rl.tasks": args.tasks, "rl.split": args.split,
+             "rl.group_size": args.group_size, "rl.prompts_per_step": args.prompts_per_step, "rl.reward": args.reward,
              "rl.max_new_tokens": args.max_new_tokens, "rl.loss_norm": args.loss_norm,
-             "train.max_steps": args.max_steps, "rl.dead_steps": args.dead_steps, "rl.force": args.force or None,
-             "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed, "run.device": args.device}
+             "train.max_steps": args.max_steps, "rl.dead_steps": args.dead_steps, "rl.force": args.force or None}
     cfg = _stage_config(RLStageConfig, None, flags, overrides)
     result = run_rl(cfg)
     if result["stopped"] == "dead":

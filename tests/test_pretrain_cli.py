@@ -68,3 +68,19 @@ def test_bad_settings_are_one_line_errors_before_any_work(tmp_path, tok_dir, cor
         assert p.returncode == 2, p.stderr
         assert message in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
         assert not out.exists()
+
+
+def test_stage_flags_reach_the_config_including_checkpoint_every_s(tmp_path):
+    """--checkpoint-every-s of pretrain / sft / rl sets train.save_every_s (it was once parsed and
+    dropped); the run flags every stage shares land where they belong."""
+    from codechat.cli import _stage_config, _stage_flags, build_parser, pretrain_config
+    from codechat.config import SFTStageConfig
+    from codechat.train.grpo import RLStageConfig
+    common = ["--checkpoint-every-s", "30", "--out", str(tmp_path / "o"), "--resume", "--seed", "7"]
+    args, _ = build_parser().parse_known_args(["pretrain", "--preset", "tiny", "--max-steps", "3", *common])
+    cfg = pretrain_config(args, {})
+    assert (cfg.train.save_every_s, cfg.run.out, cfg.run.resume, cfg.run.seed) == (30.0, str(tmp_path / "o"), True, 7)
+    for stage, cls, parallel in (("sft", SFTStageConfig, True), ("rl", RLStageConfig, False)):
+        args, _ = build_parser().parse_known_args([stage, "--init", "x", *common])
+        cfg = _stage_config(cls, None, _stage_flags(args, parallel), {})
+        assert (cfg.init, cfg.train.save_every_s, cfg.run.resume, cfg.run.seed) == ("x", 30.0, True, 7), stage
