@@ -40,10 +40,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .atomic import write_dir
+
 STEP_DIR = re.compile(r"^step_(\d+)$")
 DCP_DIR = "dcp"  # a sharded checkpoint's torch.distributed.checkpoint files
 WEIGHT_FILES = ("model.pt", "model.safetensors")  # a training checkpoint's, an export's
-TIED_HEAD = "lm_head.weight"  # left out of an export's safetensors when the embedding is tied
+TIED_HEAD = "lm_head.weight"  # a tied LM head is the embedding: stored once, under EMBEDDING's name
+EMBEDDING = "embed_tokens.weight"
 
 
 class CheckpointError(RuntimeError):
@@ -219,12 +222,17 @@ def _load_sharded_model(d: Path, with_optim: bool) -> dict[str, Any]:
     tied = cfg.tie_embeddings
     model = load_sharded(d, {"model": {k: v for k, v in sd.items() if not (tied and k == TIED_HEAD)}})["model"]
     if tied:
-        model[TIED_HEAD] = model["embed_tokens.weight"]
+        model[TIED_HEAD] = model[EMBEDDING]
     out: dict[str, Any] = {"dir": d, "state": state, "model": model}
     if with_optim:
         out["optim"] = None
         out["rng"] = _torch_load(d / "rng.pt", "cpu") if (d / "rng.pt").is_file() else None
     return out
+
+
+def _tied(state: dict[str, Any]) -> bool:
+    """Whether the model of a checkpoint's ``state.json`` ties its LM head to the embedding."""
+    return bool(state.get("meta", {}).get("model", {}).get("tie_embeddings"))
 
 
 def _safetensors_load(f: Path, map_location: str | torch.device, state: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -233,8 +241,8 @@ def _safetensors_load(f: Path, map_location: str | torch.device, state: dict[str
         sd = load_file(f, device=str(map_location))
     except Exception as e:  # truncated header, bad JSON: the file is broken
         raise CheckpointError(f"{f}: cannot be read ({type(e).__name__}: {e}); the file is truncated or corrupt") from None
-    if state.get("meta", {}).get("model", {}).get("tie_embeddings") and TIED_HEAD not in sd:
-        sd[TIED_HEAD] = sd["embed_tokens.weight"]
+    if _tied(state) and TIED_HEAD not in sd:
+        sd[TIED_HEAD] = sd[EMBEDDING]
     return sd
 
 
@@ -251,19 +259,14 @@ def export(path: str | os.PathLike, out: str | os.PathLike) -> Path:
     dst = Path(out)
     if dst.exists() and not (dst / "model.safetensors").is_file():
         raise CheckpointError(f"--out {dst}: exists and is not an export; choose a new directory")
-    tied = bool(c["state"].get("meta", {}).get("model", {}).get("tie_embeddings"))
+    tied = _tied(c["state"])
     sd = {k: v.detach().contiguous() for k, v in c["model"].items() if not (tied and k == TIED_HEAD)}
-    tmp = dst.parent / f".tmp-{dst.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(sd, tmp / "model.safetensors", metadata={"format": "pt", "source": str(c["dir"])})
-    state = {"step": c["state"].get("step"), "meta": c["state"].get("meta", {}), "exported_from": str(c["dir"])}
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    if (c["dir"] / "tokenizer").is_dir():
-        shutil.copytree(c["dir"] / "tokenizer", tmp / "tokenizer")
-    if dst.exists():
-        shutil.rmtree(dst)
-    os.replace(tmp, dst)
+    with write_dir(dst) as tmp:
+        save_file(sd, tmp / "model.safetensors", metadata={"format": "pt", "source": str(c["dir"])})
+        state = {"step": c["state"].get("step"), "meta": c["state"].get("meta", {}), "exported_from": str(c["dir"])}
+        (tmp / "state.json").write_text(json.dumps(state, indent=1))
+        if (c["dir"] / "tokenizer").is_dir():
+            shutil.copytree(c["dir"] / "tokenizer", tmp / "tokenizer")
     return dst
 
 

@@ -44,13 +44,11 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from .checkpoint import TIED_HEAD
 from .config import PARALLEL_STRATEGIES as STRATEGIES
 from .config import ConfigError
 from .data.batch import Batch
 from .device import resolve_device
-
-TIED_HEAD = "lm_head.weight"  # a tied head is the embedding: stored once, under the embedding's name
-
 
 
 @dataclass(frozen=True)
@@ -284,10 +282,7 @@ class Parallel:
         """This rank's part of a sharded checkpoint (:func:`codechat.checkpoint.save_sharded`):
         ``{"model": {name: tensor}, "optim": {name: {state: tensor}}}``, FSDP's as DTensor shards, a
         pipeline stage's own parameters, a tied LM head left out (it is the embedding)."""
-        if self.pipeline is not None:
-            module = self.pipeline.stage
-        else:
-            module = self.model
+        module = self.model  # under --pp this rank's stage
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
             model_sd = get_model_state_dict(module)

@@ -38,10 +38,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .checkpoint import EMBEDDING, TIED_HEAD
 from .config import ConfigError
 from .model import GPT, IGNORE_INDEX
-
-TIED_HEAD, EMBEDDING = "lm_head.weight", "embed_tokens.weight"
 
 
 def stage_blocks(n_layer: int, stages: int, stage: int) -> range:

@@ -150,6 +150,13 @@ class _Launch:
     event: torch.cuda.Event | None
 
 
+def _kind(rows: Sequence[_Row]) -> tuple[bool, bool]:
+    """``(filtered, sampled)`` of a launch (:class:`RowParams`): whether any sampled row uses top-k
+    or top-p (greedy rows filter nothing), whether any row samples at all."""
+    sampled = [r.req.sampling for r in rows if r.req.sampling.temperature > 0]
+    return any(c.top_k > 0 or c.top_p < 1.0 for c in sampled), bool(sampled)
+
+
 class Engine:
     """Generation for everyone: sample, chat, evaluation, RL rollouts, function calling, serving.
 
@@ -318,10 +325,10 @@ class Engine:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _params(self, idx: torch.Tensor | slice, rows: Sequence[_Row]) -> RowParams:
+    def _params(self, idx: torch.Tensor | slice, kind: tuple[bool, bool]) -> RowParams:
+        """The sampling settings of slots ``idx`` for rows of ``kind`` (:func:`_kind`)."""
         return RowParams(self.temperature[idx], self.top_k[idx], self.top_p[idx], self.seed[idx], self.counter[idx],
-                         filtered=any(r.req.sampling.top_k > 0 or r.req.sampling.top_p < 1.0 for r in rows),
-                         sampled=any(r.req.sampling.temperature > 0 for r in rows))
+                         filtered=kind[0], sampled=kind[1])
 
     def _h2d(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         """``values`` on the device without a host sync (pinned memory, asynchronous copy)."""
@@ -355,8 +362,7 @@ class Engine:
                 mask[k] = True
             self.active.copy_(self._h2d(mask, torch.bool))
             self._active_rows = key
-        sampled = [r.req.sampling for r in rows if r.req.sampling.temperature > 0]
-        kind = (any(c.top_k > 0 or c.top_p < 1.0 for c in sampled), bool(sampled))  # greedy rows filter nothing
+        kind = _kind(rows)
         if self.cuda and self.config.cuda_graphs:
             if (b, kind) not in self.graphs:
                 self.graphs[b, kind] = self._capture(b, kind)
@@ -385,9 +391,7 @@ class Engine:
         lengths, active = self.lengths[:b], self.active[:b]
         attend = m.decode_attend(self.cache, lengths, self.cu_q[:b + 1], self.cu_k[:b + 1], max_used)
         logits = m.logits(m.forward(self.tokens[:b], lengths, attend))
-        params = RowParams(self.temperature[:b], self.top_k[:b], self.top_p[:b], self.seed[:b], self.counter[:b],
-                           filtered=kind[0], sampled=kind[1])
-        tok, lp, lp1 = sample(logits, params)
+        tok, lp, lp1 = sample(logits, self._params(slice(0, b), kind))
         self.tokens[:b] = torch.where(active, tok, self.tokens[:b])
         lengths += active
         self.counter[:b] += active
@@ -495,7 +499,7 @@ class Engine:
         self.top_p[slots] = h2d([c.top_p for c in sc], torch.float32)
         self.seed[slots] = h2d([row_seed(r.req.seed, r.sample) for r in rows], long)
         self.counter[slots] = 0
-        tok, lp, lp1 = sample(logits, self._params(slots, rows))
+        tok, lp, lp1 = sample(logits, self._params(slots, _kind(rows)))
         self.tokens[slots] = tok
         self.lengths[slots] = h2d([len(r.req.prompt) for r in rows], long)
         self.counter[slots] = 1

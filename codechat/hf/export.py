@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_dir
+from ..checkpoint import TIED_HEAD
 from ..config import ConfigError, ModelConfig, build, to_dict
 from ..tokenizer import Tokenizer
 from .card import model_card
 from .config import hf_config
 from .tokenizer import write_tokenizer
-from .weights import DTYPE_NAMES, DTYPES, HEAD, INDEX, SINGLE, save_safetensors, to_hf_names
+from .weights import DTYPE_NAMES, DTYPES, INDEX, SINGLE, save_safetensors, to_hf_names
 
 HF_FILES = ("config.json", SINGLE, INDEX)  # one of these marks an earlier export, which may be replaced
 
@@ -69,18 +70,13 @@ def export_hf(ckpt: dict[str, Any], out: str | os.PathLike, config: ExportConfig
     dtype = DTYPES[config.dtype]
     sd = {k: v.detach().to("cpu", dtype) for k, v in ckpt["model"].items()}
     hf_cfg = hf_config(cfg, dtype=DTYPE_NAMES[config.dtype], bos_id=tok.bos_id, eos_id=tok.end_id)
-    tmp = dst.parent / f".tmp-{dst.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_safetensors(to_hf_names(sd, cfg.tie_embeddings), tmp, config.max_shard_bytes)
-    (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2))
-    generation = {"bos_token_id": tok.bos_id, "eos_token_id": tok.end_id, "pad_token_id": tok.end_id}
-    (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
-    write_tokenizer(src / "tokenizer", tmp, cfg.max_seq_len)
-    params = sum(v.numel() for k, v in sd.items() if not (cfg.tie_embeddings and k == HEAD))
+    params = sum(v.numel() for k, v in sd.items() if not (cfg.tie_embeddings and k == TIED_HEAD))
     run = src.parent.parent.parent if src.parent.name == "checkpoints" else src
-    (tmp / "README.md").write_text(model_card(run.name, to_dict(cfg), hf_cfg, src, params), encoding="utf-8")
-    if dst.exists():
-        shutil.rmtree(dst)
-    os.replace(tmp, dst)
+    with write_dir(dst) as tmp:
+        save_safetensors(to_hf_names(sd, cfg.tie_embeddings), tmp, config.max_shard_bytes)
+        (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2))
+        generation = {"bos_token_id": tok.bos_id, "eos_token_id": tok.end_id, "pad_token_id": tok.end_id}
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
+        write_tokenizer(src / "tokenizer", tmp, cfg.max_seq_len)
+        (tmp / "README.md").write_text(model_card(run.name, to_dict(cfg), hf_cfg, src, params), encoding="utf-8")
     return dst

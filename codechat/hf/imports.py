@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..atomic import write_dir
+from ..checkpoint import EMBEDDING, TIED_HEAD
 from ..config import ModelConfig, to_dict
 from ..model import GPT
 from ..tokenizer import Tokenizer
 from .config import HFImportError, model_config_from_hf, read_config
 from .tokenizer import import_tokenizer
-from .weights import EMBED, HEAD, from_hf_names, grow_vocab, load_safetensors
+from .weights import from_hf_names, grow_vocab, load_safetensors
 
 PREFIX = "hf:"
 STAGE = "hf_import"
@@ -63,21 +64,21 @@ def convert(directory: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Toke
     where = str(directory / "config.json")
     hf = read_config(directory)
     sd = from_hf_names(load_safetensors(directory), str(directory))
-    if EMBED not in sd:
-        raise HFImportError(f"{directory}: no tensor model.{EMBED}")
-    rows = sd[EMBED].size(0)
+    if EMBEDDING not in sd:
+        raise HFImportError(f"{directory}: no tensor model.{EMBEDDING}")
+    rows = sd[EMBEDDING].size(0)
     if hf.get("vocab_size", rows) != rows:
-        raise HFImportError(f"{where}: vocab_size={hf['vocab_size']} but model.{EMBED} has {rows} rows")
+        raise HFImportError(f"{where}: vocab_size={hf['vocab_size']} but model.{EMBEDDING} has {rows} rows")
     tok, layout = import_tokenizer(directory, rows)
     cfg = model_config_from_hf(hf, where, tok.vocab_size)
     new = tok.vocab_size - rows
     if cfg.tie_embeddings:
-        sd.pop(HEAD, None)  # tied: the head is the embedding, whatever a file also stores
-    sd[EMBED] = grow_vocab(sd[EMBED], new)
-    if HEAD in sd:
-        sd[HEAD] = grow_vocab(sd[HEAD], new)
+        sd.pop(TIED_HEAD, None)  # tied: the head is the embedding, whatever a file also stores
+    sd[EMBEDDING] = grow_vocab(sd[EMBEDDING], new)
+    if TIED_HEAD in sd:
+        sd[TIED_HEAD] = grow_vocab(sd[TIED_HEAD], new)
     with torch.device("meta"):
-        expected = {k: v.shape for k, v in GPT(cfg).state_dict().items() if not (cfg.tie_embeddings and k == HEAD)}
+        expected = {k: v.shape for k, v in GPT(cfg).state_dict().items() if not (cfg.tie_embeddings and k == TIED_HEAD)}
     missing, unexpected = sorted(expected.keys() - sd.keys()), sorted(sd.keys() - expected.keys())
     if missing or unexpected:
         raise HFImportError(f"{directory}: the weights do not fit {where} (missing {missing[:4]}, unexpected "
@@ -100,18 +101,13 @@ def import_hf(source: str, out: str | os.PathLike) -> Path:
     directory = locate(source)
     cfg, sd, tok, layout = convert(directory)
     dst = Path(out)
-    tmp = dst.parent / f".tmp-{dst.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(sd, tmp / "model.safetensors", metadata={"format": "pt", "source": PREFIX + source})
     layout["new_rows_init"] = "mean of the existing rows (embedding and untied head)"
     state = {"step": 0, "meta": {"stage": STAGE, "model": to_dict(cfg), "source": PREFIX + source,
                                  "resolved": str(directory), "vocab_layout": layout}}
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    tok.save(tmp / "tokenizer")
-    if dst.exists():
-        shutil.rmtree(dst)
-    os.replace(tmp, dst)
+    with write_dir(dst) as tmp:
+        save_file(sd, tmp / "model.safetensors", metadata={"format": "pt", "source": PREFIX + source})
+        (tmp / "state.json").write_text(json.dumps(state, indent=1))
+        tok.save(tmp / "tokenizer")
     return dst
 
 

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import TIED_HEAD
 from .config import HFImportError
 
-HEAD = "lm_head.weight"
-EMBED = "embed_tokens.weight"
 PREFIX = "model."
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -27,7 +26,7 @@ DTYPE_NAMES: dict[str, str] = {"bf16": "bfloat16", "fp32": "float32"}
 
 def to_hf_names(sd: dict[str, torch.Tensor], tied: bool) -> dict[str, torch.Tensor]:
     """codechat state dict -> Hugging Face names; a tied head is left out (stored once, as the embedding)."""
-    return {(k if k == HEAD else PREFIX + k): v for k, v in sd.items() if not (tied and k == HEAD)}
+    return {(k if k == TIED_HEAD else PREFIX + k): v for k, v in sd.items() if not (tied and k == TIED_HEAD)}
 
 
 def from_hf_names(sd: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
@@ -38,7 +37,7 @@ def from_hf_names(sd: dict[str, torch.Tensor], where: str) -> dict[str, torch.Te
     """
     out = {}
     for k, v in sd.items():
-        if k == HEAD:
+        if k == TIED_HEAD:
             out[k] = v
         elif k.startswith(PREFIX):
             out[k[len(PREFIX):]] = v
