@@ -172,7 +172,9 @@ def test_steps_keep_ranks_identical_and_normalise_unequal_token_counts_globally(
     (["--pp", "3", "--train.micro_batch_size", "6"], "--pp 3 does not divide the world size 2"),
 ])
 def test_layouts_that_cannot_work_fail_on_every_rank_before_training(pretrain_args, tmp_path, extra, message):
-    p = run(pretrain_args(tmp_path / "bad", 2, *extra), TORCHRUN, timeout=180)
+    # torchrun stops the other ranks as soon as it sees one fail (every 0.1 s by default), which can be
+    # before they print: a slower check lets each rank fail by itself, as it would with no launcher
+    p = run(pretrain_args(tmp_path / "bad", 2, *extra), [*TORCHRUN, "--monitor-interval", "5"], timeout=180)
     assert p.returncode != 0
     assert p.stderr.count(message) >= 2, p.stderr[-3000:]  # both ranks say it, nobody hangs
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
