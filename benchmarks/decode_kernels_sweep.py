@@ -7,7 +7,9 @@ setting of :func:`codechat.engine.skinny.linear_partials` in the grid below, eac
 in a CUDA graph and replayed (so launch overhead is left out), checks the best against
 ``F.linear`` (fp32 sums vs bf16 products: max error printed), and prints per shape: cuBLAS us and
 TB/s, the default setting's, the best setting's and its speedup over cuBLAS. Then the attention
-kernel: for each batch, splits x keys per block x warps x stages at ``--used`` attended positions.
+kernel: for each batch, splits x keys per block x warps x stages at ``--used`` attended positions,
+for each cache layout in ``--layouts`` (``position``: the engine's (slot, position, head, dim);
+``head``: (slot, head, position, dim), each head's keys contiguous).
 
     PYTHONPATH=. python benchmarks/decode_kernels_sweep.py --preset d20 [--rows 1,64]
 """
@@ -69,9 +71,13 @@ def sweep_matmul(name: str, n: int, k: int, rows: list[int]) -> None:
               f"block_k {bk} warps {nw} stages {ns} -> {base / best[0]:.2f}x cuBLAS (max err {err:.3g})", flush=True)
 
 
-def sweep_attention(b: int, h: int, hkv: int, d: int, used: int, positions: int) -> None:
-    kc = torch.randn(b, positions, hkv, d, device="cuda", dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
+def sweep_attention(b: int, h: int, hkv: int, d: int, used: int, positions: int, head_major: bool) -> None:
+    if head_major:  # (slot, head, position, dim) in memory, seen through the (slot, position, head, dim) view
+        kc = torch.randn(b, hkv, positions, d, device="cuda", dtype=torch.bfloat16).permute(0, 2, 1, 3)
+        vc = torch.randn(b, hkv, positions, d, device="cuda", dtype=torch.bfloat16).permute(0, 2, 1, 3)
+    else:
+        kc = torch.randn(b, positions, hkv, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
     q = torch.randn(b, h, d, device="cuda", dtype=torch.bfloat16)
     k, v = torch.randn(b, hkv, d, device="cuda", dtype=torch.bfloat16), torch.randn(b, hkv, d, device="cuda",
                                                                                     dtype=torch.bfloat16)
@@ -89,7 +95,7 @@ def sweep_attention(b: int, h: int, hkv: int, d: int, used: int, positions: int)
             continue
         results.append((us, s, bn, nw, ns))
     results.sort()
-    print(f"attention b{b} H{h}/{hkv} used {used}: default {default:6.1f} us {gb / default * 1e3:4.2f} TB/s "
+    print(f"attention {'head-major' if head_major else 'position-major'} b{b} H{h}/{hkv} used {used}: default {default:6.1f} us {gb / default * 1e3:4.2f} TB/s "
           f"(splits {attention.num_splits(b, hkv, positions)})", flush=True)
     for us, s, bn, nw, ns in results[:5]:
         print(f"   {us:6.1f} us {gb / us * 1e3:4.2f} TB/s  splits {s} block_n {bn} warps {nw} stages {ns}")
@@ -102,18 +108,21 @@ def main() -> None:
     ap.add_argument("--used", type=int, default=384, help="attended positions per row")
     ap.add_argument("--positions", type=int, default=513, help="cache positions per slot")
     ap.add_argument("--skip-attention", action="store_true")
+    ap.add_argument("--skip-matmul", action="store_true")
+    ap.add_argument("--layouts", default="position", help="cache layouts to time: position,head (comma-separated)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_kernels_sweep.py needs CUDA")
     c = preset(args.preset, vocab_size=32768)
     rows = [int(r) for r in args.rows.split(",")]
     q, kv = c.n_head * c.head_dim, c.n_kv_head * c.head_dim
-    for name, n, k in (("qkv", q + 2 * kv, c.n_embd), ("o", c.n_embd, q), ("gate_up", 2 * c.intermediate_size, c.n_embd),
-                       ("down", c.n_embd, c.intermediate_size), ("head", c.vocab_size, c.n_embd)):
+    shapes = (("qkv", q + 2 * kv, c.n_embd), ("o", c.n_embd, q), ("gate_up", 2 * c.intermediate_size, c.n_embd),
+              ("down", c.n_embd, c.intermediate_size), ("head", c.vocab_size, c.n_embd))
+    for name, n, k in () if args.skip_matmul else shapes:
         sweep_matmul(name, n, k, rows)
-    if not args.skip_attention:
+    for layout in () if args.skip_attention else args.layouts.split(","):
         for b in rows:
-            sweep_attention(b, c.n_head, c.n_kv_head, c.head_dim, args.used, args.positions)
+            sweep_attention(b, c.n_head, c.n_kv_head, c.head_dim, args.used, args.positions, layout == "head")
 
 
 if __name__ == "__main__":

@@ -151,6 +151,7 @@ def main() -> None:
                     help="EngineConfig.cuda_graphs (--no-cuda-graphs: decode eagerly)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True, help="EngineConfig.compile")
     ap.add_argument("--hbm-bytes-per-s", type=float, default=4.8e12, help="memory bandwidth (H200: 4.8e12)")
+    ap.add_argument("--decode-steps", type=int, default=0, help="EngineConfig.decode_steps (0: the engine's choice)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default="", help="write the table as JSON here (e.g. $OUT/generate.json)")
@@ -205,7 +206,7 @@ def main() -> None:
     slots = max(len(prompts) for prompts, _ in work.values())
     longest = max(len(p) for prompts, _ in work.values() for p in prompts)
     engine = Engine(model, EngineConfig(slots=slots, max_len=longest + new + 8, cuda_graphs=args.cuda_graphs,
-                                        compile=args.compile))
+                                        compile=args.compile, decode_steps=args.decode_steps))
 
     def report(side: str, row: str, seconds: float) -> float:
         prompts, n = work[row]

@@ -3,7 +3,8 @@
 Runs the real trainer step (bf16 autocast and fused AdamW on CUDA, fp32 on CPU) on random
 tokens, after warm-up steps, and prints one line per figure.
 
-    python benchmarks/pretrain_throughput.py --preset d20 [--steps 20] [--compile]
+    python benchmarks/pretrain_throughput.py --preset d20 [--steps 20] [--compile] [--vs-transformers]
+    python benchmarks/pretrain_throughput.py --preset 1b --compile --profile 2 --trace-dir /tmp/traces
     torchrun --standalone --nproc_per_node=1 benchmarks/pretrain_throughput.py --preset 1b --compile --parallel fsdp
 
 Under ``torchrun`` the model is wrapped for ``--parallel`` even in a world of one (NCCL on CUDA),
@@ -12,19 +13,36 @@ recomputes every block in the backward pass. Figures: ``tokens_per_s`` (all rank
 ``peak_memory_gib`` (``torch.cuda.max_memory_allocated`` over the timed steps, rank 0) and
 ``plan_tensors_gib`` (the memory planner's peak of tensors for the same settings, margin left out,
 :mod:`codechat.train.plan`) with their ratio ``plan_over_measured``.
+
+``--vs-transformers`` then trains the same shape as transformers' ``Qwen3ForCausalLM`` (QK-norm
+on) or ``LlamaForCausalLM`` (off), from the same initial weights and on the same batches, with a
+plain loop: bf16 autocast, SDPA attention, fused AdamW with the same hyper-parameters, gradient
+clipping at the same norm, ``torch.compile`` of the whole model when ``--compile``; it prints the
+same figures prefixed ``transformers_`` and ``ratio_tokens_per_s`` (ours / theirs). MFU counts the
+same FLOPs per token for both (:meth:`codechat.model.GPT.flops_per_token`).
+
+``--numerics-steps N`` then trains two fresh copies from the same initial weights on the same N
+batches, one as timed (``--compile``) and one eager (the plain path), and prints the largest and
+mean difference of their per-step losses (bf16 autocast in both: noise of order 1e-2 nats).
+
+``--profile N`` profiles N more trainer steps with ``torch.profiler`` and prints where the GPU
+time of a step went (:mod:`pretrain_profile`); ``--trace-dir`` also writes the Chrome trace.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from codechat.config import PARALLEL_STRATEGIES, OptimConfig, RunConfig, TrainConfig, pretrain_recipe, replace
 from codechat.device import peak_flops
-from codechat.model import build_model
+from codechat.model import IGNORE_INDEX, build_model
 from codechat.parallel import init_world
 from codechat.train.plan import GIB, estimate, plan_config
 from codechat.train.trainer import Trainer
@@ -45,6 +63,50 @@ class RandomTokens:
         pass
 
 
+def timed(step: Callable[[int], None], warmup: int, steps: int, device: torch.device) -> tuple[float, float]:
+    """(seconds for ``steps`` calls of ``step(i)`` after ``warmup`` untimed ones, peak GiB allocated
+    over the timed ones: 0 off CUDA)."""
+    for i in range(warmup):
+        step(i)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, (torch.cuda.max_memory_allocated() / GIB if cuda else 0.0)
+
+
+def transformers_step(model: torch.nn.Module, optim: OptimConfig, compile: bool, device: torch.device
+                      ) -> tuple[Callable[[tuple[torch.Tensor, torch.Tensor]], None], torch.nn.Module]:
+    """A plain training step for the transformers twin of ``model`` (same weights): bf16 autocast
+    on CUDA, SDPA, fused AdamW (weight decay on matrices only, as ours), clipping at
+    ``optim.grad_clip``; the loss is read back every step, as our trainer does."""
+    from generate_throughput import to_hf  # the weight copy the generation benchmark checks
+    hf = to_hf(model, torch.float32).train()
+    hf.config._attn_implementation = "sdpa"
+    decay = [p for p in hf.parameters() if p.dim() >= 2]
+    rest = [p for p in hf.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": optim.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                            lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps, fused=device.type == "cuda")
+    fwd = torch.compile(hf) if compile else hf
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        x, y = (t.to(device, non_blocking=True) for t in batch)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = fwd(input_ids=x).logits
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), ignore_index=IGNORE_INDEX)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(hf.parameters(), optim.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        float(loss.detach())
+    return step, hf
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="tiny")
@@ -56,7 +118,11 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--parallel", default="ddp", choices=PARALLEL_STRATEGIES, help="layout under torchrun")
-    ap.add_argument("--ac", default="none", choices=["none", "full"], help="activation checkpointing")
+    ap.add_argument("--ac", default="none", choices=["none", "selective", "full"], help="activation checkpointing")
+    ap.add_argument("--vs-transformers", action="store_true", help="also time transformers' model of the same shape")
+    ap.add_argument("--numerics-steps", type=int, default=0, metavar="N", help="compare N steps with the eager path")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="profile N more steps (torch.profiler)")
+    ap.add_argument("--trace-dir", type=Path, help="with --profile: write the Chrome trace here")
     args = ap.parse_args()
 
     recipe = pretrain_recipe(args.preset)
@@ -69,40 +135,70 @@ def main() -> None:
     train = TrainConfig(micro_batch_size=mbs, batch_size=mbs * world.size, max_steps=1, compile=args.compile,
                         parallel=args.parallel, ac=args.ac)
     optim = OptimConfig(warmup_steps=0)
+    fpt, peak = model.flops_per_token(seq), peak_flops(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(model, train=train, optim=optim, run=RunConfig(out=tmp), out_dir=Path(tmp),
                           batches=RandomTokens(cfg.vocab_size, mbs, seq), show_progress=False, world=world)
         batches = [trainer.batches.next_batch() for _ in range(4)]
-        for i in range(args.warmup):
-            trainer.train_step([batches[i % 4]])
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        for i in range(args.steps):
-            trainer.train_step([batches[i % 4]])
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
+        keep = args.vs_transformers or args.numerics_steps
+        initial = {k: v.detach().clone() for k, v in model.state_dict().items()} if keep else None
+        dt, measured = timed(lambda i: trainer.train_step([batches[i % 4]]), args.warmup, args.steps, device)
+        if args.profile and world.main:
+            from pretrain_profile import profile_steps
+            profile_steps(lambda i: trainer.train_step([batches[i % 4]]), args.profile, device, args.trace_dir,
+                          f"codechat-{args.preset}")
+        layout = f"{trainer.par.strategy} over {world.size}" if world.distributed else "plain (no torchrun)"
+        trainer = None  # frees the optimizer state before the transformers run
     tps = args.steps * mbs * seq * world.size / dt
-    fpt = model.flops_per_token(seq)
-    peak = peak_flops(device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if not world.main:
         return
-    layout = f"{trainer.par.strategy} over {world.size}" if world.distributed else "plain (no torchrun)"
-    print(f"device: {name}; preset {args.preset}: {model.num_params() / 1e6:.1f}M params, batch {mbs}x{seq}, "
-          f"compile={args.compile}, {layout}, --ac {args.ac}")
+    print(f"device: {name}; torch {torch.__version__}; preset {args.preset}: {model.num_params() / 1e6:.1f}M params, "
+          f"batch {mbs}x{seq}, compile={args.compile}, {layout}, --ac {args.ac}")
     print(f"tokens_per_s: {tps:,.0f}")
     print(f"achieved_tflops: {tps * fpt / 1e12:.1f}")
     print(f"mfu: {tps * fpt / peak:.1%}" if peak else "mfu: n/a (no known peak for this device)")
     if device.type == "cuda":
-        measured = torch.cuda.max_memory_allocated() / GIB
         plan = estimate(plan_config(cfg, train, optim, seq, gpus=world.size, parallel=args.parallel,
                                     ac=args.ac)).tensors / GIB
         print(f"peak_memory_gib: {measured:.2f}")
         print(f"plan_tensors_gib: {plan:.2f}")
         print(f"plan_over_measured: {plan / measured:.3f}")
+    if args.numerics_steps:
+        curves = {}
+        for compiled in (args.compile, False):
+            model.load_state_dict(initial)
+            with tempfile.TemporaryDirectory() as tmp:
+                t = Trainer(model, train=replace(train, compile=compiled), optim=optim, run=RunConfig(out=tmp),
+                            out_dir=Path(tmp), batches=RandomTokens(cfg.vocab_size, mbs, seq), show_progress=False,
+                            world=world)
+                fixed = [batches[i % 4] for i in range(args.numerics_steps)]
+                curves[compiled] = [float(t.train_step([b])["loss"]) for b in fixed]
+            t = None
+        diff = [abs(a - b) for a, b in zip(curves[args.compile], curves[False])]
+        print(f"numerics over {args.numerics_steps} steps (compile={args.compile} vs eager): loss {curves[False][0]:.4f} "
+              f"-> {curves[False][-1]:.4f}; max |diff| {max(diff):.4f}, mean {sum(diff) / len(diff):.4f} nats")
+    if args.vs_transformers:
+        if world.distributed:
+            raise SystemExit("--vs-transformers runs in one process: leave torchrun out")
+        model.load_state_dict(initial)
+        gc.collect()
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+        step, hf = transformers_step(model, optim, args.compile, device)
+        del model, initial
+        dt_hf, measured_hf = timed(lambda i: step(batches[i % 4]), args.warmup, args.steps, device)
+        if args.profile:
+            from pretrain_profile import profile_steps
+            profile_steps(lambda i: step(batches[i % 4]), args.profile, device, args.trace_dir,
+                          f"transformers-{args.preset}")
+        tps_hf = args.steps * mbs * seq / dt_hf
+        import transformers
+        print(f"transformers {transformers.__version__} {type(hf).__name__}, same shape, weights and batches")
+        print(f"transformers_tokens_per_s: {tps_hf:,.0f}")
+        print(f"transformers_mfu: {tps_hf * fpt / peak:.1%}" if peak else "transformers_mfu: n/a")
+        if device.type == "cuda":
+            print(f"transformers_peak_memory_gib: {measured_hf:.2f}")
+        print(f"ratio_tokens_per_s: {tps / tps_hf:.2f}x")
 
 
 if __name__ == "__main__":

@@ -237,9 +237,13 @@ class Parallel:
             self.model.set_requires_gradient_sync(last)
         yield
 
-    def all_sum(self, value: float) -> float:
-        """``value`` summed over ranks (itself in a world of one)."""
+    def all_sum(self, value: float | torch.Tensor) -> float | torch.Tensor:
+        """``value`` summed over ranks (itself in a world of one); a tensor is reduced in place on
+        the device, with no host sync."""
         if self.world.size == 1:
+            return value
+        if isinstance(value, torch.Tensor):
+            dist.all_reduce(value)
             return value
         t = torch.tensor([float(value)], dtype=torch.float64, device=self.world.device)
         dist.all_reduce(t)
@@ -265,13 +269,13 @@ class Parallel:
         dist.all_gather_object(out, obj)
         return out
 
-    def clip_grad_norm(self, max_norm: float) -> float:
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip the gradients to total norm ``max_norm`` (over the whole model: every shard and
-        stage); returns the norm before clipping."""
+        stage); returns the norm before clipping, a 0-d float32 tensor (no host sync)."""
         if self.pipeline is not None:
             return self.pipeline.clip_grad_norm(max_norm)
         total = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        return float(total.full_tensor() if hasattr(total, "full_tensor") else total)  # a DTensor under FSDP
+        return total.full_tensor() if hasattr(total, "full_tensor") else total  # a DTensor under FSDP
 
     def barrier(self) -> None:
         if self.world.size > 1:

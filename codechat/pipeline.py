@@ -153,9 +153,9 @@ class Pipeline:
             w = self.stage.embed_tokens.weight if self.first else self.stage.lm_head.weight
             dist.all_reduce(w.grad, group=self.tie_group)
 
-    def clip_grad_norm(self, max_norm: float) -> float:
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip every stage's gradients by their norm over the whole model (the tied weight counted
-        once); returns that norm (the same on every rank)."""
+        once); returns that norm (the same on every rank), a 0-d float32 tensor."""
         params = [p for p in self.stage.parameters() if p.grad is not None]
         head = self.stage.lm_head.weight if self.last and self.tied and not self.first else None
         counted = [p.grad for p in params if p is not head]
@@ -164,7 +164,7 @@ class Pipeline:
         dist.all_reduce(sq, group=self.pp_group)  # the data-parallel replicas hold the same gradients
         total = sq.sqrt().float().reshape(())
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-        return float(total)
+        return total
 
     # ------------------------------------------------------------------ state
     def load_state_dicts(self, model_sd: dict[str, Any], optim_sd: dict[str, Any] | None, optimizer: Any,

@@ -129,11 +129,12 @@ def test_greedy_single_prompt_equals_full_recomputation(model, prompts, greedy):
     assert s.finish == "length"
 
 
-def test_greedy_mixed_prompt_lengths_in_one_batch_equal_recomputation_with_slot_reuse(model, prompts, greedy):
+@pytest.mark.parametrize("steps", [1, 3], ids=["1-step", "3-step-launches"])
+def test_greedy_mixed_prompt_lengths_in_one_batch_equal_recomputation_with_slot_reuse(steps, model, prompts, greedy):
     news = {1: 12, 7: 5, 33: 9, 60: 12}  # rows finish at different steps, freeing slots for the waiting ones
     reqs = [Request(prompts[n], greedy_cfg(news[n])) for n in PROMPT_LENS]
     reqs.append(Request(prompts[7], greedy_cfg(10), samples=2))  # one prefill, two slots
-    out = Engine(model, EngineConfig(slots=3)).generate(reqs)  # 6 rows, 3 slots
+    out = Engine(model, EngineConfig(slots=3, decode_steps=steps)).generate(reqs)  # 6 rows, 3 slots
     for n, [s] in zip(PROMPT_LENS, out):
         assert s.token_ids == greedy(prompts[n], news[n]), f"prompt of {n} tokens"
         assert s.finish == "length"
@@ -162,14 +163,15 @@ def test_greedy_requests_joining_a_running_batch_equal_recomputation(model, prom
 
 # -- 2. seeded samples do not depend on the batch ---------------------------------------------
 
-def test_each_sample_of_a_mixed_batch_equals_that_sample_drawn_alone(model, prompts):
+@pytest.mark.parametrize("steps", [1, 3], ids=["1-step", "3-step-launches"])
+def test_each_sample_of_a_mixed_batch_equals_that_sample_drawn_alone(steps, model, prompts):
     plain = SamplingConfig(max_new_tokens=10, temperature=1.0, top_k=0, top_p=1.0)
     reqs = [Request(prompts[1], plain, samples=4, seed=11),
             Request(prompts[33], SamplingConfig(max_new_tokens=7, temperature=1.0, top_p=0.9), samples=4, seed=12),
             Request(prompts[60], plain, samples=4, seed=13),
             Request(prompts[7], SamplingConfig(max_new_tokens=10, temperature=1.0, top_k=20, top_p=1.0),
                     samples=4, seed=14)]
-    batched = Engine(model, EngineConfig(slots=5)).generate(reqs)  # 16 rows, 5 slots, unfiltered beside filtered
+    batched = Engine(model, EngineConfig(slots=5, decode_steps=steps)).generate(reqs)  # 16 rows, 5 slots, unfiltered beside filtered
     alone = Engine(model, EngineConfig(slots=1))
     for req, samples in zip(reqs, batched):
         assert len({tuple(s.token_ids) for s in samples}) > 1, "the samples of one request must differ"
@@ -321,12 +323,13 @@ def test_same_seed_reproduces_and_sample_indices_give_independent_streams(model,
 
 # -- 5. finishing: stop ids, length, the context, empty input, cancel, stream -----------------
 
-def test_stop_id_finishes_only_its_row_and_is_kept(model, prompts, greedy):
+@pytest.mark.parametrize("steps", [1, 3], ids=["1-step", "3-step-launches"])
+def test_stop_id_finishes_only_its_row_and_is_kept(steps, model, prompts, greedy):
     ref = greedy(prompts[33], 16)
     j = next(j for j in range(2, 16) if ref[j] not in ref[:j])
     stop = ref[j]
     cfg = greedy_cfg(16)
-    eng = Engine(model, EngineConfig(slots=4))
+    eng = Engine(model, EngineConfig(slots=4, decode_steps=steps))
     stopped, unstopped, other, at_first = eng.generate([
         Request(prompts[33], cfg, stop_ids=[stop]),
         Request(prompts[33], cfg),  # same prompt, no stop id: emits ``stop`` and goes on
@@ -340,8 +343,9 @@ def test_stop_id_finishes_only_its_row_and_is_kept(model, prompts, greedy):
     assert (at_first[0].token_ids, at_first[0].finish) == ([ref[0]], "stop")
 
 
-def test_max_new_tokens_gives_exactly_that_many_tokens(model, prompts, greedy):
-    eng = Engine(model, EngineConfig(slots=2))
+@pytest.mark.parametrize("steps", [1, 3], ids=["1-step", "3-step-launches"])
+def test_max_new_tokens_gives_exactly_that_many_tokens(steps, model, prompts, greedy):
+    eng = Engine(model, EngineConfig(slots=2, decode_steps=steps))
     news = (1, 2, 5, 9)
     out = eng.generate([Request(prompts[7], greedy_cfg(m)) for m in news]
                        + [Request(prompts[1], SamplingConfig(max_new_tokens=6, temperature=1.0), samples=3)])

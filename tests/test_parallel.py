@@ -123,7 +123,7 @@ for step in range(3):
                                      else p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     digests = [None] * world.size
     dist.all_gather_object(digests, digest)
-    out.append({"loss": stats["loss"], "supervised": stats["supervised"], "same": len(set(digests)) == 1})
+    out.append({"loss": float(stats["loss"]), "supervised": stats["supervised"], "same": len(set(digests)) == 1})
 shards = trainer.par.shards(trainer.optimizer)  # what this rank writes of a checkpoint
 held = [None] * world.size
 dist.all_gather_object(held, sum((t.to_local() if hasattr(t, "to_local") else t).numel()

@@ -94,8 +94,8 @@ def test_train_step_counts_the_supervised_tokens_of_every_micro_batch(tmp_path):
                            [(torch.cat([x1, x2]), torch.cat([y1, y2]))])
     split, gs = step_grads(make_trainer(tmp_path / "b", ListBatches([]), optim=no_clip), [(x1, y1), (x2, y2)])
     assert (gw - gs).norm() / gw.norm() < 1e-5
-    assert split["loss"] == pytest.approx(whole["loss"], rel=1e-6)
-    assert split["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-5)
+    assert float(split["loss"]) == pytest.approx(float(whole["loss"]), rel=1e-6)
+    assert float(split["grad_norm"]) == pytest.approx(float(whole["grad_norm"]), rel=1e-5)
     assert whole["supervised"] == split["supervised"] == 112
 
 
@@ -225,6 +225,38 @@ def test_non_finite_gradient_with_a_finite_loss_stops_before_the_update(tmp_path
     assert all(p.grad is None for p in t.model.parameters())  # the poisoned gradient is not kept
 
 
+def test_fused_adamw_skips_a_non_finite_update_on_the_device_and_the_next_step_raises(tmp_path):
+    """The sync-free path (fused AdamW, as on CUDA; here its CPU kernel): a poisoned step returns
+    without a host check, applies nothing (parameters, moments, step counts), and the next step
+    raises before its own update."""
+    g = torch.Generator().manual_seed(0)
+    batch = padded(20, 20, g)
+    t = make_trainer(tmp_path, ListBatches([batch]))
+    t.optimizer = torch.optim.AdamW(t.model.parameters(), lr=1e-2, fused=True)
+    t.train_step([batch])
+    t.check_finite()
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    state = {id(p): {k: v.clone() for k, v in st.items()} for p, st in t.optimizer.state.items()}
+
+    def poison(grad):
+        grad = grad.clone()
+        grad.view(-1)[0] = float("inf")
+        return grad
+
+    hook = t.model.norm.weight.register_hook(poison)
+    out = t.train_step([batch])  # no raise yet: the flag stays on the device
+    hook.remove()
+    assert not math.isfinite(float(out["grad_norm"]))
+    with pytest.raises(TrainingDiverged, match=r"step 0: loss=\d[^ ]* grad_norm=(inf|nan)"):
+        t.train_step([batch])
+    for k, v in t.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    for p, st in t.optimizer.state.items():
+        for k, v in st.items():
+            assert torch.equal(v, state[id(p)][k]), k
+    assert all(p.grad is None for p in t.model.parameters())
+
+
 def test_batch_without_supervised_tokens_never_reaches_the_loss(tmp_path):
     x = torch.randint(0, 64, (2, 8))
     y = torch.full((2, 8), IGNORE_INDEX)
@@ -345,7 +377,7 @@ def test_activation_checkpointing_under_torch_compile_trains_as_without_it(tmp_p
     runs = {}
     for ac, compiled in (("none", False), ("full", True)):
         t = make_trainer(tmp_path / ac, ListBatches(batches), train=TrainConfig(max_steps=3, compile=compiled, ac=ac))
-        runs[ac] = [t.train_step([b])["loss"] for b in batches], sorted(t.model.state_dict())
+        runs[ac] = [float(t.train_step([b])["loss"]) for b in batches], sorted(t.model.state_dict())
     assert runs["full"][1] == runs["none"][1]
     assert np.allclose(runs["full"][0], runs["none"][0], rtol=1e-5, atol=1e-6)
 

@@ -4,7 +4,9 @@ A :class:`Request` is a prompt, its sampling settings, a seed and the sample ind
 (``n`` samples of one prompt share one prefill: its keys and values are written to ``n`` slots).
 :meth:`Engine.step` runs one scheduler step:
 
-1. launch one decode step for every running row (a CUDA graph per batch-size bucket on CUDA);
+1. launch ``decode_steps`` decode steps for every running row (one CUDA graph per batch-size
+   bucket on CUDA runs them back to back; a row whose token budget runs out inside the launch
+   stops advancing on the device);
 2. read back the tokens of the *previous* launches — the device is already busy with the new one,
    so the host never stalls it — append them, and finish rows that emitted a stop id or reached
    ``max_new_tokens``, freeing their slots;
@@ -12,7 +14,8 @@ A :class:`Request` is a prompt, its sampling settings, a seed and the sample ind
    step): one packed prefill whose last logits give each new row its first token.
 
 A row therefore joins a running batch as soon as a slot frees and leaves it when it finishes;
-a row that stopped may run one extra step before the host sees it, whose token is dropped.
+a row that emitted a stop id may run on until the host sees it (the rest of its launch and the
+next one), and those tokens are dropped.
 Tokens come back as :class:`Token` events, in order per row, for streaming.
 """
 from __future__ import annotations
@@ -49,6 +52,10 @@ class EngineConfig:
         cache_memory_frac: share of free GPU memory the automatic ``slots`` may give the cache.
         attention: decode attention kernel (:class:`codechat.engine.runner.InferenceModel`):
             ``auto``, ``triton``, ``flash`` or ``sdpa``.
+        decode_steps: decode steps per launch (one graph replay, one read-back); 0 picks 4 on
+            CUDA (the host's per-step work — graph launch, read-back, bookkeeping — is paid once
+            per 4 tokens) and 1 elsewhere. Tokens then come back that many at a time, and a
+            waiting request joins up to that many steps later. Samples do not depend on it.
 
     Raises:
         ValueError: a value out of range.
@@ -62,8 +69,11 @@ class EngineConfig:
     dtype: str = "auto"
     cache_memory_frac: float = 0.5
     attention: str = "auto"
+    decode_steps: int = 0
 
     def __post_init__(self) -> None:
+        if self.decode_steps < 0:
+            raise ValueError(f"decode_steps must be >= 0 (0: automatic), got {self.decode_steps}")
         if self.slots < 0 or self.max_len < 0 or self.max_prefill_tokens < 1:
             raise ValueError(f"slots and max_len must be >= 0 and max_prefill_tokens >= 1, got "
                              f"{self.slots}, {self.max_len}, {self.max_prefill_tokens}")
@@ -145,8 +155,8 @@ class _Row:
 class _Launch:
     rows: list[_Row]
     index: list[int]  # rows[j]'s entry in the tensors below
-    tokens: torch.Tensor  # (B,) int64, on the host once ``event`` completed
-    lps: torch.Tensor  # (2, B) float32
+    tokens: torch.Tensor  # (steps, B) int64, on the host once ``event`` completed
+    lps: torch.Tensor  # (steps, 2, B) float32
     event: torch.cuda.Event | None
 
 
@@ -179,6 +189,7 @@ class Engine:
             raise ValueError(f"EngineConfig.max_len={c.max_len} is over the model's max_seq_len={model.cfg.max_seq_len}: "
                              "positions past what it was trained on are untrained; lower max_len (0: the model's)")
         self.max_len = c.max_len or model.cfg.max_seq_len
+        self.decode_steps = c.decode_steps or (4 if cuda else 1)
         self.model = InferenceModel(model, dtype, self.max_len, compile=c.compile and cuda, attention=c.attention)
         self.device, self.cuda = dev, cuda
         mc = model.cfg
@@ -191,11 +202,12 @@ class Engine:
         S = self.slots = slots
         z = lambda dt: torch.zeros(S, dtype=dt, device=dev)  # noqa: E731
         self.tokens, self.lengths, self.counter, self.seed = z(torch.long), z(torch.long), z(torch.long), z(torch.long)
+        self.budget = z(torch.long)  # tokens each slot's row may still generate
         self.temperature, self.top_p, self.top_k = z(torch.float32), torch.ones(S, device=dev), z(torch.long)
         self.active = torch.zeros(S, dtype=torch.bool, device=dev)
         self.cu_q = torch.arange(S + 1, dtype=torch.int32, device=dev)
         self.cu_k = self.cu_q * self.cache.positions
-        # (batch bucket, (filtered, sampled)) -> the captured decode step and its outputs
+        # (batch bucket, (filtered, sampled)) -> the captured decode steps and their outputs
         self.graphs: dict[tuple[int, tuple[bool, bool]], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._pool = None
         self._free = list(range(S))  # a heap: the lowest free slot first keeps batches small
@@ -336,8 +348,8 @@ class Engine:
         return t.pin_memory().to(self.device, non_blocking=True) if self.cuda else t
 
     def _launch(self, rows: list[_Row], tok: torch.Tensor, lps: torch.Tensor, index: list[int]) -> _Launch:
-        """Queue the copy of a launch's results to the host: tokens (n,) and log-probabilities (2, n)
-        (:class:`Token`'s ``logprob``, ``logprob_t1``); row ``rows[j]`` is entry ``index[j]``."""
+        """Queue the copy of a launch's results to the host: tokens (steps, n) and log-probabilities
+        (steps, 2, n) (:class:`Token`'s ``logprob``, ``logprob_t1``); row ``rows[j]`` is entry ``index[j]``."""
         if not self.cuda:
             return _Launch(rows, index, tok, lps, None)
         host_t = torch.empty(tok.shape, dtype=tok.dtype, pin_memory=True)
@@ -369,9 +381,9 @@ class Engine:
             graph, (tok, lps) = self.graphs[b, kind]
             graph.replay()
         else:
-            tok, lps = self._decode(b, kind, None if self.cuda else max(r.launched + len(r.req.prompt) for r in rows))
+            tok, lps = self._decode_steps(b, kind, None if self.cuda else max(r.launched + len(r.req.prompt) for r in rows))
         for r in rows:
-            r.launched += 1
+            r.launched = min(r.launched + self.decode_steps, r.req.sampling.max_new_tokens)
         return self._launch(rows, tok, lps, [r.slot for r in rows])
 
     def _buckets(self) -> list[int]:
@@ -381,38 +393,47 @@ class Engine:
             k *= 2
         return out + [self.slots]
 
-    def _decode(self, b: int, kind: tuple[bool, bool], max_used: int | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decode step of slots ``0..b-1``, all on the device (a CUDA graph captures it whole):
-        the forward pass (writing their keys and values), sampling (``kind`` = the rows'
-        ``(filtered, sampled)``, :class:`RowParams`), and the update of the active rows' current
-        token, length and counter. Returns the (b,) tokens and the (2, b) log-probabilities."""
-        m = self.model
-        lengths, active = self.lengths[:b], self.active[:b]
-        attend = m.decode_attend(self.cache, lengths, self.cu_q[:b + 1], self.cu_k[:b + 1], max_used)
-        logits = m.logits(m.forward(self.tokens[:b], lengths, attend))
-        tok, lp, lp1 = sample(logits, self._params(slice(0, b), kind))
-        self.tokens[:b] = torch.where(active, tok, self.tokens[:b])
-        lengths += active
-        self.counter[:b] += active
-        return tok, torch.stack([lp, lp1])
+    def _decode_steps(self, b: int, kind: tuple[bool, bool], max_used: int | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``decode_steps`` decode steps of slots ``0..b-1``, all on the device (a CUDA graph
+        captures them whole). Each: the forward pass (writing their keys and values), sampling
+        (``kind`` = the rows' ``(filtered, sampled)``, :class:`RowParams`), and, for active rows
+        with budget left, the update of their current token, length, counter and budget.
+        ``max_used`` (host) bounds the first step's attended positions off CUDA. Returns the
+        (steps, b) tokens and the (steps, 2, b) log-probabilities."""
+        m, toks, lps = self.model, [], []
+        lengths = self.lengths[:b]
+        for i in range(self.decode_steps):
+            attend = m.decode_attend(self.cache, lengths, self.cu_q[:b + 1], self.cu_k[:b + 1],
+                                     None if max_used is None else max_used + i)
+            logits = m.logits(m.forward(self.tokens[:b], lengths, attend))
+            tok, lp, lp1 = sample(logits, self._params(slice(0, b), kind))
+            go = self.active[:b] & (self.budget[:b] > 0)
+            self.tokens[:b] = torch.where(go, tok, self.tokens[:b])
+            lengths += go
+            self.counter[:b] += go
+            self.budget[:b] -= go.long()
+            toks.append(tok)
+            lps.append(torch.stack([lp, lp1]))
+        return torch.stack(toks), torch.stack(lps)
 
     def _capture(self, b: int, kind: tuple[bool, bool]) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]:
-        """A CUDA graph of :meth:`_decode`. Warm-up runs (compilation, cuBLAS workspaces) happen on
-        a side stream and their state updates are undone, so capturing changes nothing."""
-        state = [t[:b].clone() for t in (self.tokens, self.lengths, self.counter)]
+        """A CUDA graph of :meth:`_decode_steps`. Warm-up runs (compilation, cuBLAS workspaces)
+        happen on a side stream and their state updates are undone, so capturing changes nothing."""
+        kept = (self.tokens, self.lengths, self.counter, self.budget)
+        state = [t[:b].clone() for t in kept]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._decode(b, kind)
+                self._decode_steps(b, kind)
         torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._decode(b, kind)
-        for t, saved in zip((self.tokens, self.lengths, self.counter), state):
+            out = self._decode_steps(b, kind)
+        for t, saved in zip(kept, state):
             t[:b].copy_(saved)
         return graph, out
 
@@ -423,20 +444,20 @@ class Engine:
         for launch in todo:
             if launch.event is not None:
                 launch.event.synchronize()
-            toks, lps = launch.tokens.tolist(), launch.lps.tolist()
-            for row, j in zip(launch.rows, launch.index):
-                if row.out.finish is not None:
-                    continue  # stopped or cancelled: this token was computed after the fact
-                t = toks[j]
-                out = row.out
-                out.token_ids.append(t)
-                out.logprobs.append(lps[0][j])
-                out.logprobs_t1.append(lps[1][j])
-                finish = ("stop" if t in row.req.stop_ids else
-                          "length" if len(out.token_ids) >= row.req.sampling.max_new_tokens else None)
-                events.append(Token(row.rid, row.sample, t, lps[0][j], lps[1][j], finish))
-                if finish:
-                    self._release(row, finish)
+            for toks, lps in zip(launch.tokens.tolist(), launch.lps.tolist()):  # step by step
+                for row, j in zip(launch.rows, launch.index):
+                    if row.out.finish is not None:
+                        continue  # stopped or cancelled: this token was computed after the fact
+                    t = toks[j]
+                    out = row.out
+                    out.token_ids.append(t)
+                    out.logprobs.append(lps[0][j])
+                    out.logprobs_t1.append(lps[1][j])
+                    finish = ("stop" if t in row.req.stop_ids else
+                              "length" if len(out.token_ids) >= row.req.sampling.max_new_tokens else None)
+                    events.append(Token(row.rid, row.sample, t, lps[0][j], lps[1][j], finish))
+                    if finish:
+                        self._release(row, finish)
         return events
 
     def _release(self, row: _Row, finish: str) -> None:
@@ -503,5 +524,6 @@ class Engine:
         self.tokens[slots] = tok
         self.lengths[slots] = h2d([len(r.req.prompt) for r in rows], long)
         self.counter[slots] = 1
+        self.budget[slots] = h2d([c.max_new_tokens - 1 for c in sc], long)
         self._active_rows = ()  # the active mask changes
-        return self._launch(rows, tok, torch.stack([lp, lp1]), list(range(len(rows))))
+        return self._launch(rows, tok.unsqueeze(0), torch.stack([lp, lp1]).unsqueeze(0), list(range(len(rows))))

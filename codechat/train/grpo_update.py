@@ -81,7 +81,8 @@ class GRPOStep:
                 sums["kl"] += st.get("kl", 0.0) * w
                 sums["tok"] += w
             sums = {k: par.all_sum(v) for k, v in sums.items()}
-            grad_norm = t.apply_update(sums["loss"])
+            grad_norm = float(t.apply_update(sums["loss"]))
+            t.check_finite()
         tok = max(sums["tok"], 1.0)
         ent, mis = par.all_sum(self._ent), par.all_sum(self._mis)
         out.update(loss=sums["loss"], clip_frac=sums["clip"] / tok, ratio_mean=sums["ratio"] / tok,

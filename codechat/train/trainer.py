@@ -128,6 +128,8 @@ class Trainer:
         self.step, self.elapsed_s = 0, 0.0
         self.last: dict[str, Any] = {}
         self.peak = peak_flops(self.device)
+        # (step, host copy of (loss, grad norm, not-finite flag), its CUDA event) of updates not yet checked
+        self._unchecked: list[tuple[int, torch.Tensor, torch.cuda.Event | None]] = []
 
     # ------------------------------------------------------------------ budget
     def progress(self) -> float:
@@ -192,14 +194,14 @@ class Trainer:
                          keep_last=self.tcfg.keep_last)
 
     # ------------------------------------------------------------------ loop
-    def backward(self, micro_batches: list[Batch], n_supervised: int) -> float:
+    def backward(self, micro_batches: list[Batch], n_supervised: int) -> torch.Tensor:
         """Accumulate into ``.grad`` the gradient of (summed token loss) / ``n_supervised``.
 
         ``n_supervised`` is the count of labels != -100 over the whole optimizer step (every
         micro-batch, and every rank once data parallel), so each micro-batch contributes its
         SUM scaled by one common factor (times the world size, which DDP/FSDP's gradient
         average divides out). Gradients are synchronised on the last micro-batch only. Returns the
-        summed loss in nats over all ranks (under ``--pp`` the last stages' sums).
+        summed loss in nats over all ranks (under ``--pp`` the last stages' sums), a 0-d tensor.
         """
         total = torch.zeros((), device=self.device)
         for i, b in enumerate(Batch(*b) for b in micro_batches):
@@ -216,13 +218,21 @@ class Trainer:
                         loss_sum = self.forward(x, y, reduction="sum", doc_ids=doc_ids)
                     (loss_sum * (self.par.loss_scale / n_supervised)).backward()
             total += loss_sum.detach()
-        return self.par.all_sum(float(total))
+        return self.par.all_sum(total)
 
-    def train_step(self, micro_batches: list[Batch | tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
-        """One optimizer step over ``micro_batches``; returns loss (nats/token), grad_norm, lr, tokens.
+    def train_step(self, micro_batches: list[Batch | tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+        """One optimizer step over ``micro_batches``; returns ``loss`` (nats/token) and ``grad_norm``
+        as 0-d float32 tensors on the device (``float()`` them when needed: that waits for the
+        step), and ``lr``, ``tokens``, ``supervised``, ``skipped`` as numbers.
+
+        No host sync in the step when the optimizer is fused AdamW (CUDA): the update is skipped on
+        the device when the loss or the gradient norm is not finite, and that is checked
+        (:meth:`check_finite`) after the next step's forward and backward have been queued, so the
+        host stays a step ahead of the GPU. Other optimizers are checked before their update.
 
         Raises:
-            TrainingDiverged: the loss or the gradient norm is not finite (no update is applied).
+            TrainingDiverged: this step's or (deferred) the previous step's loss or gradient norm
+                is not finite; no update is applied for either.
         """
         micro_batches = [Batch(*b) for b in micro_batches]
         n_sup = int(self.par.data_sum(sum(int((b.labels != IGNORE_INDEX).sum()) for b in micro_batches)))
@@ -230,29 +240,78 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         if n_sup == 0:  # nothing to learn from: never let a 0/0 loss reach backward
-            return {"loss": float("nan"), "grad_norm": 0.0, "lr": lr, "tokens": 0, "supervised": 0, "skipped": 1}
+            self.check_finite()  # the previous step's: what is left unchecked is this step's own
+            nan = torch.full((), float("nan"), device=self.device)
+            return {"loss": nan, "grad_norm": torch.zeros((), device=self.device), "lr": lr, "tokens": 0,
+                    "supervised": 0, "skipped": 1}
         loss = self.backward(micro_batches, n_sup) / n_sup
+        self.check_finite()  # the previous step's, while this one runs
         grad_norm = self.apply_update(loss)
         tokens = int(self.par.data_sum(sum(b.real_tokens for b in micro_batches)))
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "supervised": n_sup, "skipped": 0}
 
-    def apply_update(self, loss: float) -> float:
-        """Clip the accumulated gradients, then step the optimizer; returns the gradient norm.
+    def apply_update(self, loss: torch.Tensor | float) -> torch.Tensor:
+        """Clip the accumulated gradients, then step the optimizer; returns the gradient norm
+        before clipping (0-d tensor).
+
+        A non-finite ``loss`` or norm applies no update. Fused AdamW skips it on the device (its
+        ``found_inf``, as under a gradient scaler) and :meth:`check_finite` raises later; any other
+        optimizer is checked here, before its step.
 
         Raises:
-            TrainingDiverged: ``loss`` or the gradient norm is not finite (the gradients are
-                dropped and no update is applied).
+            TrainingDiverged: (other optimizers) ``loss`` or the norm is not finite; the gradients
+                are dropped.
         """
         clip = self.ocfg.grad_clip or float("inf")
         grad_norm = self.par.clip_grad_norm(clip)
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise TrainingDiverged(f"step {self.step}: loss={loss} grad_norm={grad_norm}; stopped before the update. "
-                                   f"The newest checkpoint in {self.out_dir / 'checkpoints'} is the last good one: "
-                                   "lower --optim.lr or raise --optim.warmup_steps, then --resume")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        loss = torch.as_tensor(loss, dtype=torch.float32, device=grad_norm.device)
+        bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        self._track(torch.stack([loss, grad_norm.float(), bad.float()]))
+        opt = self.optimizer
+        if isinstance(opt, torch.optim.Adam) and opt.defaults.get("fused"):
+            opt.found_inf = bad.float()  # read by fused Adam(W)'s step: 1 skips params, moments and step count
+            opt.step()
+            del opt.found_inf
+        else:
+            self.check_finite()
+            opt.step()
+        opt.zero_grad(set_to_none=True)
         return grad_norm
+
+    def _track(self, values: torch.Tensor) -> None:
+        """Queue a copy of an update's (loss, grad norm, not-finite flag) to pinned host memory,
+        with an event: reading it later waits for that update only, not for work queued after
+        it (``.item()`` on the stream would wait for everything queued so far)."""
+        if values.is_cuda:
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            host.copy_(values, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            host, event = values, None
+        self._unchecked.append((self.step, host, event))
+
+    def check_finite(self) -> tuple[float, float] | None:
+        """Raise if an update not yet checked had a non-finite loss or gradient norm; returns the
+        newest checked update's (loss, grad norm), None when there was none. Waits for those
+        updates' values only (:meth:`_track`), not for the GPU work queued after them.
+
+        Raises:
+            TrainingDiverged: naming the step; its update (and any after it) was not applied.
+        """
+        pending, self._unchecked = self._unchecked, []
+        last = None
+        for step, host, event in pending:
+            if event is not None:
+                event.synchronize()
+            loss, grad_norm, bad = host.tolist()
+            last = (loss, grad_norm)
+            if bad:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise TrainingDiverged(f"step {step}: loss={loss} grad_norm={grad_norm}; stopped before "
+                                       f"the update. The newest checkpoint in {self.out_dir / 'checkpoints'} is the "
+                                       "last good one: lower --optim.lr or raise --optim.warmup_steps, then --resume")
+        return last
 
     def run_eval(self) -> dict[str, float]:
         if self.evaluate is None:
@@ -291,17 +350,18 @@ class Trainer:
                 t0 = time.perf_counter()
                 loader_state = self.batches.state_dict()  # position before this step, for Ctrl-C saves
                 micro = [self.batches.next_batch() for _ in range(self.tcfg.accum_steps(self.world.dp_size))]
-                stats = self.train_step(micro)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize()
+                stats = self.train_step(micro)  # no host sync: the host runs a step ahead of the GPU
                 self.step += 1
                 self.elapsed_s += self.par.all_max(time.perf_counter() - t0)  # one clock: every rank stops together
                 loader_state = self.batches.state_dict()
                 window_tokens += stats["tokens"]
                 bar.update(1)
-                bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}")
                 last = self.done()
                 if self.step % self.tcfg.log_every == 0 or last or self.step % self.tcfg.eval_every == 0:
+                    checked = self.check_finite()  # this step's values, without waiting for its optimizer step
+                    loss, grad_norm = checked or (float(stats["loss"]), float(stats["grad_norm"]))
+                    stats.update(loss=loss, grad_norm=grad_norm)
+                    bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{stats['lr']:.2e}")
                     dt = time.perf_counter() - window_t0
                     tps = window_tokens / dt
                     fpt = self.model.flops_per_token(Batch(*micro[0]).inputs.size(1))
@@ -317,10 +377,12 @@ class Trainer:
                     first_step_s = self.elapsed_s - elapsed_at_start
                 if (self.step % self.tcfg.save_every == 0 or last
                         or (self.tcfg.save_every_s and self.elapsed_s - saved_at_s >= self.tcfg.save_every_s)):
+                    self.check_finite()  # never save past an update that was skipped
                     self.save(loader_state)
                     saved_at_s = self.elapsed_s
         except KeyboardInterrupt:
             echo(f"interrupted at step {self.step}: saving a checkpoint, resume with --resume")
+            self.check_finite()
             self.save(loader_state)
             raise
         finally:
