@@ -295,6 +295,14 @@ def test_refused_key_stops_the_run_and_a_remote_teacher_needs_a_key(server, tmp_
     err = capsys.readouterr().err
     assert "HTTP 401 (the API key was refused); check --base-url, --model and $OPENAI_API_KEY" in err
     assert "sk-wrong" not in err and not lines(tmp_path / "out" / "completions.jsonl")
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    config = tmp_path / "distill.yaml"  # settings from YAML, then flags, then dotted overrides
+    config.write_text(f"prompts: {prompts}\nbase_url: {server.url}\nmodel: m\nlimit: 5\n"
+                      "teacher: {temperature: 0.2, top_p: 0.5}\n")
+    assert main(["distill", "--config", str(config), "--out", str(tmp_path / "o1"), "--limit", "1",
+                 "--teacher.top_p", "0.7"]) == 0
+    assert "done: 1 kept, 0 rejected" in capsys.readouterr().out and server.attempts == Counter({"a": 1})
+    assert (server.bodies["a"]["temperature"], server.bodies["a"]["top_p"]) == (0.2, 0.7)
     monkeypatch.delenv("OPENAI_API_KEY")
     monkeypatch.chdir(tmp_path)  # no ./.env here either
     with pytest.raises(ConfigError, match=r"no API key: set \$TEACHER_KEY in the environment or in ./.env"):

@@ -50,7 +50,8 @@ from codechat.data.formats import FORMATS, LoadCounts, Record, data_files, iter_
 #: Appended to a bad record's error: the commands that load a mixture and take ``--skip-bad``
 #: (``speedrun`` loads mixtures without one; ``eval`` reads its files through
 #: :mod:`codechat.data.formats`, whose errors name no flag).
-SKIP_BAD_HINT = "codechat sft --skip-bad and codechat data inspect --skip-bad skip and count such records"
+SKIP_BAD_HINT = ("codechat sft --skip-bad, codechat distill --skip-bad and codechat data inspect --skip-bad skip and "
+                 "count such records")
 
 #: Draws whose sources are generated together from one seeded generator (resume regenerates one block).
 BLOCK = 4096

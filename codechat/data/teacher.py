@@ -438,17 +438,19 @@ def add_cli(sub: Any) -> None:
                                    "crash or Ctrl-C. The key comes from $OPENAI_API_KEY (or --api-key-env) or "
                                    "./.env, never from a flag. Train on the answers with `codechat sft --data SPEC "
                                    "--teacher-completions OUT/completions.jsonl`. Overrides: --teacher.* "
-                                   "(codechat.data.teacher.TeacherGenConfig).")
+                                   "(codechat.data.teacher.TeacherGenConfig). Exit status 0: every prompt kept or "
+                                   "rejected; 1: some still failed after the retries (a rerun asks them again); 2: "
+                                   "an error; 130: interrupted.")
     p.add_argument("--prompts", metavar="SPEC", help="SFT sources SOURCE[@SPLIT][#FORMAT],... (files, dirs, hf:...)")
     p.add_argument("--base-url", metavar="URL", help="API root of the teacher, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", metavar="NAME", help="the teacher model's name")
     p.add_argument("--out", metavar="DIR", help="output directory (a rerun continues it)")
     p.add_argument("--config", metavar="FILE", help="YAML file of settings (a DistillConfig: prompts, ..., teacher)")
     p.add_argument("--api-key-env", metavar="VAR", help="variable holding the API key (default OPENAI_API_KEY)")
-    p.add_argument("--concurrency", type=int, help="requests in flight (teacher.concurrency, default 16)")
-    p.add_argument("--temperature", type=float, help="teacher.temperature (default 1.0)")
-    p.add_argument("--max-tokens", type=int, help="teacher.max_tokens (default 16384)")
-    p.add_argument("--limit", type=int, help="only the first N prompts")
+    p.add_argument("--concurrency", type=int, metavar="N", help="requests in flight (teacher.concurrency, default 16)")
+    p.add_argument("--temperature", type=float, metavar="T", help="teacher.temperature (default 1.0)")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="teacher.max_tokens (default 16384)")
+    p.add_argument("--limit", type=int, metavar="N", help="only the first N prompts")
     p.add_argument("--skip-bad", action="store_true", help="skip records that fit no format or have no user turn")
     p.set_defaults(func=_cmd_distill, accepts_overrides=True)
 
