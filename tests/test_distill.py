@@ -389,3 +389,11 @@ def test_sft_trains_on_teacher_answers_joined_by_prompt_id(server, tiny_ckpt, tm
     assert p.returncode == 2 and "has no answer for 1 prompt(s) of --data: 'd'" in p.stderr, p.stderr
     p = sft("--data", str(kept))
     assert p.returncode == 2 and "prompt-only records need a teacher's answers" in p.stderr, p.stderr
+
+
+def test_training_and_the_cli_never_import_the_client():
+    code = ("import sys; import codechat.cli, codechat.train.sft, codechat.data.mixture, codechat.data.teacher; "
+            "codechat.cli.build_parser(); print(sorted(m for m in ('openai', 'dotenv', 'httpx') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stderr
