@@ -132,6 +132,10 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--packing", action="store_true", help="best-fit pack examples into full rows")
     p.add_argument("--max-examples", type=int, help="a seeded subset of N records (smoke runs)")
     p.add_argument("--skip-bad", action="store_true", help="skip and count records that fit no format")
+    p.add_argument("--teacher-completions", metavar="DIR/completions.jsonl",
+                   help="answers of `codechat distill`: each --data record is its prompt (up to its last user turn) "
+                        "plus the teacher's answer, joined by prompt id; a prompt without one is an error "
+                        "(sft.teacher_completions)")
     _add_stage_io(p, "sft")
     _add_parallel(p)
     _add_common(p)
@@ -143,7 +147,8 @@ def _cmd_sft(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     from .train.sft import run_sft
     flags = {**_stage_flags(args), "sft.data": args.data, "train.max_steps": args.max_steps,
              "train.epochs": args.epochs, "sft.packing": args.packing or None, "sft.max_examples": args.max_examples,
-             "sft.skip_bad": args.skip_bad or None, "sft.seed": args.seed}
+             "sft.skip_bad": args.skip_bad or None, "sft.seed": args.seed,
+             "sft.teacher_completions": args.teacher_completions}
     if args.max_steps is not None and args.epochs is None:
         flags["train.epochs"] = 0.0
     cfg = _stage_config(SFTStageConfig, args.config, flags, overrides)
@@ -390,7 +395,7 @@ def _cmd_speedrun(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .data import corpus
     from .data import inspect as data_inspect
-    from .data import tokenizer_cli
+    from .data import teacher, tokenizer_cli
     from .eval import cli as eval_cli
     from .train import plan
     parser = argparse.ArgumentParser(prog="codechat", description="Train your own code-chat model end to end.")
@@ -407,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_chat(sub)
     _add_funcall(sub)
     eval_cli.add_cli(sub)
+    teacher.add_cli(sub)
     return parser
 
 

@@ -352,7 +352,7 @@ __all__ = ["ConfigError", "ModelConfig", "DataConfig", "OptimConfig", "TrainConf
 # ----------------------------------------------------------------------------- sft
 #: Record formats of SFT data files (``codechat.data.formats``); ``auto`` detects from the fields.
 SFT_FORMATS: tuple[str, ...] = ("auto", "messages", "sharegpt", "glaive", "alpaca", "mbpp", "humaneval", "qa",
-                                "completion", "text")
+                                "completion", "prompt", "text")
 #: How a mixture draws (``codechat.data.mixture``): ``sample`` draws sources by normalised weight
 #: (with replacement across epochs), ``epoch`` takes ``weight x size`` rows of each source per epoch.
 SFT_MIX_MODES: tuple[str, ...] = ("sample", "epoch")
@@ -397,6 +397,7 @@ class SFTConfig:
     mine_src: tuple[str, ...] = ()  # sources mined when data is ""; () -> default_corpus_dirs()
     mine_max_files: int = 0  # 0 -> every file
     mine_max_examples: int = 0  # 0 -> every mined pair
+    teacher_completions: str = ""  # DIR/completions.jsonl of codechat distill: each record's prompt gets its answer
 
     #: Fields derived from others when 0 (see :func:`load`: setting an input re-derives them).
     DERIVED: ClassVar[dict[str, tuple[str, ...]]] = {"max_prompt_length": ("max_length", "prompt_share")}
@@ -426,6 +427,9 @@ class SFTConfig:
                f"sft.decontam_threshold must be in (0, 1], got {self.decontam_threshold}")
         _check(self.mine_max_files >= 0 and self.mine_max_examples >= 0,
                "sft.mine_max_files and sft.mine_max_examples must be >= 0 (0: all)")
+        _check(not self.teacher_completions or Path(self.teacher_completions).is_file(),
+               f"sft.teacher_completions {self.teacher_completions!r} is not a file; give the completions.jsonl "
+               "that codechat distill wrote")
         for p in (self.decontam_mbpp, *self.mine_src):
             _check(not p or Path(p).exists(), f"path {p!r} (sft.*) does not exist; fix the path or leave it empty")
 

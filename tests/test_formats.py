@@ -178,6 +178,7 @@ def test_format_override_and_detection():
     assert detect_format({"messages": []}) == "messages"
     assert detect_format({"text": "x", "code": "y", "test_list": []}) == "mbpp"
     assert detect_format({"nothing": 1}) is None
+    assert detect_format({"prompt": "x"}) == "prompt" and detect_format({"prompt": "x", "completion": "y"}) == "completion"
     records = load_records(FIXTURES / "completion.jsonl", format="completion")
     assert len(records) == 2
     with pytest.raises(FormatError, match="completion.jsonl:1: text record has no field 'text'"):

@@ -181,8 +181,8 @@ def test_max_examples_takes_a_seeded_subset(shared_dir):
 def test_bad_records_fail_or_are_skipped_and_reported():
     with pytest.raises(ConfigError, match="bad.jsonl:2: alpaca record has no field 'output'") as e:
         Mixture.from_spec(str(FIXTURES / "bad.jsonl"))
-    assert str(e.value).endswith("(codechat sft --skip-bad and codechat data inspect --skip-bad skip and count "
-                                 "such records)")  # the commands that have the flag
+    assert str(e.value).endswith("(codechat sft --skip-bad, codechat distill --skip-bad and codechat data inspect "
+                                 "--skip-bad skip and count such records)")  # the commands that have the flag
     m = Mixture.from_spec(str(FIXTURES / "bad.jsonl"), SFTConfig(skip_bad=True))
     assert m.report()[0]["records"] == 2 and m.report()[0]["skipped"] == 3
 

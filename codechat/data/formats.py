@@ -28,6 +28,8 @@ alpaca     ``instruction``      ``instruction``, optional ``input`` (appended af
                                 ``output`` or ``response`` (or ``instances[0]``, the seed tasks).
 qa         ``question``         ``question`` -> user, ``answer`` -> assistant (GSM8K, kept verbatim).
 completion ``completion``       ``prompt`` -> user, ``completion`` -> assistant.
+prompt     ``prompt``           prompt-only: ``prompt`` -> user (optional ``system``), no answer; for
+                                ``codechat distill`` and ``codechat sft --teacher-completions``.
 text       ``text``             plain text, pretraining-style: ONE assistant turn holding the whole
                                 text and no prompt, so every token (and the closing ``<|end|>``) is
                                 trained on, as in pretraining.
@@ -66,7 +68,7 @@ from codechat.chat import Conversation, Message, normalize_tool
 DETECT_BY: tuple[tuple[str, str], ...] = (("messages", "messages"), ("sharegpt", "conversations"), ("glaive", "chat"),
                                           ("mbpp", "test_list"), ("humaneval", "canonical_solution"),
                                           ("alpaca", "instruction"), ("qa", "question"),
-                                          ("completion", "completion"), ("text", "text"))
+                                          ("completion", "completion"), ("prompt", "prompt"), ("text", "text"))
 FORMATS: tuple[str, ...] = tuple(f for f, _ in DETECT_BY)
 #: File name endings read (each also with ``.gz``).
 EXTENSIONS: tuple[str, ...] = (".jsonl", ".json", ".parquet")
@@ -94,7 +96,8 @@ class Record:
     """A conversation read from ``source`` (a file path or ``hf:...``) at ``line`` (1-based), in ``format``.
 
     ``task_id`` is the record's own ``task_id`` field as text (MBPP, HumanEval), ``""`` when it has
-    none: the task identity decontamination keys on.
+    none: the task identity decontamination keys on. ``id`` is its ``id`` field as text (``""``:
+    none), the prompt id of :mod:`codechat.data.prompts` when present.
     """
 
     conversation: Conversation
@@ -102,6 +105,7 @@ class Record:
     line: int
     format: str
     task_id: str = ""
+    id: str = ""
 
 
 @dataclass
@@ -332,6 +336,12 @@ def _from_completion(rec: Mapping[str, Any]) -> Conversation:
                          Message("assistant", _field(rec, "completion", "completion"))))
 
 
+def _from_prompt(rec: Mapping[str, Any]) -> Conversation:
+    system = rec.get("system")
+    return Conversation(((Message("system", system),) if isinstance(system, str) and system.strip() else ())
+                        + (Message("user", _field(rec, "prompt", "prompt")),))
+
+
 def _from_text(rec: Mapping[str, Any]) -> Conversation:
     return Conversation((Message("assistant", _field(rec, "text", "text")),))
 
@@ -339,7 +349,7 @@ def _from_text(rec: Mapping[str, Any]) -> Conversation:
 CONVERTERS: dict[str, Callable[[Mapping[str, Any]], Conversation]] = {
     "messages": _from_messages, "sharegpt": _from_sharegpt, "glaive": _from_glaive, "mbpp": _from_mbpp,
     "humaneval": _from_humaneval, "alpaca": _from_alpaca, "qa": _from_qa, "completion": _from_completion,
-    "text": _from_text}
+    "prompt": _from_prompt, "text": _from_text}
 
 
 def to_conversation(rec: Mapping[str, Any], format: str = "auto") -> tuple[Conversation, str]:
@@ -461,7 +471,7 @@ def records_from_rows(rows: Iterable[tuple[int, Any]], source: str, *, format: s
             counts.skip(e.reason, message)
             continue
         counts.records += 1
-        yield Record(conv, source, line, fmt, "" if value.get("task_id") is None else str(value["task_id"]))
+        yield Record(conv, source, line, fmt, *("" if value.get(k) is None else str(value[k]) for k in ("task_id", "id")))
 
 
 def iter_records(path: str | os.PathLike, *, format: str = "auto", skip_bad: bool = False,

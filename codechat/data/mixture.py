@@ -50,7 +50,8 @@ from codechat.data.formats import FORMATS, LoadCounts, Record, data_files, iter_
 #: Appended to a bad record's error: the commands that load a mixture and take ``--skip-bad``
 #: (``speedrun`` loads mixtures without one; ``eval`` reads its files through
 #: :mod:`codechat.data.formats`, whose errors name no flag).
-SKIP_BAD_HINT = "codechat sft --skip-bad and codechat data inspect --skip-bad skip and count such records"
+SKIP_BAD_HINT = ("codechat sft --skip-bad, codechat distill --skip-bad and codechat data inspect --skip-bad skip and "
+                 "count such records")
 
 #: Draws whose sources are generated together from one seeded generator (resume regenerates one block).
 BLOCK = 4096
@@ -290,10 +291,22 @@ class Mixture:
         """Load every positive-weight source of ``spec`` (``cfg`` gives seed, mode, format, skip_bad, max_examples).
 
         ``keep(record)`` False excludes a record (counted in ``Source.excluded``), e.g.
-        :meth:`codechat.data.mining.Decontaminator.keep`.
+        :meth:`codechat.data.mining.Decontaminator.keep`. With ``cfg.teacher_completions`` each
+        record is its prompt plus the teacher's answer (:func:`codechat.data.prompts.join_answers`),
+        joined before ``keep``.
+
+        Raises:
+            ConfigError: a source cannot be loaded, or (``teacher_completions``) the completions file is
+                malformed or has no answer for some prompts (all named at once).
         """
+        from codechat.data.formats import FormatError
+        from codechat.data.prompts import join_answers, missing_message, read_answers
         cfg = cfg or SFTConfig()
-        sources = []
+        try:
+            answers = read_answers(cfg.teacher_completions) if cfg.teacher_completions else None
+        except FormatError as e:
+            raise ConfigError(str(e)) from None
+        sources, missing = [], []
         for item in parse_spec(spec):
             if item.weight == 0:
                 if not item.source.startswith(("hf:", "mine:")):
@@ -307,8 +320,13 @@ class Mixture:
                 progress(f"loading {item.source}")
             counts = LoadCounts()
             records = load_source(item, cfg, base_dir=base_dir, counts=counts)
+            if answers is not None:  # the teacher's answers replace the records' own (prompt-only data: their only)
+                records, lost = join_answers(records, answers)
+                missing += lost
             kept = [r for r in records if keep(r)] if keep else records
             sources.append(Source(item.source, item.weight, kept, counts, len(records) - len(kept)))
+        if missing:
+            raise ConfigError(missing_message(cfg.teacher_completions, missing))
         return cls(sources, seed=cfg.seed, mode=cfg.mix_mode, max_examples=cfg.max_examples)
 
     @classmethod

@@ -89,9 +89,11 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
     if mixture.decontaminator:
         say(mixture.decontaminator.format_report())
     if counts.kept == 0 or counts.supervised_tokens == 0:
+        prompts_only = "prompt-only records need a teacher's answers: give --teacher-completions " \
+                       "DIR/completions.jsonl from `codechat distill`; " if "no_assistant_turn" in counts.dropped else ""
         raise ConfigError(f"nothing to train on: every one of {counts.seen} records was dropped ({counts.dropped}); "
-                          "raise --sft.max_length / lower --sft.max_prompt_length or check the data format "
-                          "with `codechat data inspect`")
+                          f"{prompts_only}raise --sft.max_length / lower --sft.max_prompt_length or check the data "
+                          "format with `codechat data inspect`")
     examples_per_epoch = mixture.epoch_size * counts.kept / counts.seen
     rows_per_example = (counts.tokens / counts.kept) / cfg.sft.max_length if cfg.sft.packing else 1.0
     rows_per_step = cfg.train.micro_batch_size * cfg.train.accum_steps(world.dp_size) * world.dp_size
