@@ -185,8 +185,9 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, log: Path | Non
 
 def http(method: str, url: str, body: object = None, *, key: str | None = None, headers: dict | None = None,
          timeout: float = 60.0) -> tuple[int, dict[str, str], object]:
-    """One HTTP request with the standard library: ``(status, headers, body)``, the body decoded
-    from JSON when it is JSON. ``body`` is sent as is when bytes, else as JSON."""
+    """One HTTP request with the standard library: ``(status, headers, body)``, header names in
+    lower case, the body decoded from JSON when it is JSON. ``body`` is sent as is when bytes,
+    else as JSON."""
     import json
     import urllib.error
     data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
@@ -194,9 +195,10 @@ def http(method: str, url: str, body: object = None, *, key: str | None = None, 
     req = urllib.request.Request(url, data=data, method=method, headers=h)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, hdrs, raw = r.status, dict(r.headers), r.read()
+            status, hdrs, raw = r.status, r.headers, r.read()
     except urllib.error.HTTPError as e:
-        status, hdrs, raw = e.code, dict(e.headers), e.read()
+        status, hdrs, raw = e.code, e.headers, e.read()
+    hdrs = {k.lower(): v for k, v in hdrs.items()}
     try:
         return status, hdrs, json.loads(raw)
     except ValueError:
