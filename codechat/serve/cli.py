@@ -15,6 +15,7 @@ from .config import ServeConfig
 #: The environment variable that holds the API key when ``--api-key`` is not given.
 API_KEY_ENV = "CODECHAT_API_KEY"
 INSTALL_HINT = "pip install 'codechat[serve]'"
+SERVE_PACKAGES = ("fastapi", "starlette", "uvicorn")  #: what the serve extra brings that serving imports
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -77,9 +78,12 @@ def bind_warning(host: str, api_key: str | None) -> str | None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
-        import fastapi  # noqa: F401
         import uvicorn
+
+        from .app import create_app  # fastapi
     except ImportError as e:
+        if (e.name or "").split(".")[0] not in SERVE_PACKAGES:
+            raise
         print(f"codechat serve: error: {e.name} is not installed: {INSTALL_HINT}", file=sys.stderr)
         return 2
     from codechat.checkpoint import load_model
@@ -87,7 +91,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from codechat.engine import Engine, EngineConfig
     from codechat.eval.cli import resolve_model_path
 
-    from .app import create_app
     from .worker import EngineWorker
     config = ServeConfig(model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
                          max_messages=args.max_messages, max_tokens=args.max_tokens, max_n=args.max_n,

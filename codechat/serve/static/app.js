@@ -30,9 +30,7 @@ async function loadModel() {
     const card = (await r.json()).data[0];
     state.model = card.id;
     $("model").textContent = `${card.id} · context ${card.max_model_len} tokens`;
-    const tokens = $("max-tokens");  // leave room for the prompt
-    tokens.max = card.max_model_len;
-    if (Number(tokens.value) > card.max_model_len / 2) tokens.value = Math.floor(card.max_model_len / 2);
+    $("max-tokens").max = card.max_model_len;
   } catch (e) {
     $("model").textContent = "not connected: " + e.message;
   }
@@ -100,8 +98,9 @@ async function complete() {
   messages.push(...state.history);
   const body = {
     model: state.model || "codechat", messages, stream: true, stream_options: { include_usage: true },
-    temperature: Number($("temperature").value), max_tokens: Number($("max-tokens").value),
+    temperature: Number($("temperature").value),
   };
+  if ($("max-tokens").value) body.max_tokens = Number($("max-tokens").value);  // empty: what the context leaves
   const declared = tools();
   if (declared) body.tools = declared;
 
@@ -148,8 +147,11 @@ async function complete() {
     if (call) msg.tool_calls = [call];
     state.history.push(msg);
   }
-  if (call) {
-    bubble("call", "function call", callText(call));
+  if (call) {  // shown as a call: in the reply's own bubble when the reply is only the call
+    const shown = content ? bubble("call", "", "") : div;
+    shown.className = "msg call";
+    shown.querySelector(".role").textContent = "function call";
+    shown.querySelector(".text").textContent = callText(call);
     state.pendingCall = call;
     $("input").placeholder = `The response of ${call.function.name} (JSON or text), sent back to the model`;
   }
