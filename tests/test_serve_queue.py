@@ -108,11 +108,11 @@ def test_a_client_that_leaves_before_a_whole_answer_frees_its_slot(server):
     wait_for(url, running=0, waiting=0, in_flight=0)
 
 
-def test_a_request_of_more_rows_than_fit_is_429_and_one_that_fits_runs(server):
+def test_more_choices_than_the_server_ever_holds_is_400_and_as_many_as_it_holds_run(server):
     url, _ = server
     ask = {"model": "codechat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
     status, _, body = http("POST", url + "/v1/chat/completions", {**ask, "n": 3})  # 3 rows, capacity 2
-    assert status == 429 and "0 of 2 sample rows" in body["error"]["message"]
+    assert status == 400 and body["error"]["param"] == "n" and "holds at once (2" in body["error"]["message"]
     status, _, body = http("POST", url + "/v1/chat/completions", {**ask, "n": 2, "seed": 5, "temperature": 1})
     assert status == 200 and [c["index"] for c in body["choices"]] == [0, 1]
     assert body["usage"]["completion_tokens"] == 6 and health(url)["in_flight"] == 0

@@ -147,6 +147,9 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
         authorize(request)
         body = await _read_json(request, config.max_body_bytes)
         req = await run_in_threadpool(parse_chat_request, body, tok, max_len, config)
+        if req.n > worker.capacity:  # it would never fit: not a reason to retry
+            raise bad("n", f"{req.n} choices are more rows than this server holds at once ({worker.capacity}: "
+                           "--slots plus --queue-size)")
         try:
             job = worker.submit(req.engine_request)
         except QueueFull as e:
