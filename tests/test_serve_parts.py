@@ -9,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from codechat.calls import FUNCTION_CALL_TOKEN
 from codechat.config import ConfigError
@@ -16,6 +18,7 @@ from codechat.engine import Token
 from codechat.serve.choices import ChoiceStream
 from codechat.serve.cli import bind_warning, is_loopback
 from codechat.serve.config import ServeConfig
+from codechat.serve.protocol import APIError, ChatRequest, parse_chat_request
 
 
 def run(choice: ChoiceStream, ids: list[int], last: str = "stop") -> list:
@@ -93,6 +96,35 @@ def test_forced_ids_start_the_reply_and_are_not_counted(tok):
     assert c.tool_call["function"]["name"] == "weather" and c.content == ""
     assert c.tokens == len(rest) + 1 and len(c.logprobs) == len(rest)  # the closing <|end|> has no entry
     assert [e["logprob"] for e in c.logprobs] == [-0.5] * len(rest)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                        max_size=3), max_leaves=8)
+roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "function", "nobody"])
+messages = st.lists(st.fixed_dictionaries({"role": roles}, optional={
+    "content": json_values | st.text(max_size=20), "tool_calls": json_values | st.just([{
+        "id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]),
+    "function_call": json_values}), max_size=4)
+FIELDS = ["temperature", "top_p", "n", "max_tokens", "max_completion_tokens", "stop", "seed", "stream",
+          "stream_options", "logprobs", "top_logprobs", "tools", "tool_choice", "presence_penalty", "logit_bias",
+          "response_format"]
+objects = st.fixed_dictionaries({"model": st.sampled_from(["codechat"] * 4 + ["gpt-4", None]),
+                                "messages": st.one_of(messages, messages, messages, json_values)},
+                               optional={k: json_values for k in FIELDS})
+bodies = st.one_of(objects, objects, objects, json_values)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=bodies)
+def test_any_request_body_is_a_checked_request_or_an_openai_error(tok, body):
+    try:
+        req = parse_chat_request(body, tok, 256, ServeConfig(max_n=4))
+    except APIError as e:
+        assert e.status in (400, 404) and e.message and set(e.body()["error"]) == {"message", "type", "param", "code"}
+        return
+    assert isinstance(req, ChatRequest) and 1 <= req.n <= 4
+    assert req.prompt_tokens + req.engine_request.sampling.max_new_tokens <= 256
 
 
 @pytest.mark.parametrize("field, value, flag", [("max_n", 0, "--max-n"), ("queue_size", -1, "--queue-size"),
