@@ -63,6 +63,7 @@ class APIError(Exception):
         self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
+        """The JSON body OpenAI sends with the error."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
@@ -86,7 +87,6 @@ class ChatRequest:
             named); part of the prompt, not of the completion's tokens.
         stream: answer with server-sent events; ``include_usage``: a last chunk with ``usage``.
         logprobs: return each token's log-probability.
-        prompt_tokens: ``len(engine_request.prompt)``.
     """
 
     conversation: Conversation
@@ -100,10 +100,12 @@ class ChatRequest:
 
     @property
     def n(self) -> int:
+        """Choices asked for (the engine request's samples)."""
         return len(self.engine_request.samples)
 
     @property
     def prompt_tokens(self) -> int:
+        """Prompt ids, the forced start of the reply included (``usage.prompt_tokens``)."""
         return len(self.engine_request.prompt)
 
 

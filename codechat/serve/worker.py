@@ -86,6 +86,7 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._run, name="codechat-engine", daemon=True)
 
     def start(self) -> EngineWorker:
+        """Start the engine thread; returns ``self``."""
         self._thread.start()
         return self
 
