@@ -397,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .data import inspect as data_inspect
     from .data import teacher, tokenizer_cli
     from .eval import cli as eval_cli
+    from .serve import cli as serve_cli
     from .train import plan
     parser = argparse.ArgumentParser(prog="codechat", description="Train your own code-chat model end to end.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -411,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sample(sub)
     _add_chat(sub)
     _add_funcall(sub)
+    serve_cli.add_cli(sub)
     eval_cli.add_cli(sub)
     teacher.add_cli(sub)
     return parser

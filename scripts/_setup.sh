@@ -41,4 +41,17 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
 fi
 echo "[setup] installing codechat${EXTRA:+[$EXTRA]}"
 pipq -e ".${EXTRA:+[$EXTRA]}"
+# The browser test (tests/test_serve_browser.py) drives Debian's headless Chromium through Selenium
+# (chromium-driver matches the browser's version; nothing is downloaded by Selenium itself).
+if [ "$EXTRA" = test ] && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || { sudo -n true 2>/dev/null && SUDO="sudo -n"; }
+  if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; }; then
+    echo "[setup] installing chromium and chromium-driver (apt) for the browser test"
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver; } \
+      >/dev/null 2>&1 || echo "[setup] apt could not install chromium: the browser test will skip and say why"
+  else
+    echo "[setup] chromium is missing and apt-get cannot run as root here: the browser test will skip and say why"
+  fi
+fi
 export PATH="$ROOT/.venv/bin:$PATH"

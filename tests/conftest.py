@@ -8,11 +8,22 @@ seconds on 2 cores):
 - ``tok``: that tokenizer, loaded;
 - ``corpus_dir``: the same ``N_FILES`` files tokenised with it (train and val shards + index.json);
 - ``shared_dir``: the ``shared/`` folder cloned beside the repository (test data, failure cases);
-- ``write_corpus``: writes texts into files whose names hash into a chosen split.
+- ``write_corpus``: writes texts into files whose names hash into a chosen split;
+- ``memorise``: SFT a model on one conversation until it reproduces it;
+- ``funcall_stage``: a tiny SFT stage taught one function-calling conversation, and its executor;
+- ``served``: ``codechat serve`` of ``funcall_stage`` running on 127.0.0.1 (tests/test_serve*.py).
 """
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -104,3 +115,133 @@ def memorise(tok: Tokenizer) -> Callable:
         Trainer(model, train=TrainConfig(max_steps=steps, log_every=steps), optim=OptimConfig(lr=3e-3, warmup_steps=5),
                 run=RunConfig(out=str(out_dir)), batches=Same(), out_dir=out_dir, show_progress=False).fit()
     return fit
+
+
+EXECUTORS = textwrap.dedent('''
+    from pathlib import Path
+
+
+    def weather(city: str) -> dict:
+        """Current weather of a city.
+
+        Args:
+            city: the city's name.
+        """
+        Path(__file__).with_name("ran.txt").write_text(city)
+        return {"temp_c": 21}
+''')
+
+
+@pytest.fixture(scope="session")
+def funcall_stage(tok, tok_dir, tmp_path_factory, memorise):
+    """``(stage directory, executors file)``: a tiny model SFT'd on one conversation (call
+    weather(Tokyo), read 21, say so) and the file declaring ``weather``."""
+    import torch
+
+    from codechat import checkpoint as ckpt
+    from codechat.chat import Conversation, Message
+    from codechat.config import ModelConfig, to_dict
+    from codechat.model import build_model
+    from codechat.tools import load_executors
+    tmp = tmp_path_factory.mktemp("funcall")
+    (tmp / "tools_demo.py").write_text(EXECUTORS)
+    [tool] = load_executors(tmp / "tools_demo.py")
+    conv = Conversation([Message("user", "Weather in Tokyo?"),
+                         Message("assistant", "", {"name": "weather", "arguments": {"city": "Tokyo"}}),
+                         Message("function_response", '{"temp_c": 21}'),
+                         Message("assistant", "It is 21 C in Tokyo.")], (tool.schema(),))
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=tok.vocab_size, n_layer=2, n_embd=64, n_head=2, n_kv_head=1,
+                                    max_seq_len=256))
+    memorise(model, conv, 120, tmp, max_length=256, max_prompt_length=224)
+    stage = ckpt.save(tmp / "sft" / "checkpoints", 120, model=model.state_dict(),
+                      state={"step": 120, "meta": {"stage": "sft", "model": to_dict(model.cfg)}},
+                      tokenizer_dir=tok_dir).parent.parent
+    return stage, tmp / "tools_demo.py"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None = None, log: Path | None = None,
+                 timeout: float = 120.0) -> None:
+    """Poll ``url``/health until it answers 200; fails with the server's ``log`` if it died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the server exited with {proc.returncode}:\n{log.read_text() if log else ''}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    pytest.fail(f"{url} did not answer /health within {timeout} s")
+
+
+def http(method: str, url: str, body: object = None, *, key: str | None = None, headers: dict | None = None,
+         timeout: float = 60.0) -> tuple[int, dict[str, str], object]:
+    """One HTTP request with the standard library: ``(status, headers, body)``, header names in
+    lower case, the body decoded from JSON when it is JSON. ``body`` is sent as is when bytes,
+    else as JSON."""
+    import json
+    import urllib.error
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    h = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})}
+    req = urllib.request.Request(url, data=data, method=method, headers=h)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, hdrs, raw = r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        status, hdrs, raw = e.code, e.headers, e.read()
+    hdrs = {k.lower(): v for k, v in hdrs.items()}
+    try:
+        return status, hdrs, json.loads(raw)
+    except ValueError:
+        return status, hdrs, raw.decode()
+
+
+@dataclass(frozen=True)
+class Served:
+    """A running ``codechat serve``: its base ``url``, the ``api_key`` it requires, the ``stage``
+    it serves, its ``log`` file and its limits."""
+
+    url: str
+    api_key: str
+    stage: Path
+    log: Path
+    max_messages: int
+    max_body_bytes: int
+    max_n: int
+    slots: int
+    queue_size: int
+
+
+@pytest.fixture(scope="session")
+def served(funcall_stage, tmp_path_factory):
+    """``codechat serve --model funcall_stage`` in a subprocess on a free port of 127.0.0.1, the key
+    from ``CODECHAT_API_KEY``; 16 slots and room for 64 rows, small message and body limits."""
+    stage, _ = funcall_stage
+    port, key = free_port(), "test-key-123"
+    log = tmp_path_factory.mktemp("served") / "server.log"
+    s = Served(f"http://127.0.0.1:{port}", key, stage, log, max_messages=64, max_body_bytes=64_000, max_n=8, slots=16,
+               queue_size=48)
+    proc = subprocess.Popen([sys.executable, "-m", "codechat", "serve", "--model", str(stage), "--port", str(port),
+                             "--device", "cpu", "--slots", str(s.slots), "--queue-size", str(s.queue_size),
+                             "--max-messages", str(s.max_messages), "--max-body-bytes", str(s.max_body_bytes),
+                             "--max-n", str(s.max_n), "--log-level", "warning"],
+                            env={**os.environ, "CODECHAT_API_KEY": key}, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(s.url, proc, log)
+        yield s
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

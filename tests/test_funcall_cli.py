@@ -1,57 +1,17 @@
-"""``codechat funcall`` end to end on CPU: a tiny model taught one tool conversation calls the
-test's own executor, whose response reaches the final answer; the trace shows every turn. Also the
-argument errors found before the model loads (of ``chat`` and ``sample`` too)."""
+"""``codechat funcall`` end to end on CPU: a tiny model taught one tool conversation
+(``funcall_stage``, tests/conftest.py) calls the test's own executor, whose response reaches the
+final answer; the trace shows every turn. Also the argument errors found before the model loads
+(of ``chat`` and ``sample`` too)."""
 from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 
 import pytest
-import torch
 
-from codechat import checkpoint as ckpt
-from codechat.chat import Conversation, Message
 from codechat.cli import main
-from codechat.config import ModelConfig, to_dict
 from codechat.funcall import load_tools
-from codechat.model import build_model
-from codechat.tools import ToolError, load_executors
-
-EXECUTORS = textwrap.dedent('''
-    from pathlib import Path
-
-
-    def weather(city: str) -> dict:
-        """Current weather of a city.
-
-        Args:
-            city: the city's name.
-        """
-        Path(__file__).with_name("ran.txt").write_text(city)
-        return {"temp_c": 21}
-''')
-
-
-@pytest.fixture(scope="module")
-def funcall_stage(tok, tok_dir, tmp_path_factory, memorise):
-    """A tiny model SFT'd on one conversation: call weather(Tokyo), read 21, say so."""
-    tmp = tmp_path_factory.mktemp("funcall")
-    (tmp / "tools_demo.py").write_text(EXECUTORS)
-    [tool] = load_executors(tmp / "tools_demo.py")
-    conv = Conversation([Message("user", "Weather in Tokyo?"),
-                         Message("assistant", "", {"name": "weather", "arguments": {"city": "Tokyo"}}),
-                         Message("function_response", '{"temp_c": 21}'),
-                         Message("assistant", "It is 21 C in Tokyo.")], (tool.schema(),))
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=tok.vocab_size, n_layer=2, n_embd=64, n_head=2, n_kv_head=1,
-                                    max_seq_len=256))
-    memorise(model, conv, 120, tmp, max_length=256, max_prompt_length=224)
-    stage = ckpt.save(tmp / "sft" / "checkpoints", 120, model=model.state_dict(),
-                      state={"step": 120, "meta": {"stage": "sft", "model": to_dict(model.cfg)}},
-                      tokenizer_dir=tok_dir).parent.parent
-    return stage, tmp / "tools_demo.py"
-
+from codechat.tools import ToolError
 
 def funcall(*args):
     return subprocess.run([sys.executable, "-m", "codechat", "funcall", "--device", "cpu", *map(str, args)],

@@ -261,6 +261,10 @@ class Engine:
             if row is not None and row.rid == rid and (sample is None or row.sample == sample):
                 self._release(row, "cancelled")
 
+    def busy(self) -> tuple[int, int]:
+        """``(running, waiting)``: rows holding a cache slot, and sample rows queued for one."""
+        return sum(r is not None for r in self._rows), sum(len(w[2]) for w in self._waiting)
+
     def has_work(self) -> bool:
         """Whether any request is waiting, running or has tokens not yet returned."""
         return bool(self._waiting or self._pending or any(r is not None for r in self._rows))

@@ -1,0 +1,222 @@
+"""Load on ``codechat serve``: requests/s, tokens/s, p50/p99 latency and time to first token for 1,
+16 and 64 concurrent streaming clients, against the engine alone on the same work.
+
+Starts ``python -m codechat serve`` on a free port of 127.0.0.1 over ``--model`` or, by default, a
+``--preset`` with random weights (seeded) saved with a tokenizer of ``--vocab-size`` ids trained
+on this Python's standard library (cached in ``--work``). Random weights get their control ids'
+logits set to 0 (below the best of thousands of random logits), so no greedy reply stops early and
+every request generates exactly ``--new-tokens`` tokens. Each of C clients (the official
+``openai.AsyncOpenAI``, streaming, ``include_usage``) sends ``--requests`` chat requests one after
+another: a user turn of ``--prompt-chars`` characters of stdlib source (a different slice per
+request), greedy, ``max_tokens`` = ``--new-tokens``.
+
+    PYTHONPATH=. python benchmarks/serve_load.py --preset d20 --device cuda [--out $OUT/serve.json]
+    PYTHONPATH=. python benchmarks/serve_load.py --preset tiny --vocab-size 2048 --device cpu --quick
+
+Before the timed rounds one warm-up round runs at the largest concurrency (CUDA graph capture and
+compilation for every batch size happen there). Then, per concurrency C, one line per figure:
+
+- ``serve_c{C}_requests_s``: requests finished / the round's wall seconds (first send to last
+  ``[DONE]``);
+- ``serve_c{C}_tokens_s``: completion tokens (from each stream's ``usage``) / the same seconds;
+- ``serve_c{C}_latency_p50_s`` / ``_p99_s``: one request, send to ``[DONE]``;
+- ``serve_c{C}_ttft_p50_ms`` / ``_p99_ms``: send to the first content chunk;
+- ``serve_c{C}_errors``: requests that failed (a figure above 0 makes the others suspect);
+- ``engine_c{C}_tokens_s``: the baseline, measured after the server stopped: the same C prompts as
+  one :meth:`codechat.engine.Engine.generate` call in this process, ``--requests`` times, same
+  engine settings; ``serve_c{C}_vs_engine``: serve tokens/s over it (HTTP, JSON, SSE and the
+  client's own parsing cost the difference; the client runs in this one Python process, so at
+  high rates it can be the bottleneck).
+
+``--out`` writes every figure and the settings as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from codechat import checkpoint as ckpt
+from codechat.chat import Conversation, Message, render_for_completion
+from codechat.config import default_corpus_dirs, preset, to_dict
+from codechat.data.corpus import iter_split_texts
+from codechat.device import resolve_device
+from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
+from codechat.model import build_model
+from codechat.tokenizer import Tokenizer, train_tokenizer
+
+TOKENIZER_BYTES = 30_000_000  # stdlib text the cached tokenizer is trained on
+
+
+def random_checkpoint(name: str, vocab: int, work: Path, seed: int) -> Path:
+    """A checkpoint of preset ``name`` with random weights that never pick a control id greedily."""
+    tok_dir = work / f"tokenizer-{vocab}"
+    if not (tok_dir / "codechat_tokenizer.json").is_file():
+        print(f"# training a {vocab}-id tokenizer on the stdlib into {tok_dir}", flush=True)
+        texts = iter_split_texts(default_corpus_dirs(), "train", max_bytes=TOKENIZER_BYTES)
+        train_tokenizer(texts, vocab, show_progress=False).save(tok_dir)
+    tok = Tokenizer.load(tok_dir)
+    torch.manual_seed(seed)
+    model = build_model(preset(name, vocab_size=tok.vocab_size))
+    with torch.no_grad():
+        model.lm_head.weight[sorted(tok.special_ids)] = 0.0
+    out = work / f"{name}-v{tok.vocab_size}-s{seed}"
+    if not out.is_dir():
+        ckpt.save(out / "checkpoints", 0, model=model.state_dict(),
+                  state={"step": 0, "meta": {"stage": "random", "model": to_dict(model.cfg)}}, tokenizer_dir=tok_dir)
+    return out
+
+
+def prompts(count: int, chars: int) -> list[str]:
+    """``count`` user messages: consecutive slices of stdlib source, ``chars`` characters each."""
+    text = "".join(iter_split_texts(default_corpus_dirs(), "train", max_bytes=count * chars + 10_000))
+    return [f"Explain this code:\n{text[i * chars:(i + 1) * chars]}" for i in range(count)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: Path, args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "codechat", "serve", "--model", str(model), "--port", str(port),
+           "--device", args.device, "--slots", str(args.slots), "--queue-size", str(4 * max(args.concurrency)),
+           "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"the server exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    sys.exit("the server did not answer /health within 600 s")
+
+
+async def one_round(url: str, messages: list[str], clients: int, per_client: int, new: int) -> dict:
+    """``clients`` concurrent streaming clients, ``per_client`` requests each; the round's figures."""
+    import openai
+    api = openai.AsyncOpenAI(api_key="none", base_url=url + "/v1", max_retries=0, timeout=3600)
+    latencies, ttfts, tokens, errors = [], [], [], 0
+
+    async def client(k: int) -> None:
+        nonlocal errors
+        for r in range(per_client):
+            text = messages[(k * per_client + r) % len(messages)]
+            t0 = time.perf_counter()
+            first = None
+            try:
+                stream = await api.chat.completions.create(
+                    model="codechat", messages=[{"role": "user", "content": text}], max_tokens=new, temperature=0,
+                    stream=True, stream_options={"include_usage": True})
+                async for chunk in stream:
+                    if first is None and chunk.choices and chunk.choices[0].delta.content:
+                        first = time.perf_counter()
+                    if chunk.usage is not None:
+                        tokens.append(chunk.usage.completion_tokens)
+            except openai.APIError as e:
+                errors += 1
+                print(f"# request failed: {e}", file=sys.stderr)
+                continue
+            latencies.append(time.perf_counter() - t0)
+            ttfts.append((first or time.perf_counter()) - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    wall = time.perf_counter() - t0
+    await api.close()
+    pct = (lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan"))
+    return {"requests_s": len(latencies) / wall, "tokens_s": sum(tokens) / wall,
+            "latency_p50_s": pct(latencies, 50), "latency_p99_s": pct(latencies, 99),
+            "ttft_p50_ms": 1e3 * pct(ttfts, 50), "ttft_p99_ms": 1e3 * pct(ttfts, 99), "errors": errors}
+
+
+def engine_baseline(model_dir: Path, messages: list[str], args: argparse.Namespace) -> dict[int, float]:
+    """Tokens/s of the engine alone: per concurrency C, C prompts in one generate call, --requests times."""
+    model, tok, _ = ckpt.load_model(model_dir, resolve_device(args.device))
+    engine = Engine(model, EngineConfig(slots=args.slots))
+    ids = [render_for_completion(tok, Conversation((Message("user", m),))) for m in messages]
+    cfg = SamplingConfig(args.new_tokens, 0.0, 0, 1.0)
+    sync = torch.cuda.synchronize if engine.cuda else (lambda: None)
+    engine.generate([Request(p, cfg, stop_ids=sorted(tok.special_ids)) for p in ids[:max(args.concurrency)]])
+    out = {}
+    for c in args.concurrency:
+        sync()
+        t0, done = time.perf_counter(), 0
+        for r in range(args.requests):
+            batch = [Request(ids[(k * args.requests + r) % len(ids)], cfg, stop_ids=sorted(tok.special_ids))
+                     for k in range(c)]
+            done += sum(len(s[0].token_ids) for s in engine.generate(batch))
+        sync()
+        out[c] = done / (time.perf_counter() - t0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="d20", help="preset of the random-weights model (default d20)")
+    ap.add_argument("--model", help="serve this checkpoint or stage directory instead of random weights")
+    ap.add_argument("--vocab-size", type=int, default=32768, help="the random model's tokenizer size (default 32768)")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--slots", type=int, default=0, help="engine slots, server and baseline (default 0: automatic)")
+    ap.add_argument("--concurrency", default="1,16,64", help="concurrent clients per round (default 1,16,64)")
+    ap.add_argument("--requests", type=int, default=4, help="requests each client sends in a round (default 4)")
+    ap.add_argument("--new-tokens", type=int, default=256, help="max_tokens of each request (default 256)")
+    ap.add_argument("--prompt-chars", type=int, default=1000, help="characters of each user turn (default 1000)")
+    ap.add_argument("--quick", action="store_true", help="CPU smoke check: 1 request a client, 16 new tokens, "
+                                                         "300-character prompts")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "codechat-serve-load"),
+                    help="where the tokenizer and random checkpoint are cached")
+    ap.add_argument("--out", help="write the figures and settings as JSON here")
+    args = ap.parse_args()
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    if args.quick:
+        args.requests, args.new_tokens, args.prompt_chars = 1, 16, 300
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = Path(args.model) if args.model else random_checkpoint(args.preset, args.vocab_size, work, args.seed)
+    import openai
+    print(f"# serve_load: {model_dir} on {args.device}, torch {torch.__version__}, openai {openai.__version__}; "
+          f"concurrency {args.concurrency}, {args.requests} requests a client, {args.new_tokens} new tokens, "
+          f"{args.prompt_chars}-character prompts", flush=True)
+    messages = prompts(max(args.concurrency) * args.requests, args.prompt_chars)
+    proc, url = start_server(model_dir, args, work / "server.log")
+    figures: dict[str, float] = {}
+    try:
+        asyncio.run(one_round(url, messages, max(args.concurrency), 1, args.new_tokens))  # warm-up
+        for c in args.concurrency:
+            for k, v in asyncio.run(one_round(url, messages, c, args.requests, args.new_tokens)).items():
+                figures[f"serve_c{c}_{k}"] = v
+                print(f"serve_c{c}_{k} {v:.4g}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    for c, v in engine_baseline(model_dir, messages, args).items():
+        figures[f"engine_c{c}_tokens_s"] = v
+        figures[f"serve_c{c}_vs_engine"] = figures[f"serve_c{c}_tokens_s"] / v
+        print(f"engine_c{c}_tokens_s {v:.4g}\nserve_c{c}_vs_engine {figures[f'serve_c{c}_vs_engine']:.3f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()},
+                                              "model": str(model_dir), "figures": figures}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""The OpenAI-compatible HTTP API on the engine's scheduler, and the web chat page.
+
+Routes (:func:`create_app`):
+
+- ``POST /v1/chat/completions``: OpenAI's chat completions (:mod:`.protocol` reads the request,
+  :mod:`.choices` builds the answer); ``stream: true`` answers with server-sent events, one
+  ``chat.completion.chunk`` per ``data:`` line, ending with ``data: [DONE]``.
+- ``GET /v1/models`` and ``GET /v1/models/{id}``: the one served model.
+- ``GET /health``: ``{"status": "ok", "model", "running", "waiting", "in_flight", "capacity",
+  "slots", "max_len"}`` (:meth:`.worker.EngineWorker.stats`); never needs the key.
+- ``GET /``: the chat page (``static/index.html``, its script and style under ``/static/``).
+
+Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed
+request (bad JSON included), 401 without the API key (``Authorization: Bearer KEY``) when the
+server has one, 404 for an unknown model or path, 413 for a body over
+:attr:`~.config.ServeConfig.max_body_bytes`, 429 with ``Retry-After`` when the queue is full,
+500 when the engine failed. An unexpected exception is a logged 500, never a dead server. A client
+that disconnects — mid-stream or while waiting for a whole answer — cancels its request, so its
+cache slots free at the next engine step.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from codechat.tokenizer import Tokenizer
+
+from .choices import ChoiceStream, CompletionIds, Delta, chunk, completion, usage
+from .config import ServeConfig
+from .protocol import APIError, ChatRequest, bad, parse_chat_request
+from .worker import EngineWorker, Job, QueueFull
+
+STATIC = Path(__file__).with_name("static")
+log = logging.getLogger("codechat.serve")
+
+
+def _error(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def _sse(obj: dict[str, Any] | str) -> bytes:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    """The request body as JSON, refused past ``limit`` bytes before it is all read.
+
+    Raises:
+        APIError: 413 over the limit; 400 for a body that is not UTF-8 JSON.
+    """
+    too_large = APIError(413, f"the request body is over the server's limit of {limit} bytes (--max-body-bytes)",
+                         code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise too_large
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad(None, f"the request body is not valid JSON ({e})", "invalid_json") from None
+
+
+async def _cancel_on_disconnect(request: Request, job: Job) -> None:
+    """Wait for the client to go away (its body is read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+
+
+def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = ServeConfig(), *,
+               api_key: str | None = None) -> FastAPI:
+    """The FastAPI app serving ``worker``'s engine (module docstring for the routes).
+
+    Args:
+        worker: the started engine thread.
+        tok: the model's tokenizer.
+        config: names and limits.
+        api_key: the key every ``/v1`` request must bring as ``Authorization: Bearer KEY``; None
+            lets anyone in.
+    """
+    app = FastAPI(title="codechat serve", docs_url=None, redoc_url=None, openapi_url=None)
+    started = int(time.time())
+    max_len = worker.engine.max_len
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        return _error(e)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return _error(APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", type=kind,
+                               code="not_found" if e.status_code == 404 else None))
+
+    @app.exception_handler(Exception)
+    async def crash(request: Request, e: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return _error(APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error"))
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, key = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), api_key.encode()):
+            raise APIError(401, "Incorrect or missing API key: send the header 'Authorization: Bearer KEY' with "
+                                "the server's --api-key", type="authentication_error", code="invalid_api_key")
+
+    def model_card() -> dict[str, Any]:
+        return {"id": config.model_name, "object": "model", "created": started, "owned_by": "codechat",
+                "max_model_len": max_len}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": config.model_name, **worker.stats()}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        authorize(request)
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str, request: Request) -> dict[str, Any]:
+        authorize(request)
+        if name != config.model_name:
+            raise APIError(404, f"The model {name!r} does not exist; this server serves {config.model_name!r}",
+                           type="not_found_error", param="model", code="model_not_found")
+        return model_card()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        authorize(request)
+        body = await _read_json(request, config.max_body_bytes)
+        req = await run_in_threadpool(parse_chat_request, body, tok, max_len, config)
+        if req.n > worker.capacity:  # it would never fit: not a reason to retry
+            raise bad("n", f"{req.n} choices are more rows than this server holds at once ({worker.capacity}: "
+                           "--slots plus --queue-size)")
+        try:
+            job = worker.submit(req.engine_request)
+        except QueueFull as e:
+            raise APIError(429, f"{e}; retry after {config.retry_after_s} s", type="rate_limit_error",
+                           code="queue_full", headers={"Retry-After": str(config.retry_after_s)}) from None
+        ids = CompletionIds(config.model_name)
+        if req.stream:
+            return StreamingResponse(_stream(job, req, ids), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        watch = asyncio.ensure_future(_cancel_on_disconnect(request, job))
+        try:
+            choices = choices_of(req)
+            async for _ in _deltas(job, choices):
+                pass
+        finally:
+            watch.cancel()
+        return JSONResponse(completion(ids, list(choices.values()), req.prompt_tokens))
+
+    def choices_of(req: ChatRequest) -> dict[int, ChoiceStream]:
+        """One :class:`ChoiceStream` per sample index, in index order."""
+        return {i: ChoiceStream(tok, i, stop=req.stop, tools=req.tools, forced=req.forced, logprobs=req.logprobs)
+                for i in req.engine_request.samples}
+
+    async def _deltas(job: Job, choices: dict[int, ChoiceStream]) -> AsyncIterator[Delta]:
+        """Every delta of every choice, in the order the tokens came; cancels the job when left."""
+        try:
+            async for events in job.events():
+                for ev in events:
+                    c = choices[ev.sample]
+                    if c.finish is not None:
+                        continue  # closed by a stop string; its row is being cancelled
+                    delta = c.push(ev)
+                    if c.finish is not None and ev.finish is None:
+                        job.cancel(ev.sample)
+                    yield delta
+        finally:
+            if any(c.finish is None for c in choices.values()):
+                job.cancel()
+
+    async def _stream(job: Job, req: ChatRequest, ids: CompletionIds) -> AsyncIterator[bytes]:
+        choices = choices_of(req)
+        for i in choices:
+            yield _sse(chunk(ids, role=i))
+        try:
+            async for delta in _deltas(job, choices):
+                if delta.content or delta.tool_call or delta.finish or delta.logprobs:
+                    yield _sse(chunk(ids, delta))
+        except APIError as e:
+            yield _sse(e.body())
+            return
+        if req.include_usage:
+            yield _sse(chunk(ids, usage_of=usage(req.prompt_tokens, list(choices.values()))))
+        yield _sse("[DONE]")
+
+    @app.get("/")
+    async def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
+
+
+__all__ = ["create_app"]

@@ -1,0 +1,212 @@
+"""One choice of a chat completion, built token by token, and the OpenAI objects that carry it.
+
+:class:`ChoiceStream` turns the engine's :class:`~codechat.engine.Token` events of one sample into
+:class:`Delta` s: text that is safe to send now, then a last delta with the rest, the function call
+and the finish reason. The streamed and the whole answer are the same deltas, so a streamed reply
+always equals the non-streamed one.
+
+- Text comes from the tokenizer's streaming decoder (a character split across tokens comes out
+  whole) without control tokens.
+- ``stop`` strings: the reply ends before the first one; text that could be the start of one is
+  held back until it is not (so a stop string never reaches the client, even in part).
+- With tools, a call begins at the ``<|function_call|>`` id, or at a call marker spelled in text
+  (:data:`codechat.calls.CALL_MARKERS`, held back like stop strings); nothing after it is sent as
+  content. At the end the reply is read by :func:`codechat.calls.parse_reply_ids`, the one parser:
+  a call becomes ``tool_calls`` (arguments as a JSON string, an id per call) with finish reason
+  ``tool_calls``; a call that does not parse is sent as text (marker included), with the finish
+  reason the engine gave.
+- Finish reasons: ``stop`` (a control id such as ``<|end|>``, or a stop string), ``length``
+  (``max_tokens``), ``tool_calls``.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from codechat.calls import CALL_MARKERS, FUNCTION_CALL_TOKEN, parse_reply_ids
+from codechat.engine import Token
+from codechat.tokenizer import Tokenizer
+
+
+@dataclass
+class Delta:
+    """What one choice adds: ``content`` text, a ``tool_call`` (OpenAI's ``tool_calls`` entry),
+    the ``finish`` reason on its last delta, and ``logprobs`` entries of the tokens it consumed
+    (OpenAI's ``{"token", "logprob", "bytes", "top_logprobs"}``) when they were asked for."""
+
+    index: int
+    content: str = ""
+    tool_call: dict[str, Any] | None = None
+    finish: str | None = None
+    logprobs: list[dict[str, Any]] | None = None
+
+
+def _held(text: str, markers: Sequence[str]) -> int:
+    """Length of the longest end of ``text`` that is a proper beginning of one of ``markers``."""
+    best = 0
+    for m in markers:
+        for k in range(min(len(m) - 1, len(text)), best, -1):
+            if text.endswith(m[:k]):
+                best = k
+                break
+    return best
+
+
+class ChoiceStream:
+    """Choice ``index`` of a completion as its tokens arrive (module docstring).
+
+    Args:
+        tok: the model's tokenizer.
+        index: the choice's index (the engine's sample index).
+        stop: stop strings.
+        tools: read a function call out of the reply.
+        forced: ids the reply was started with (part of the prompt): read as the reply's beginning.
+        logprobs: keep each token's log-probability (at temperature 1, unfiltered).
+
+    Attributes:
+        content: every content text sent so far; ``logprobs``: every token's entry so far (None
+        when not asked for); ``tool_call`` once the reply closed with a call; ``finish``: the
+        finish reason once closed (None before); ``tokens``: generated tokens consumed (the closing
+        control id included).
+    """
+
+    def __init__(self, tok: Tokenizer, index: int, *, stop: Sequence[str] = (), tools: bool = False,
+                 forced: Sequence[int] = (), logprobs: bool = False) -> None:
+        self.tok, self.index, self.stop, self.tools = tok, index, tuple(stop), tools
+        self._fc = tok.special_id(FUNCTION_CALL_TOKEN)
+        self._decoder = tok.stream(skip_special=True)
+        self._markers = self.stop + (CALL_MARKERS if tools else ())
+        self._text = ""  # the decoded reply, a call's text included
+        self._sent = 0  # chars of _text sent as content
+        self._call_at: int | None = None  # where the call begins in _text
+        self._by_id = False  # the call began with the <|function_call|> id (not a spelled marker)
+        self._ids: list[int] = []  # the reply's ids for the parser: forced + generated, closing id excluded
+        self.content = ""
+        self.logprobs: list[dict[str, Any]] | None = [] if logprobs else None
+        self.tool_call: dict[str, Any] | None = None
+        self.finish: str | None = None
+        self.tokens = 0
+        for t in forced:
+            self._feed(t)
+
+    def _feed(self, t: int) -> None:
+        self._ids.append(t)
+        if t == self._fc:
+            if self._call_at is None:
+                self._call_at, self._by_id = len(self._text), True
+        else:
+            self._text += self._decoder.push(t)
+
+    def _find(self, needles: Sequence[str]) -> tuple[int, str] | None:
+        start = max(0, self._sent - max((len(s) for s in needles), default=0))
+        hits = [(i, s) for s in needles if (i := self._text.find(s, start)) >= 0]
+        return min(hits) if hits else None
+
+    def push(self, ev: Token) -> Delta:
+        """Take the next token of this choice; returns what to send now (maybe nothing). After a
+        stop string the choice is closed (``finish`` is set): the caller cancels its engine row."""
+        assert self.finish is None, "push after the choice closed"
+        self.tokens += 1
+        lp = None
+        if self.logprobs is not None and ev.finish != "stop":
+            lp = [{"token": self.tok.decode([ev.token]), "logprob": ev.logprob_t1,
+                   "bytes": list(self.tok.token_bytes(ev.token)) if ev.token not in self.tok.special_ids else [],
+                   "top_logprobs": []}]
+        if ev.finish == "stop":  # a control id: it ends the reply and is not part of it
+            return self._close("stop", lp)
+        self._feed(ev.token)
+        if self._call_at is None:
+            stop = self._find(self.stop)
+            call = self._find(CALL_MARKERS) if self.tools else None
+            if stop and not (call and call[0] < stop[0]):
+                self._text = self._text[:stop[0]]
+                return self._close("stop", lp)
+            if call:
+                self._call_at = call[0]
+        if ev.finish is not None:
+            return self._close(ev.finish, lp)
+        safe = self._call_at if self._call_at is not None else len(self._text) - _held(self._text, self._markers)
+        return self._send(self._text[self._sent:safe], lp)
+
+    def _send(self, text: str, lp: list | None, **kw: Any) -> Delta:
+        self._sent += len(text)
+        self.content += text
+        if lp:
+            self.logprobs += lp
+        return Delta(self.index, text, logprobs=lp, **kw)
+
+    def _close(self, finish: str, lp: list | None) -> Delta:
+        self._text += self._decoder.flush()
+        if self._call_at is None:
+            return self._send(self._text[self._sent:], lp, finish=self._finished(finish))
+        reply = parse_reply_ids(self.tok, self._ids)
+        before = self._text[:self._call_at]
+        if reply.call is not None:
+            self.tool_call = {"id": f"call_{secrets.token_hex(12)}", "type": "function",
+                              "function": {"name": reply.call["name"],
+                                           "arguments": json.dumps(reply.call["arguments"], ensure_ascii=False)}}
+            return self._send(before[self._sent:], lp, tool_call=self.tool_call, finish=self._finished("tool_calls"))
+        full = before + (FUNCTION_CALL_TOKEN if self._by_id else "") + self._text[self._call_at:]
+        return self._send(full[self._sent:], lp, finish=self._finished(finish))
+
+    def _finished(self, finish: str) -> str:
+        self.finish = finish
+        return finish
+
+
+# ----------------------------------------------------------------------------- OpenAI objects
+@dataclass
+class CompletionIds:
+    """What every object of one completion repeats: ``id`` (``chatcmpl-...``), ``created`` (Unix
+    seconds) and the served ``model``."""
+
+    model: str
+    id: str = field(default_factory=lambda: f"chatcmpl-{secrets.token_hex(12)}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def usage(prompt_tokens: int, choices: Sequence[ChoiceStream]) -> dict[str, int]:
+    """OpenAI's ``usage``: ``prompt_tokens`` (counted once for all ``n`` choices: one prefill),
+    ``completion_tokens`` (every choice's generated tokens, closing ids included) and their sum."""
+    done = sum(c.tokens for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
+
+
+def completion(ids: CompletionIds, choices: Sequence[ChoiceStream], prompt_tokens: int) -> dict[str, Any]:
+    """A ``chat.completion`` object of closed choices (``content`` is null when a call came alone)."""
+    out = []
+    for c in choices:
+        message: dict[str, Any] = {"role": "assistant", "content": c.content or (None if c.tool_call else ""),
+                                   "refusal": None}
+        if c.tool_call is not None:
+            message["tool_calls"] = [c.tool_call]
+        out.append({"index": c.index, "message": message, "finish_reason": c.finish,
+                    "logprobs": {"content": c.logprobs, "refusal": None} if c.logprobs is not None else None})
+    return {"id": ids.id, "object": "chat.completion", "created": ids.created, "model": ids.model,
+            "system_fingerprint": None, "choices": out, "usage": usage(prompt_tokens, choices)}
+
+
+def chunk(ids: CompletionIds, delta: Delta | None = None, *, role: int | None = None,
+          usage_of: dict[str, int] | None = None) -> dict[str, Any]:
+    """A ``chat.completion.chunk``: one choice's ``delta``, the opening ``{"role": "assistant"}``
+    of choice ``role``, or (``usage_of``) the last chunk, with no choices and the ``usage``."""
+    base = {"id": ids.id, "object": "chat.completion.chunk", "created": ids.created, "model": ids.model,
+            "system_fingerprint": None}
+    if usage_of is not None:
+        return {**base, "choices": [], "usage": usage_of}
+    if role is not None:
+        return {**base, "choices": [{"index": role, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                     "finish_reason": None}]}
+    d: dict[str, Any] = {}
+    if delta.content:
+        d["content"] = delta.content
+    if delta.tool_call is not None:
+        d["tool_calls"] = [{"index": 0, **delta.tool_call}]
+    lp = {"content": delta.logprobs, "refusal": None} if delta.logprobs else None
+    return {**base, "choices": [{"index": delta.index, "delta": d, "logprobs": lp, "finish_reason": delta.finish}]}
+
+
+__all__ = ["ChoiceStream", "CompletionIds", "Delta", "chunk", "completion", "usage"]

@@ -1,0 +1,197 @@
+"""The engine thread: one background thread owns the :class:`~codechat.engine.Engine` and steps it.
+
+The engine is not thread-safe, so only this thread touches it. Async request handlers
+:meth:`EngineWorker.submit` a request and read its tokens from :meth:`Job.events`; commands
+(add, cancel) reach the thread through a queue and tokens come back on the handler's event loop
+through ``loop.call_soon_threadsafe``. Every request shares the engine's running batch: it joins as
+soon as a cache slot frees and leaves when its rows finish, whatever else runs.
+
+The queue is bounded by sample rows: at most ``slots + queue_size`` rows (a request of ``n``
+choices is ``n`` rows) are accepted and unfinished at once; :meth:`EngineWorker.submit` refuses
+more with :class:`QueueFull` (the server answers 429). A cancelled job (a client that went away,
+or a choice that met a stop string) frees its slots at the next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import sys
+import threading
+import traceback
+from collections import defaultdict
+from typing import Any, AsyncIterator
+
+from codechat.engine import Engine, Request, Token
+
+from .protocol import APIError
+
+
+class QueueFull(Exception):
+    """No room for a request's rows: ``rows`` are in flight of at most ``capacity``."""
+
+    def __init__(self, rows: int, capacity: int) -> None:
+        super().__init__(f"the server is at capacity: {rows} of {capacity} sample rows in flight")
+        self.rows, self.capacity = rows, capacity
+
+
+class Job:
+    """One submitted request: its tokens arrive, a step's worth at a time, on the event loop that
+    submitted it."""
+
+    def __init__(self, worker: EngineWorker, request: Request, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.rid: int | None = None  # the engine's id, set on the engine thread
+        self._worker, self._loop = worker, loop
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def _put(self, item: list[Token] | BaseException | None) -> None:
+        """From the engine thread: tokens, an error, or None (done)."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening
+            pass
+
+    async def events(self) -> AsyncIterator[list[Token]]:
+        """The request's tokens, in order per sample, until every sample finished.
+
+        Raises:
+            APIError: the engine refused the request or failed while running it.
+        """
+        while (item := await self._queue.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def cancel(self, sample: int | None = None) -> None:
+        """Stop sample ``sample`` (every sample when None); harmless once the job is done."""
+        self._worker._commands.put(("cancel", self, sample))
+
+
+class EngineWorker:
+    """The thread that steps ``engine`` (module docstring).
+
+    Args:
+        engine: the engine; nothing else may use it once :meth:`start` ran.
+        queue_size: sample rows accepted beyond the engine's slots.
+    """
+
+    def __init__(self, engine: Engine, queue_size: int) -> None:
+        self.engine = engine
+        self.capacity = engine.slots + queue_size
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._rows = 0  # rows accepted and not finished
+        self._jobs: dict[int, Job] = {}  # engine thread only
+        self._stats = {"running": 0, "waiting": 0}
+        self._thread = threading.Thread(target=self._run, name="codechat-engine", daemon=True)
+
+    def start(self) -> EngineWorker:
+        """Start the engine thread; returns ``self``."""
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread; unfinished jobs end with a 503 error."""
+        if self._thread.is_alive():
+            self._commands.put(("stop", None, None))
+            self._thread.join(timeout)
+
+    def stats(self) -> dict[str, int]:
+        """``running`` (rows holding a slot), ``waiting`` (rows queued for one; both as of the last
+        step), ``in_flight`` (rows accepted and unfinished), ``capacity``, ``slots``, ``max_len``."""
+        return {**self._stats, "in_flight": self._rows, "capacity": self.capacity, "slots": self.engine.slots,
+                "max_len": self.engine.max_len}
+
+    def submit(self, request: Request) -> Job:
+        """Queue ``request`` on the engine; call from a coroutine (its loop receives the tokens).
+
+        Raises:
+            QueueFull: its rows do not fit beside those in flight.
+        """
+        n = len(request.samples)
+        with self._lock:
+            if self._rows + n > self.capacity:
+                raise QueueFull(self._rows, self.capacity)
+            self._rows += n
+        job = Job(self, request, asyncio.get_running_loop())
+        self._commands.put(("add", job, None))
+        return job
+
+    # -- the engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            try:
+                if not self._apply(block=not self.engine.has_work()):
+                    return
+                if self.engine.has_work():
+                    self._step()
+                running, waiting = self.engine.busy()
+                self._stats = {"running": running, "waiting": waiting}
+            except Exception as e:  # a bug or a device error: fail what runs, keep serving
+                traceback.print_exc(file=sys.stderr)
+                self._fail_all(APIError(500, f"the engine failed: {type(e).__name__}: {e}", type="server_error"))
+
+    def _apply(self, block: bool) -> bool:
+        """Carry out the queued commands (waiting for one when ``block``); False on stop."""
+        try:
+            cmd = self._commands.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            kind, job, sample = cmd
+            if kind == "stop":
+                self._fail_all(APIError(503, "the server is shutting down", type="server_error"))
+                return False
+            if kind == "add":
+                self._add(job)
+            elif job.rid in self._jobs:
+                self.engine.cancel(job.rid, sample)
+                self._check_done(job.rid)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _add(self, job: Job) -> None:
+        try:
+            job.rid = self.engine.add(job.request)
+        except ValueError as e:  # the handler checks the context first; this is the engine's own check
+            self._release(job)
+            job._put(APIError(400, str(e), param="messages", code="context_length_exceeded"))
+            return
+        self._jobs[job.rid] = job
+
+    def _step(self) -> None:
+        by_rid: dict[int, list[Token]] = defaultdict(list)
+        for ev in self.engine.step():
+            by_rid[ev.request].append(ev)
+        for rid, events in by_rid.items():
+            if rid in self._jobs:
+                self._jobs[rid]._put(events)
+                self._check_done(rid)
+
+    def _check_done(self, rid: int) -> None:
+        if self.engine.done(rid):
+            self.engine.pop(rid)
+            job = self._jobs.pop(rid)
+            self._release(job)
+            job._put(None)
+
+    def _release(self, job: Job) -> None:
+        with self._lock:
+            self._rows -= len(job.request.samples)
+
+    def _fail_all(self, error: APIError) -> None:
+        for rid, job in list(self._jobs.items()):
+            try:
+                self.engine.cancel(rid)
+                self.engine.pop(rid)
+            except Exception:  # the engine's state is what failed: forget the request regardless
+                pass
+            self._release(job)
+            job._put(error)
+        self._jobs.clear()
+
+
+__all__ = ["EngineWorker", "Job", "QueueFull"]

@@ -1,0 +1,164 @@
+"""The serving parts that need no server: a choice built token by token (stop strings and split
+characters never leak, calls by id or spelled in text), the limits' checks, the loopback warning,
+and the imports: training and the engine never load fastapi, uvicorn or openai, and ``codechat
+serve`` without them says how to install them."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from codechat.calls import FUNCTION_CALL_TOKEN
+from codechat.config import ConfigError
+from codechat.engine import Token
+from codechat.serve.choices import ChoiceStream
+from codechat.serve.cli import bind_warning, is_loopback
+from codechat.serve.config import ServeConfig
+from codechat.serve.protocol import APIError, ChatRequest, parse_chat_request
+
+
+def run(choice: ChoiceStream, ids: list[int], last: str = "stop") -> list:
+    """Push ``ids`` then the closing event (``stop``: an ``<|end|>`` token; ``length``: the last id
+    carries the finish) until the choice closes; the deltas."""
+    out = []
+    events = [Token(0, choice.index, t, 0.0, -0.5, None) for t in ids]
+    if last == "stop":
+        events.append(Token(0, choice.index, choice.tok.end_id, 0.0, -0.1, "stop"))
+    else:
+        events[-1] = Token(0, choice.index, ids[-1], 0.0, -0.5, "length")
+    for ev in events:
+        out.append(choice.push(ev))
+        if choice.finish is not None:
+            break
+    return out
+
+
+def ids_one_byte_each(tok, text: str) -> list[int]:
+    """``text`` as one token per UTF-8 byte (the 256 byte tokens of a byte-level BPE)."""
+    by_bytes = {tok.token_bytes(i): i for i in range(tok.vocab_size) if len(tok.token_bytes(i)) == 1}
+    return [by_bytes[bytes([b])] for b in text.encode()]
+
+
+@pytest.mark.parametrize("stop, content", [(["21 C"], "It is "), (["C in", "is 2"], "It "), (["x"], None)])
+def test_a_stop_string_split_over_tokens_never_reaches_the_client(tok, stop, content):
+    text = "It is 21 C in Tokyo."
+    deltas = run(ChoiceStream(tok, 0, stop=stop), ids_one_byte_each(tok, text))
+    assert "".join(d.content for d in deltas) == (content if content is not None else text)  # nothing more
+    assert deltas[-1].finish == "stop" and all(d.finish is None for d in deltas[:-1])
+    if content is not None:
+        assert len(deltas) < len(text) + 1  # the choice closed at the stop string, not at the end
+
+
+def test_a_character_split_over_tokens_comes_out_whole(tok):
+    text = "naïve 🙂 ok"
+    deltas = run(ChoiceStream(tok, 0), ids_one_byte_each(tok, text))
+    assert "".join(d.content for d in deltas) == text
+    assert all("\ufffd" not in d.content for d in deltas) and "🙂" in [d.content for d in deltas]
+
+
+def test_a_call_by_id_becomes_tool_calls_and_one_that_does_not_parse_stays_text(tok):
+    fc = tok.special_id(FUNCTION_CALL_TOKEN)
+    call = tok.encode('{"name": "weather", "arguments": {"city": "Tokyo"}}')
+    c = ChoiceStream(tok, 2, tools=True)
+    deltas = run(c, tok.encode("Let me look.") + [fc] + call)
+    assert "".join(d.content for d in deltas) == c.content == "Let me look."
+    assert c.finish == "tool_calls" and deltas[-1].finish == "tool_calls" and deltas[-1].index == 2
+    assert c.tool_call["function"] == {"name": "weather", "arguments": json.dumps({"city": "Tokyo"})}
+    assert c.tool_call["type"] == "function" and c.tool_call["id"].startswith("call_")
+    cut = ChoiceStream(tok, 0, tools=True)
+    run(cut, [fc] + call[:-3], last="length")  # max_tokens ran out inside the call
+    assert cut.tool_call is None and cut.finish == "length"
+    assert cut.content == FUNCTION_CALL_TOKEN + tok.decode(call[:-3])
+
+
+def test_a_call_spelled_in_text_is_a_call_only_when_tools_are_declared(tok):
+    text = 'Sure. <functioncall> {"name": "weather", "arguments": {"city": "Oslo"}}'
+    with_tools = ChoiceStream(tok, 0, tools=True)
+    deltas = run(with_tools, ids_one_byte_each(tok, text))
+    assert "<" not in "".join(d.content for d in deltas)  # the marker was held back, never sent in part
+    assert with_tools.content == "Sure. " and with_tools.finish == "tool_calls"
+    assert json.loads(with_tools.tool_call["function"]["arguments"]) == {"city": "Oslo"}
+    plain = ChoiceStream(tok, 0)
+    run(plain, ids_one_byte_each(tok, text))
+    assert plain.content == text and plain.tool_call is None and plain.finish == "stop"
+
+
+def test_forced_ids_start_the_reply_and_are_not_counted(tok):
+    fc = tok.special_id(FUNCTION_CALL_TOKEN)
+    opening = tok.encode('{"name": "weather", "arguments":')
+    c = ChoiceStream(tok, 0, tools=True, forced=[fc] + opening, logprobs=True)
+    rest = tok.encode(' {"city": "Lima"}}')
+    run(c, rest)
+    assert c.tool_call["function"]["name"] == "weather" and c.content == ""
+    assert c.tokens == len(rest) + 1 and len(c.logprobs) == len(rest)  # the closing <|end|> has no entry
+    assert [e["logprob"] for e in c.logprobs] == [-0.5] * len(rest)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                        max_size=3), max_leaves=8)
+roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "function", "nobody"])
+messages = st.lists(st.fixed_dictionaries({"role": roles}, optional={
+    "content": json_values | st.text(max_size=20), "tool_calls": json_values | st.just([{
+        "id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]),
+    "function_call": json_values}), max_size=4)
+FIELDS = ["temperature", "top_p", "n", "max_tokens", "max_completion_tokens", "stop", "seed", "stream",
+          "stream_options", "logprobs", "top_logprobs", "tools", "tool_choice", "presence_penalty", "logit_bias",
+          "response_format"]
+objects = st.fixed_dictionaries({"model": st.sampled_from(["codechat"] * 4 + ["gpt-4", None]),
+                                "messages": st.one_of(messages, messages, messages, json_values)},
+                               optional={k: json_values for k in FIELDS})
+bodies = st.one_of(objects, objects, objects, json_values)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=bodies)
+def test_any_request_body_is_a_checked_request_or_an_openai_error(tok, body):
+    try:
+        req = parse_chat_request(body, tok, 256, ServeConfig(max_n=4))
+    except APIError as e:
+        assert e.status in (400, 404) and e.message and set(e.body()["error"]) == {"message", "type", "param", "code"}
+        return
+    assert isinstance(req, ChatRequest) and 1 <= req.n <= 4
+    assert req.prompt_tokens + req.engine_request.sampling.max_new_tokens <= 256
+
+
+@pytest.mark.parametrize("field, value, flag", [("max_n", 0, "--max-n"), ("queue_size", -1, "--queue-size"),
+                                                ("max_tokens", -5, "--max-tokens"), ("model_name", " ",
+                                                                                     "--served-model-name"),
+                                                ("max_body_bytes", 0, "--max-body-bytes")])
+def test_serve_config_names_the_flag_to_change(field, value, flag):
+    with pytest.raises(ConfigError, match=flag):
+        ServeConfig(**{field: value})
+
+
+def test_only_loopback_binds_go_without_a_warning():
+    assert all(is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "[::1]", "127.9.0.1"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.org"))
+    assert bind_warning("127.0.0.1", None) is None
+    warning = bind_warning("0.0.0.0", None)
+    assert warning.startswith("WARNING") and "0.0.0.0" in warning and "no API key" in warning
+    assert "no API key" not in bind_warning("0.0.0.0", "k")
+
+
+SERVING = ("fastapi", "uvicorn", "openai", "starlette")
+
+
+def test_training_and_the_engine_never_import_the_serving_packages():
+    code = ("import sys, codechat.train.pretrain, codechat.train.sft, codechat.engine, codechat.cli\n"
+            "codechat.cli.build_parser()\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {SERVING!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+def test_serve_without_its_extra_says_how_to_install_it():
+    code = ("import sys; sys.modules['fastapi'] = None\n"  # None in sys.modules: the import fails
+            "from codechat.cli import main; sys.exit(main(['serve', '--model', 'nowhere']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "codechat serve: error: fastapi is not installed: pip install 'codechat[serve]'"], out.stderr
