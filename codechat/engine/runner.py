@@ -58,6 +58,11 @@ def _qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qn: torch
     return rope(q), rope(k), v
 
 
+def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    g, u = gate_up.chunk(2, dim=-1)
+    return F.silu(g) * u
+
+
 @dataclass
 class KVCache:
     """Keys and values of ``slots`` sequences: ``k[layer]``/``v[layer]`` (slots, max_len + 1,
@@ -133,7 +138,7 @@ class InferenceModel:
         self.weights: dict[str, torch.Tensor] = {}
         self.load(model)
         wrap: Callable = (lambda f: torch.compile(f, dynamic=True)) if compile else (lambda f: f)
-        self.add_norm, self.qkv_rope, self.swiglu = wrap(_add_norm), wrap(_qkv_rope), wrap(skinny.swiglu)
+        self.add_norm, self.qkv_rope, self.swiglu = wrap(_add_norm), wrap(_qkv_rope), wrap(_swiglu)
 
     @torch.no_grad()
     def load(self, model: GPT) -> None:
@@ -180,9 +185,7 @@ class InferenceModel:
                                     self.n_head, self.n_kv, self.eps)
             y = attend(i, q, k, v).reshape(x.size(0), -1)
             x, h = self.add_norm(x, skinny.linear(y, w[f"{i}.wo"]), w[f"{i}.ln2"], self.eps)
-            gate_up = F.linear(h, w[f"{i}.wgu"])
-            down = (skinny.linear_partials(gate_up, w[f"{i}.wdown"], glu=True) if skinny.applies(gate_up)
-                    else skinny.linear(self.swiglu(gate_up), w[f"{i}.wdown"]))
+            down = skinny.linear(self.swiglu(F.linear(h, w[f"{i}.wgu"])), w[f"{i}.wdown"])
             x, h = self.add_norm(x, down, w[f"{i + 1}.ln1"] if i + 1 < L else w["norm"], self.eps)
         return h
 

@@ -8,10 +8,7 @@ slice of the output columns and one of ``splits`` equal slices of K (split-K, as
 Stream-K / CUTLASS's split-K GEMMs), and writes fp32 partial sums ``(splits, M, N)``. Their sum
 over the first dimension is the product; :class:`~codechat.engine.runner.InferenceModel` does
 that sum inside the compiled elementwise kernel that reads the product anyway (residual add +
-RMSNorm), so split-K costs no extra kernel. With ``glu`` the kernel reads the fused gate/up
-product and applies SwiGLU as it loads it (``silu(gate) * up``, computed in fp32 and rounded once
-to the weights' dtype, as the compiled elementwise kernel did), so the down projection needs no
-separate activation kernel either.
+RMSNorm, RoPE, SwiGLU), so split-K costs no extra kernel.
 
 :func:`linear` is the entry point; it falls back to ``F.linear`` (one partial) where the kernel
 does not apply (no Triton, CPU, fp32, more than :data:`MAX_ROWS` rows).
@@ -50,13 +47,6 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return linear_partials(x, w) if applies(x) else F.linear(x, w).unsqueeze(0)
 
 
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of a fused (M, 2 I) gate/up product, in fp32, rounded once to its dtype:
-    what ``linear_partials(..., glu=True)`` computes on the fly."""
-    g, u = gate_up.float().chunk(2, dim=-1)
-    return (F.silu(g) * u).to(gate_up.dtype)
-
-
 def num_splits(n: int, k: int, block_n: int = BLOCK_N, block_k: int = BLOCK_K) -> int:
     """Slices of K: about :data:`TARGET_PROGRAMS` programs in all, each slice at least 2 blocks."""
     col_blocks = -(-n // block_n)
@@ -66,12 +56,11 @@ def num_splits(n: int, k: int, block_n: int = BLOCK_N, block_k: int = BLOCK_K) -
 
 def linear_partials(x: torch.Tensor, w: torch.Tensor, splits: int | None = None,
                     block_n: int = BLOCK_N, block_k: int = BLOCK_K, num_warps: int = 4,
-                    num_stages: int = 4, glu: bool = False) -> torch.Tensor:
-    """Partial sums of ``x @ w.T`` over slices of K (with ``glu``, of ``swiglu(x) @ w.T``).
+                    num_stages: int = 4) -> torch.Tensor:
+    """Partial sums of ``x @ w.T`` over slices of K.
 
     Args:
-        x: (M, K) activations (bf16, fp16 or fp32), last dimension contiguous; with ``glu`` the
-            (M, 2 K) fused gate/up product, gate first (:func:`swiglu`).
+        x: (M, K) activations (bf16, fp16 or fp32), last dimension contiguous.
         w: (N, K) weights in ``x``'s dtype, contiguous (a ``nn.Linear`` weight).
         splits: slices of K (default :func:`num_splits`); ``block_n``, ``block_k``,
             ``num_warps``, ``num_stages``: the kernel's tile and launch settings (benchmarks tune them).
@@ -85,9 +74,7 @@ def linear_partials(x: torch.Tensor, w: torch.Tensor, splits: int | None = None,
     """
     if triton is None:
         raise RuntimeError("linear_partials needs Triton; use F.linear")
-    M, K = x.size(0), w.size(1)
-    if x.size(1) != (2 * K if glu else K):
-        raise ValueError(f"x has {x.size(1)} columns for weights of K={K}{' (glu: 2 K)' if glu else ''}")
+    M, K = x.shape
     N = w.size(0)
     x = x if x.stride(-1) == 1 else x.contiguous()
     s = splits or num_splits(N, K, block_n, block_k)
@@ -97,7 +84,7 @@ def linear_partials(x: torch.Tensor, w: torch.Tensor, splits: int | None = None,
     out = torch.empty(s, M, N, device=x.device, dtype=torch.float32)
     _partials[(triton.cdiv(N, block_n), s)](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), out.stride(1), chunk,
-        BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=block_n, BLOCK_K=block_k, GLU=glu,
+        BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages)
     return out
 
@@ -105,7 +92,7 @@ def linear_partials(x: torch.Tensor, w: torch.Tensor, splits: int | None = None,
 if triton is not None:
     @triton.jit
     def _partials(X, W, OUT, M, N, K, sxm, swn, sos, som, CHUNK,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_n = tl.program_id(0)
         s = tl.program_id(1)
         offs_m = tl.arange(0, BLOCK_M)
@@ -119,12 +106,7 @@ if triton is not None:
         for k0 in range(start, end, BLOCK_K):
             kk = k0 + offs_k
             kmask = kk < end
-            xmask = mmask[:, None] & kmask[None, :]
-            x = tl.load(X + offs_m[:, None] * sxm + kk[None, :], mask=xmask, other=0.0)
-            if GLU:  # x is the gate; the up projection sits K columns further on
-                g = x.to(tl.float32)
-                u = tl.load(X + offs_m[:, None] * sxm + K + kk[None, :], mask=xmask, other=0.0).to(tl.float32)
-                x = (g * tl.sigmoid(g) * u).to(W.dtype.element_ty)
+            x = tl.load(X + offs_m[:, None] * sxm + kk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
             w = tl.load(W + offs_n[:, None] * swn + kk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
             acc += tl.dot(x, tl.trans(w))
         tl.store(OUT + s * sos + offs_m[:, None] * som + offs_n[None, :], acc, mask=mmask[:, None] & nmask[None, :])
