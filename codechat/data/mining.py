@@ -202,7 +202,7 @@ def mbpp_problems(path: str | os.PathLike, splits: Sequence[str] = MBPP_DECONTAM
     Raises:
         FileNotFoundError: ``path`` is missing. ValueError: no problem of those splits in the file.
     """
-    from codechat.data.formats import read_rows
+    from codechat.data.readers import read_rows
     if not Path(path).is_file():
         raise FileNotFoundError(f"MBPP file {str(path)!r} (sft.decontam_mbpp) does not exist")
     out = []
