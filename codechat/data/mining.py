@@ -46,7 +46,7 @@ from typing import Any
 from codechat.chat import Conversation, Message
 from codechat.config import SFTConfig
 from codechat.data.benchmarks import HUMANEVAL_FILE, MBPP_SPLITS, mbpp_split
-from codechat.data.corpus import collect_files
+from codechat.data.sources import collect_files
 from codechat.data.formats import Record
 
 #: The user turn of a mined pair.

@@ -169,12 +169,12 @@ def _open_binary(path: Path) -> io.BufferedIOBase:
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
-    with _open_binary(path) as raw, io.TextIOWrapper(raw, encoding="utf-8") as f:
+    with _open_binary(path) as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
                     yield n, json.loads(line)
-                except json.JSONDecodeError as e:
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
                     yield n, BadRow("bad_json", f"not valid JSON ({e})")
 
 
