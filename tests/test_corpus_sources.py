@@ -272,3 +272,16 @@ def test_tokenizer_train_reads_the_same_sources(tmp_path: Path) -> None:
     assert [trained.token_bytes(i) for i in range(320)] == [expected.token_bytes(i) for i in range(320)]
     legacy = parser.parse_args(["tokenizer", "stats", "--tokenizer", str(tmp_path / "tok"), "--corpus", str(path)])
     assert legacy.src == [str(path)]
+
+
+def test_data_commands_do_not_load_torch_and_checkpoint_errors_stay_one_line(tok_dir: Path, tmp_path: Path,
+                                                                             capsys) -> None:
+    check = ("import sys; from codechat.cli import main; rc = main(sys.argv[1:]); "
+             "print(rc, 'torch' in sys.modules, 'datasets' in sys.modules, 'pyarrow' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", check, "tokenizer", "encode", "--tokenizer", str(tok_dir), "x = 1"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.stdout.splitlines()[-1] == "0 False False False", run.stdout + run.stderr
+    from codechat.cli import main
+    assert main(["sample", "--model", str(tmp_path), "--prompt", "x"]) == 2  # a CheckpointError, still caught
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"codechat sample: error: {tmp_path}: holds no checkpoint (expected {tmp_path}/checkpoints/step_NNNNNN/)"]
