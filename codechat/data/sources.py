@@ -217,6 +217,8 @@ def _raw_documents(sources: Iterable[Source], text_fields: Sequence[str], skip_b
                 yield f"{prefix}:{line}", text
         except BadRecordError as e:
             raise ConfigError(f"{e}; {BAD_RECORD_HINT}") from None
+        except FormatError as e:  # a .json file that is not JSON, a dataset datasets cannot open
+            raise ConfigError(str(e)) from None
         except (OSError, EOFError) as e:
             raise ConfigError(f"{name} cannot be read ({e}); fix or remove it") from None
 
@@ -231,7 +233,8 @@ def read_documents(sources: Iterable[Source], skipped: Skipped | None = None, *,
     docstring). ``progress`` (a tqdm bar) advances by one per document read, skipped or not.
 
     Raises:
-        ConfigError: a bad record without ``skip_bad``, or a data file that cannot be read.
+        ConfigError: a bad record without ``skip_bad``, a data file that cannot be read, or a dataset
+            that ``datasets`` cannot open.
     """
     skipped = skipped if skipped is not None else Skipped()
     for doc_id, raw in _raw_documents(sources, text_fields, skip_bad, skipped.records):
@@ -295,8 +298,8 @@ def iter_split_texts(srcs: Sequence[str | os.PathLike], split: str, *, extension
 #: ``--src`` help of ``codechat data corpus`` and ``codechat tokenizer``.
 SRC_HELP = ("sources: directories of source files (--ext), files, quoted globs ('data/*.parquet'), data files of "
             "records (.jsonl, .json, .parquet, each optionally .gz; a directory with no --ext file but such files "
-            "is read as them) or hf:ORG/NAME[:CONFIG][@SPLIT] datasets, streamed (default: this Python's "
-            "standard library)")
+            "is read as them) or hf:ORG/NAME[:CONFIG][@SPLIT] datasets, streamed; Parquet and hf: need "
+            "pip install 'codechat[data]' (default: this Python's standard library)")
 
 
 def add_source_args(p: argparse.ArgumentParser, *, src_flags: Sequence[str]) -> None:
