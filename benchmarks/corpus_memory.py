@@ -85,6 +85,15 @@ def _status_kb(pid: int, *keys: str) -> dict[str, int]:
     return {k: int(fields[k].split()[0]) for k in keys if k in fields}
 
 
+def _kind(pid: int) -> str:
+    """``worker`` for a spawned pool process, ``tracker`` for multiprocessing's resource tracker."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return "tracker" if b"resource_tracker" in f.read() else "worker"
+    except OSError:
+        return "worker"
+
+
 def _pss_kb(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
@@ -117,7 +126,7 @@ def run_sampled(cmd: list[str], log: Path, every: float, timeout: float) -> dict
             if not st:
                 continue
             hwm[pid] = max(hwm.get(pid, 0), st.get("VmHWM", 0))
-            names.setdefault(pid, "command" if pid == proc.pid else "worker")
+            names.setdefault(pid, "command" if pid == proc.pid else _kind(pid))
             rss_total += st.get("VmRSS", 0)
             pss_total += _pss_kb(pid)
         peak_rss, peak_pss = max(peak_rss, rss_total), max(peak_pss, pss_total)
@@ -168,11 +177,13 @@ def main() -> int:
         mib = 1024  # KiB per MiB
         command = [v for p, v in r["hwm"].items() if r["names"][p] == "command"]
         workers = sorted((v for p, v in r["hwm"].items() if r["names"][p] == "worker"), reverse=True)
+        tracker = [v for p, v in r["hwm"].items() if r["names"][p] == "tracker"]
         print(f"peak RSS, command process: {max(command) / mib:.0f} MiB")
         print(f"peak RSS per worker: {', '.join(f'{v / mib:.0f}' for v in workers)} MiB ({len(workers)} processes)")
         print(f"sum of the workers' peaks: {sum(workers) / mib:.0f} MiB")
-        total = sum(command) + sum(workers)
-        print(f"sum of all peaks (command + workers): {total / mib:.0f} MiB")
+        print(f"peak RSS, multiprocessing resource tracker: {sum(tracker) / mib:.0f} MiB")
+        total = sum(command) + sum(workers) + sum(tracker)
+        print(f"sum of all peaks (command + workers + tracker): {total / mib:.0f} MiB")
         print(f"largest sampled simultaneous tree RSS: {r['peak_rss'] / mib:.0f} MiB, PSS: {r['peak_pss'] / mib:.0f} MiB")
         print(f"wait4 ru_maxrss (kernel: largest single process of the tree): {r['tree_maxrss'] / mib:.0f} MiB")
         ok = total < args.limit_gb * GiB / 1024
