@@ -29,7 +29,7 @@ import torch
 from codechat import checkpoint as ckpt
 from codechat.chat import Conversation, Message, render_for_completion
 from codechat.config import default_corpus_dirs, preset, to_dict
-from codechat.data.corpus import iter_split_texts
+from codechat.data.sources import iter_split_texts
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.eval.problems import load_humaneval
 from codechat.hf import ExportConfig, export_hf

@@ -418,9 +418,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """The errors printed as one line (exit 2). ``CheckpointError`` only once its module is imported (a
+    command that raised one imported it): importing it loads torch, ~200 MB and a second, for commands
+    that never touch a checkpoint (``tokenizer``, ``data``) and their worker processes."""
+    checkpoint = sys.modules.get(f"{__package__}.checkpoint")
+    return (ConfigError, FileNotFoundError, ValueError) + ((checkpoint.CheckpointError,) if checkpoint else ())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``codechat`` console script; returns the exit code."""
-    from .checkpoint import CheckpointError
     from .config import parse_overrides
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -430,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return args.func(args)
-    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:  # ToolError, HFImportError: ValueErrors
+    except _user_errors() as e:  # ToolError, HFImportError: ValueErrors
         print(f"codechat {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ writing them is :mod:`codechat.config_io` (re-exported here).
 """
 from __future__ import annotations
 
+import glob
 import math
 import re
 import sysconfig
@@ -109,8 +110,9 @@ class DataConfig:
 
     data_dir: str = ""
     tokenizer_dir: str = ""
-    src: tuple[str, ...] = ()  # () -> default_corpus_dirs()
+    src: tuple[str, ...] = ()  # dirs, files, globs, .jsonl/.json/.parquet files, hf:ORG/NAME (data.sources); () -> stdlib
     extensions: tuple[str, ...] = (".py",)
+    text_fields: tuple[str, ...] = ("content", "text")  # a data-file record's text: the first of these it has
     vocab_size: int = 32768  # only used when a tokenizer is trained
     tokenizer_max_bytes: int = 100_000_000  # cap on the text a tokenizer is trained on; 0 -> the whole train split
     val_fraction: float = 0.05
@@ -126,8 +128,11 @@ class DataConfig:
         _check(self.vocab_size >= 256 + 16,
                f"data.vocab_size={self.vocab_size} is smaller than the 256 byte tokens plus the special tokens; "
                "use at least 512")
+        _check(bool(self.text_fields) and all(self.text_fields),
+               f"data.text_fields must name at least one field, got {self.text_fields}")
         for p in (self.data_dir, self.tokenizer_dir, *self.src):
-            _check(not p or Path(p).exists(), f"path {p!r} (data.*) does not exist; fix the path or leave it empty")
+            _check(not p or p.startswith("hf:") or glob.has_magic(p) or Path(p).exists(),
+                   f"path {p!r} (data.*) does not exist; fix the path or leave it empty")
 
     @property
     def sources(self) -> tuple[str, ...]:

@@ -32,7 +32,8 @@ import torch
 
 from .config import (ConfigError, OptimConfig, PretrainConfig, RunConfig, SFTConfig, SFTStageConfig, TrainConfig,
                      load, pretrain_recipe, replace, to_dict)
-from .data.corpus import build_corpus, iter_split_texts, load_index, read_split
+from .data.corpus import build_corpus, load_index, read_split
+from .data.sources import iter_split_texts
 from .completion import best_completion, sample_completions
 from .engine import Engine, EngineConfig, SamplingConfig
 from .atomic import write_text

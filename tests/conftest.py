@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 from codechat.config import default_corpus_dirs
-from codechat.data.corpus import build_corpus, iter_split_texts, split_of
+from codechat.data.corpus import build_corpus
+from codechat.data.sources import iter_split_texts, split_of
 from codechat.tokenizer import Tokenizer, train_tokenizer
 
 TOK_VOCAB = 2048

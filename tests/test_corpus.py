@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from codechat.config import ConfigError, default_corpus_dirs
-from codechat.data.corpus import (SourceFile, Skipped, _token_dtype, add_cli, build_corpus, collect_files,
-                                  iter_split_texts, load_index, read_documents, read_split, split_of)
+from codechat.data.corpus import _token_dtype, add_cli, build_corpus, load_index, read_split
+from codechat.data.sources import SourceFile, Skipped, collect_files, iter_split_texts, read_documents, split_of
 from codechat.tokenizer import Tokenizer
 
 from conftest import N_FILES, VAL_FRACTION
@@ -70,8 +70,8 @@ def test_read_documents_skips_and_counts_bad_files_and_duplicates(tmp_path: Path
     (root / "dangling.py").symlink_to(root / "gone.py")
     skipped = Skipped()
     docs = list(read_documents(collect_files([root]), skipped))
-    assert docs == ["x = 1\n", "s = 'é'\n"]
-    assert skipped.as_dict() == {"unreadable": 1, "non_utf8": 1, "duplicate": 1, "empty": 2}
+    assert docs == [("a.py", "x = 1\n", 6), ("c.py", "s = 'é'\n", 9)]
+    assert skipped.as_dict() == {"unreadable": 1, "non_utf8": 1, "duplicate": 1, "empty": 2, "bad_record": 0}
     assert list(read_documents([SourceFile(root, "a.py", root / "a.py")], skipped)) == []  # seen before
     assert skipped.duplicate == 2
 
@@ -83,12 +83,13 @@ def test_corpus_shards_decode_to_the_documents_in_file_order(corpus_dir: Path, t
     assert index["files_seen"] == N_FILES
     files = collect_files(default_corpus_dirs(), max_files=N_FILES)
     skipped = Skipped()
+    read = list(read_documents(files, skipped))  # one pass: a duplicate loses to the first copy, of either split
     for split in ("train", "val"):
         info = index["splits"][split]
         shards = read_split(corpus_dir, split)
         assert all(s.dtype == np.uint16 for s in shards)
         ids = np.concatenate(shards).tolist()
-        expected = list(read_documents([f for f in files if split_of(f.relpath, VAL_FRACTION) == split], skipped))
+        expected = [t for doc_id, t, _ in read if split_of(doc_id, VAL_FRACTION) == split]
         docs = _split_docs(ids, tok.end_id)
         assert len(docs) == info["documents"] == len(expected)
         assert len(ids) == info["tokens"]

@@ -4,14 +4,16 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 from codechat.calls import FUNCTION_CALL_TOKEN
 from codechat.chat import Conversation, Message, render, supervised_spans
-from codechat.data.formats import (HUMANEVAL_PROMPT, FormatError, LoadCounts, detect_format, load_records, mbpp_prompt,
-                                   read_rows, to_conversation)
+from codechat.data.formats import (HUMANEVAL_PROMPT, FormatError, detect_format, load_records, mbpp_prompt,
+                                   to_conversation)
+from codechat.data.readers import LoadCounts, read_rows
 from codechat.data.mining import humaneval_file
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sft"
@@ -206,18 +208,16 @@ def test_gzip_is_read_transparently_and_paths_are_checked(tmp_path):
         load_records(empty_dir)
 
 
-def test_parquet_needs_pyarrow_or_reads_the_rows(tmp_path):
+def test_parquet_reads_the_rows_and_needs_pyarrow(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     path = tmp_path / "data.parquet"
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        path.write_bytes(b"PAR1")
-        with pytest.raises(FormatError, match=r"needs pyarrow \(pip install pyarrow\)"):
-            load_records(path)
-        return
     pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": "a"}]), path)
     assert load_records(path)[0].conversation.messages[1].content == "a"
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # not installed
+    with pytest.raises(FormatError, match=r"data.parquet: reading a .parquet file .* needs the `pyarrow` package, "
+                                          r"which is not installed: pip install 'codechat\[data\]'"):
+        load_records(path)
 
 
 def test_a_directory_source_reads_every_data_file_sorted(tmp_path):

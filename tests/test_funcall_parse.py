@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from codechat.calls import (FUNCTION_CALL_TOKEN, PARSE_ERROR_REASONS, ParseError, format_call, normalize_call,
                             parse_assistant, parse_assistant_text, parse_call, parse_reply, parse_reply_ids)
 from codechat.chat import Conversation, Message, parse_conversation, reply_message, render
-from codechat.data.formats import load_records, read_rows
+from codechat.data.formats import load_records
+from codechat.data.readers import read_rows
 from codechat.tools import Tool, validate_arguments
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"  # as the shared_dir fixture; needed at collection time

@@ -190,19 +190,20 @@ def test_bad_records_fail_or_are_skipped_and_reported():
 def test_hf_sources_go_through_datasets(monkeypatch):
     calls = []
 
-    def load_dataset(path, config=None, split=None):
-        calls.append((path, config, split))
+    def load_dataset(path, config=None, split=None, streaming=None):
+        calls.append((path, config, split, streaming))
         return [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}]
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     m = Mixture.from_spec("hf:openai/gsm8k:main@test:2")
-    assert calls == [("openai/gsm8k", "main", "test")]
+    assert calls == [("openai/gsm8k", "main", "test", False)]  # SFT reads the whole split (cached by datasets)
     rec = next(m)
     assert rec.source == "hf:openai/gsm8k:main@test" and rec.format == "qa" and rec.line in (1, 2)
     Mixture.from_spec("hf:org/ds")
-    assert calls[-1] == ("org/ds", None, "train")
+    assert calls[-1] == ("org/ds", None, "train", False)
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
-    with pytest.raises(ConfigError, match=r"needs the `datasets` package \(pip install datasets\)"):
+    with pytest.raises(ConfigError, match=r"needs the `datasets` package, which is not installed: "
+                                          r"pip install 'codechat\[data\]'"):
         Mixture.from_spec("hf:org/ds")
 
 

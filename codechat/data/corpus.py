@@ -1,27 +1,31 @@
-"""Pretraining corpus: source files -> documents -> token shards on disk.
+"""Pretraining corpus: sources -> unique documents -> token shards on disk.
 
-``build_corpus`` reads source files (by default the running Python's standard library),
-splits them into train/val by a fixed hash of their relative path, drops unreadable,
-non-UTF-8, empty and duplicate files (counted), tokenises in worker processes and writes
-flat binary shards plus ``index.json``::
+``build_corpus`` reads the sources of :mod:`codechat.data.sources` (directories of source files,
+by default the running Python's standard library; JSON Lines / JSON / Parquet files of records;
+``hf:`` datasets) once, in order, splits the documents into train/val by a fixed hash of their id,
+drops unreadable, non-UTF-8, empty and duplicate documents (counted), tokenises in worker
+processes and writes flat binary shards plus ``index.json``::
 
     out/train_000.bin  train_001.bin ...  val_000.bin   # np.uint16 (uint32 above 65536 ids)
     out/index.json                                      # counts, dtype, special ids, shard names
 
 Each document's tokens are followed by exactly one ``<|end|>`` id, inserted by this
 pipeline only (text that spells ``<|end|>`` encodes as ordinary tokens). Shards hold whole
-documents, in file order, identical for any number of workers.
+documents, in source order, identical for any number of workers and for the same texts
+whichever kind of source held them.
+
+Memory is bounded whatever the input size: the reader holds one document (one Parquet batch)
+at a time, at most ``IN_FLIGHT_PER_WORKER`` batches of ``BATCH_BYTES`` per worker are in flight,
+and de-duplication keeps a 32-byte hash per document.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import multiprocessing as mp
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -30,15 +34,13 @@ import numpy as np
 from tqdm import tqdm
 
 from codechat.atomic import write_text
-from codechat.config import ConfigError, DataConfig, default_corpus_dirs
+from codechat.config import ConfigError, DataConfig
+from codechat.data.sources import (SPLITS, HubSource, SourceFile, Skipped, add_source_args, check_split,
+                                   collect_sources, split_documents, split_of)
 from codechat.tokenizer import Tokenizer
 
-SPLITS = ("train", "val")
-SKIP_DIRS = frozenset({"site-packages", "__pycache__"})  # besides hidden (".name") directories
 INDEX_FILE = "index.json"
 INDEX_VERSION = 1
-#: Split hashes are read as a fraction of this many buckets (the first 8 bytes of sha256).
-HASH_BUCKETS = 2 ** 64
 #: Documents go to a worker in batches of about this many UTF-8 bytes.
 BATCH_BYTES = 1 << 18
 #: At most this many batches per worker are read ahead of the writer (bounds memory).
@@ -46,133 +48,6 @@ IN_FLIGHT_PER_WORKER = 4
 #: "spawn" workers start clean: forking a parent that already ran tokenizer or torch
 #: threads can deadlock.
 MP_START_METHOD = "spawn"
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """A file of a corpus: ``root`` is the source it was found under, ``relpath`` is POSIX-style."""
-
-    root: Path
-    relpath: str
-    path: Path
-
-
-def collect_files(srcs: Sequence[str | os.PathLike], extensions: Sequence[str] = (".py",),
-                  max_files: int = 0) -> list[SourceFile]:
-    """Files with one of ``extensions`` under each source, sorted by source then relative path.
-
-    A source is a directory (searched recursively, skipping ``site-packages``, ``__pycache__``
-    and hidden directories) or a single file (taken whatever its extension). A file reached
-    twice is listed once. ``max_files`` > 0 keeps the first ``max_files``.
-
-    Raises:
-        ConfigError: a source does not exist, or no file was found.
-    """
-    found: list[SourceFile] = []
-    seen: set[Path] = set()
-    for src in srcs:
-        root = Path(src).expanduser().resolve()
-        if not root.exists():
-            raise ConfigError(f"corpus source {str(src)!r} does not exist; fix the path (--src / --corpus)")
-        if root.is_file():
-            candidates = [SourceFile(root.parent, root.name, root)]
-        else:
-            candidates = sorted((SourceFile(root, p.relative_to(root).as_posix(), p)
-                                 for p in _walk(root, tuple(extensions))), key=lambda f: f.relpath)
-        for f in candidates:
-            if f.path not in seen:
-                seen.add(f.path)
-                found.append(f)
-    if not found:
-        raise ConfigError(f"no files with extensions {list(extensions)} under {[str(s) for s in srcs]}; "
-                          "point --src at source code or change --ext")
-    return found[:max_files] if max_files > 0 else found
-
-
-def _walk(root: Path, extensions: tuple[str, ...]) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")]
-        yield from (Path(dirpath, name) for name in filenames if name.endswith(extensions))
-
-
-def split_of(relpath: str, val_fraction: float) -> str:
-    """``"val"`` or ``"train"`` for a file, from sha256 of its relative path (stable everywhere).
-
-    A file in val at some ``val_fraction`` stays in val at any larger fraction.
-    """
-    bucket = int.from_bytes(hashlib.sha256(relpath.encode("utf-8")).digest()[:8], "big")
-    return "val" if bucket < val_fraction * HASH_BUCKETS else "train"
-
-
-def _check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise ConfigError(f"unknown split {split!r}; choose one of {SPLITS}")
-
-
-@dataclass
-class Skipped:
-    """Files left out of a corpus, by reason; ``seen`` holds content hashes for de-duplication."""
-
-    unreadable: int = 0
-    non_utf8: int = 0
-    duplicate: int = 0
-    empty: int = 0  # no bytes, or whitespace only
-    seen: set[bytes] = field(default_factory=set, repr=False)
-
-    def as_dict(self) -> dict[str, int]:
-        return {"unreadable": self.unreadable, "non_utf8": self.non_utf8, "duplicate": self.duplicate,
-                "empty": self.empty}
-
-
-def read_documents(files: Iterable[SourceFile], skipped: Skipped | None = None) -> Iterator[str]:
-    """The text of each readable, UTF-8, non-empty file whose bytes were not seen before.
-
-    Skipped files are counted in ``skipped`` (pass one ``Skipped`` to several calls to
-    de-duplicate across them); a bad file is never fatal.
-    """
-    skipped = skipped if skipped is not None else Skipped()
-    for f in files:
-        try:
-            raw = f.path.read_bytes()
-        except OSError:
-            skipped.unreadable += 1
-            continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            skipped.non_utf8 += 1
-            continue
-        if not text.strip():
-            skipped.empty += 1
-            continue
-        digest = hashlib.sha256(raw).digest()
-        if digest in skipped.seen:
-            skipped.duplicate += 1
-            continue
-        skipped.seen.add(digest)
-        yield text
-
-
-def iter_split_texts(srcs: Sequence[str | os.PathLike], split: str, *, extensions: Sequence[str] = (".py",),
-                     val_fraction: float = DataConfig.val_fraction, max_files: int = 0,
-                     max_bytes: int = 0) -> Iterator[str]:
-    """Documents of one split of the sources, stopping once ``max_bytes`` UTF-8 bytes were given (0: all).
-
-    The same documents, in the same order, as :func:`build_corpus` writes for that split
-    (a val file repeating a train file is dropped). Used to train a tokenizer on the train
-    split only and to measure it on val.
-    """
-    _check_split(split)
-    files = collect_files(srcs, extensions, max_files)
-    skipped = Skipped()
-    for earlier in SPLITS[:SPLITS.index(split)]:  # earlier splits claim duplicates first, as in build_corpus
-        deque(read_documents((f for f in files if split_of(f.relpath, val_fraction) == earlier), skipped), maxlen=0)
-    total = 0
-    for text in read_documents((f for f in files if split_of(f.relpath, val_fraction) == split), skipped):
-        if max_bytes and total >= max_bytes:
-            return
-        total += len(text.encode("utf-8"))
-        yield text
 
 
 # ----------------------------------------------------------------------------- tokenising workers
@@ -191,18 +66,20 @@ def _encode_batch(texts: list[str]) -> list[np.ndarray]:
     return [np.concatenate([np.asarray(ids, dtype=dtype), end]) for ids in tok.encode_batch(texts)]
 
 
-def _batches(docs: Iterable[str], batch_bytes: int) -> Iterator[tuple[list[str], int]]:
-    """Consecutive documents grouped to about ``batch_bytes``, with their UTF-8 byte count."""
-    batch: list[str] = []
-    size = 0
-    for text in docs:
+def _batches(docs: Iterable[tuple[str, str, int]], batch_bytes: int) -> Iterator[tuple[str, list[str], int]]:
+    """``(split, texts, UTF-8 bytes)``: consecutive documents of each split grouped to about ``batch_bytes``."""
+    open_batches: dict[str, tuple[list[str], int]] = {}
+    for split, text, n_bytes in docs:
+        batch, size = open_batches.get(split, ([], 0))
         batch.append(text)
-        size += len(text.encode("utf-8"))
+        size += n_bytes
         if size >= batch_bytes:
-            yield batch, size
+            yield split, batch, size
             batch, size = [], 0
-    if batch:
-        yield batch, size
+        open_batches[split] = (batch, size)
+    for split, (batch, size) in open_batches.items():
+        if batch:
+            yield split, batch, size
 
 
 class _ShardWriter:
@@ -258,71 +135,100 @@ def _empty_split_error(split: str, what: str, val_fraction: float) -> ConfigErro
 
 def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.PathLike, out_dir: str | os.PathLike,
                  *, extensions: Sequence[str] = (".py",), val_fraction: float = DataConfig.val_fraction,
-                 max_files: int = 0, workers: int = 0, shard_tokens: int = 50_000_000,
+                 max_files: int = 0, max_bytes: int = 0, text_fields: Sequence[str] = DataConfig.text_fields,
+                 skip_bad: bool = False, workers: int = 0, shard_tokens: int = 50_000_000,
                  show_progress: bool = True) -> dict[str, Any]:
-    """Tokenise source files into train/val shards under ``out_dir`` and write ``index.json``.
+    """Tokenise the documents of ``srcs`` into train/val shards under ``out_dir`` and write ``index.json``.
 
     Workers are spawned processes: a script calling this must do so under
     ``if __name__ == "__main__":``.
 
     Args:
-        srcs: directories or files (see :func:`collect_files`).
+        srcs: directories, files, globs, data files or ``hf:`` datasets
+            (see :func:`codechat.data.sources.collect_sources`).
         tokenizer_dir: anything :meth:`Tokenizer.load` reads; every worker loads it once.
-        val_fraction: share of files, by path hash, that go to val (see :func:`split_of`).
+        val_fraction: share of documents, by a hash of their id, that go to val (see :func:`split_of`).
+        max_files: read at most this many files (0: all).
+        max_bytes: stop reading once the documents taken (both splits) hold this many UTF-8 bytes
+            (0: no limit; the last document may cross it).
+        text_fields: a record's text is the first of these fields it has.
+        skip_bad: count and leave out bad records instead of stopping at the first.
         workers: tokenising processes; 0 means ``os.cpu_count()``.
         shard_tokens: a shard is closed after the document that brings it to this many tokens.
 
     Returns:
-        The index (also written to ``out_dir/index.json``).
+        The index (also written to ``out_dir/index.json``): per split its shards, ``documents``,
+        ``tokens`` and text ``bytes``; ``files_seen`` (files read, of either kind),
+        ``records_read`` (records of data files and datasets), ``skipped`` (documents left out
+        by reason: ``unreadable``, ``non_utf8``, ``empty``, ``duplicate``, ``bad_record``),
+        ``bad_records`` (the reasons and first messages of ``bad_record``), ``max_bytes``.
 
     Raises:
-        ConfigError: a bad setting, a missing source, no files, or a split with no documents.
+        ConfigError: a bad setting, a missing source, no files, a bad record (without
+            ``skip_bad``), or a split with no documents.
     """
     if not 0.0 < val_fraction < 1.0:
         raise ConfigError(f"--val-fraction must be in (0, 1), got {val_fraction}")
-    if shard_tokens <= 0 or workers < 0:
-        raise ConfigError(f"shard_tokens must be > 0 and --workers >= 0, got {shard_tokens} and {workers}")
-    files = collect_files(srcs, extensions, max_files)
-    by_split = {s: [f for f in files if split_of(f.relpath, val_fraction) == s] for s in SPLITS}
-    for split, split_files in by_split.items():
-        if not split_files:
-            raise _empty_split_error(split, f"has none of the {len(files)} files", val_fraction)
+    if shard_tokens <= 0 or workers < 0 or max_bytes < 0:
+        raise ConfigError(f"shard_tokens must be > 0, --workers and --max-bytes >= 0, got {shard_tokens}, {workers} "
+                          f"and {max_bytes}")
+    if not text_fields:
+        raise ConfigError("--text-field must name at least one field")
+    sources = collect_sources(srcs, extensions, max_files)
+    files_only = all(isinstance(s, SourceFile) for s in sources)
+    if files_only:  # known before reading anything
+        for split in SPLITS:
+            if not any(split_of(s.relpath, val_fraction) == split for s in sources):
+                raise _empty_split_error(split, f"has none of the {len(sources)} files", val_fraction)
     tok = Tokenizer.load(tokenizer_dir)  # here first: a Pool whose initializer fails respawns workers forever
     dtype = _token_dtype(tok.vocab_size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     n_workers = workers or os.cpu_count() or 1
     skipped = Skipped()
-    splits: dict[str, dict[str, Any]] = {}
+    writers = {split: _ShardWriter(out, split, shard_tokens) for split in SPLITS}
     ctx = mp.get_context(MP_START_METHOD)
-    with ctx.Pool(n_workers, initializer=_init_worker, initargs=(str(tokenizer_dir), dtype)) as pool:
-        for split, split_files in by_split.items():
-            writer = _ShardWriter(out, split, shard_tokens)
-            with tqdm(split_files, desc=f"corpus {split}", unit="file", disable=not show_progress) as bar:
-                _tokenise(pool, IN_FLIGHT_PER_WORKER * n_workers, read_documents(bar, skipped), writer)
-            if not writer.documents:
-                raise _empty_split_error(split, "has no readable, non-empty, unique documents", val_fraction)
-            splits[split] = writer.summary()
+    with ctx.Pool(n_workers, initializer=_init_worker, initargs=(str(tokenizer_dir), dtype)) as pool, \
+            tqdm(total=len(sources) if files_only else None, desc="corpus", unit="doc",
+                 disable=not show_progress) as bar:
+        docs = split_documents(sources, val_fraction, max_bytes=max_bytes, skipped=skipped, text_fields=text_fields,
+                               skip_bad=skip_bad, progress=bar)
+        _tokenise(pool, IN_FLIGHT_PER_WORKER * n_workers, docs, writers)
+    for split, writer in writers.items():
+        if not writer.documents:
+            raise _empty_split_error(split, "has no readable, non-empty, unique documents", val_fraction)
+    splits = {split: writer.summary() for split, writer in writers.items()}
     index = {"version": INDEX_VERSION, "tokenizer": str(Path(tokenizer_dir).resolve()), "vocab_size": tok.vocab_size,
-             "dtype": dtype, "end_id": tok.end_id, "bos_id": tok.bos_id,
-             "sources": [str(Path(s).expanduser().resolve()) for s in srcs], "extensions": list(extensions),
-             "val_fraction": val_fraction, "files_seen": len(files), "skipped": skipped.as_dict(), "splits": splits}
+             "dtype": dtype, "end_id": tok.end_id, "bos_id": tok.bos_id, "sources": [_source_name(s) for s in srcs],
+             "extensions": list(extensions), "text_fields": list(text_fields), "val_fraction": val_fraction,
+             "max_bytes": max_bytes, "files_seen": sum(not isinstance(s, HubSource) for s in sources),
+             "records_read": skipped.records.records, "skipped": skipped.as_dict(),
+             "bad_records": {"reasons": skipped.records.skipped, "examples": skipped.records.examples},
+             "splits": splits}
     write_text(out / INDEX_FILE, json.dumps(index, indent=2))
     _remove_stale_shards(out, splits)
     return index
 
 
-def _tokenise(pool: Any, max_in_flight: int, docs: Iterable[str], writer: _ShardWriter) -> None:
-    """Encode ``docs`` on ``pool`` and write them in their input order, at most ``max_in_flight`` batches ahead."""
-    pending: deque[tuple[AsyncResult, int]] = deque()
-    for batch, n_bytes in _batches(docs, BATCH_BYTES):
-        pending.append((pool.apply_async(_encode_batch, (batch,)), n_bytes))
+def _source_name(src: str | os.PathLike) -> str:
+    path = Path(src).expanduser()
+    return str(path.resolve()) if path.exists() else str(src)  # hf: names and globs as given
+
+
+def _tokenise(pool: Any, max_in_flight: int, docs: Iterable[tuple[str, str, int]],
+              writers: dict[str, _ShardWriter]) -> None:
+    """Encode ``(split, text, bytes)`` documents on ``pool`` and write each split's in input order, at most
+    ``max_in_flight`` batches ahead of the writers."""
+    pending: deque[tuple[AsyncResult, str, int]] = deque()
+    for split, batch, n_bytes in _batches(docs, BATCH_BYTES):
+        pending.append((pool.apply_async(_encode_batch, (batch,)), split, n_bytes))
         while pending and (len(pending) >= max_in_flight or pending[0][0].ready()):
-            result, done_bytes = pending.popleft()
-            writer.write_batch(result.get(), done_bytes)
-    for result, done_bytes in pending:
-        writer.write_batch(result.get(), done_bytes)
-    writer.close()
+            result, done_split, done_bytes = pending.popleft()
+            writers[done_split].write_batch(result.get(), done_bytes)
+    for result, done_split, done_bytes in pending:
+        writers[done_split].write_batch(result.get(), done_bytes)
+    for writer in writers.values():
+        writer.close()
 
 
 def _remove_stale_shards(out: Path, splits: dict[str, dict[str, Any]]) -> None:
@@ -360,7 +266,7 @@ def read_split(data_dir: str | os.PathLike, split: str) -> list[np.memmap]:
     Raises:
         ConfigError: unknown split, a missing shard, or shards whose length disagrees with the index.
     """
-    _check_split(split)
+    check_split(split)
     index = load_index(data_dir)
     info = index["splits"][split]
     shards = []
@@ -378,12 +284,16 @@ def read_split(data_dir: str | os.PathLike, split: str) -> list[np.memmap]:
 # ----------------------------------------------------------------------------- CLI
 def _cmd_corpus(args: argparse.Namespace) -> int:
     index = build_corpus(args.src, args.tokenizer, args.out, extensions=tuple(args.ext),
-                         val_fraction=args.val_fraction, max_files=args.max_files, workers=args.workers)
+                         val_fraction=args.val_fraction, max_files=args.max_files, max_bytes=args.max_bytes,
+                         text_fields=tuple(args.text_fields), skip_bad=args.skip_bad, workers=args.workers)
     for split in SPLITS:
         info = index["splits"][split]
         print(f"{split}: {info['documents']} documents, {info['tokens']} tokens, {info['bytes']} bytes, "
               f"{len(info['shards'])} shards")
-    print(f"files seen: {index['files_seen']}, skipped: {index['skipped']} -> {Path(args.out) / INDEX_FILE}")
+    print(f"files seen: {index['files_seen']}, records read: {index['records_read']}, skipped: {index['skipped']} "
+          f"-> {Path(args.out) / INDEX_FILE}")
+    for example in index["bad_records"]["examples"]:
+        print(f"  skipped: {example}")
     return 0
 
 
@@ -391,24 +301,18 @@ def add_cli(subparsers: Any) -> Any:
     """Register ``data corpus`` on ``subparsers``; returns the ``data`` sub-subparsers for more commands."""
     parser = subparsers.add_parser("data", help="build training data", description="Build training data.")
     sub = parser.add_subparsers(dest="data_command", required=True)
-    p = sub.add_parser("corpus", help="tokenise source files into pretraining shards",
-                       description="Tokenise source files into train/val token shards plus index.json. Files are "
-                                   "split by a hash of their relative path; unreadable, non-UTF-8, empty and "
-                                   "duplicate files are skipped and counted.")
-    p.add_argument("--src", nargs="+", default=list(default_corpus_dirs()), metavar="DIR",
-                   help="source directories or files (default: this Python's standard library)")
+    p = sub.add_parser("corpus", help="tokenise source files or datasets into pretraining shards",
+                       description="Tokenise source files, JSON Lines / Parquet records or hf: datasets into train/val "
+                                   "token shards plus index.json, in one streaming pass with bounded memory. "
+                                   "Documents are split by a hash of their path (records: file and line); "
+                                   "unreadable, non-UTF-8, empty and duplicate documents are skipped and counted.")
+    add_source_args(p, src_flags=("--src",))
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer directory (`codechat tokenizer train`)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and index.json")
-    p.add_argument("--ext", nargs="+", default=list(DataConfig.extensions), metavar="EXT",
-                   help="file extensions to read (default: %(default)s)")
-    p.add_argument("--val-fraction", type=float, default=DataConfig.val_fraction, metavar="F",
-                   help="share of files held out for validation (default: %(default)s)")
-    p.add_argument("--max-files", type=int, default=0, metavar="N", help="read at most N files (0: all)")
     p.add_argument("--workers", type=int, default=DataConfig.workers, metavar="N",
                    help="tokenising processes (0: one per CPU core)")
     p.set_defaults(func=_cmd_corpus)
     return sub
 
 
-__all__ = ["SourceFile", "Skipped", "collect_files", "split_of", "read_documents", "iter_split_texts",
-           "build_corpus", "load_index", "read_split", "add_cli"]
+__all__ = ["build_corpus", "load_index", "read_split", "add_cli"]

@@ -222,7 +222,7 @@ def mine_doctest_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: i
         codechat.config.ConfigError: a source does not exist or holds no ``.py`` file.
     """
     from codechat.config import default_corpus_dirs
-    from codechat.data.corpus import collect_files
+    from codechat.data.sources import collect_files
     counts = counts if counts is not None else DoctestCounts()
     decon = _decontaminator(mbpp_file)
     kept: list[Task] = []

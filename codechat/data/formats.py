@@ -41,9 +41,8 @@ system's spelling ``<functioncall> {json}`` becomes a structured function call, 
 valid call (text after the call included) makes the record invalid, with the parser's reason and
 character offset in the message (never trained on as text, never cut silently).
 
-Files: ``.jsonl`` (``line`` is the 1-based line number), ``.json`` (an array, or an object with a
-``data`` array; ``line`` is the 1-based record index), ``.parquet`` (needs ``pyarrow``; ``line``
-is the 1-based row), each optionally ``.gz``; a directory means every such file under it, sorted.
+Files and datasets are read by :mod:`codechat.data.readers` (``.jsonl``, ``.json``, ``.parquet``, each
+optionally ``.gz``; a directory of them; ``hf:`` datasets).
 A record that fits no format, lacks a field or holds invalid values raises :class:`BadRecordError`
 (a :class:`FormatError`) naming the file, line and field - or, with ``skip_bad``, is skipped and
 counted by reason. The message names no command-line flag: only the callers that offer a way
@@ -51,18 +50,17 @@ to skip such records (the SFT mixture, :func:`codechat.data.mixture.load_source`
 """
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from codechat.calls import CALL_MARKERS, parse_assistant_text, parse_call
 from codechat.chat import Conversation, Message, normalize_tool
+from codechat.data.readers import (BadRecordError, BadRow, FormatError, LoadCounts, checked_rows, data_files, read_rows,
+                                   record_field)
 
 #: Formats in detection order, each with the field that identifies it.
 DETECT_BY: tuple[tuple[str, str], ...] = (("messages", "messages"), ("sharegpt", "conversations"), ("glaive", "chat"),
@@ -70,8 +68,6 @@ DETECT_BY: tuple[tuple[str, str], ...] = (("messages", "messages"), ("sharegpt",
                                           ("alpaca", "instruction"), ("qa", "question"),
                                           ("completion", "completion"), ("prompt", "prompt"), ("text", "text"))
 FORMATS: tuple[str, ...] = tuple(f for f, _ in DETECT_BY)
-#: File name endings read (each also with ``.gz``).
-EXTENSIONS: tuple[str, ...] = (".jsonl", ".json", ".parquet")
 #: The user turn of an MBPP record (as in the MBPP paper's prompt, without its few-shot part).
 MBPP_PROMPT = "{text}\nYour code should pass these tests:\n\n{tests}"
 #: The user turn of a HumanEval record.
@@ -81,14 +77,6 @@ GLAIVE_SYSTEM_PREFIX = "SYSTEM:"
 _GLAIVE_ROLES = {"USER": "user", "ASSISTANT": "assistant", "FUNCTION RESPONSE": "function_response"}
 _GLAIVE_SPLIT = re.compile(r"^(USER|ASSISTANT|FUNCTION RESPONSE):[ \t]?", re.MULTILINE)
 _GLAIVE_END = "<|endoftext|>"
-
-
-class FormatError(ValueError):
-    """A data file or record cannot be read; the message names the file, the line and the field."""
-
-
-class BadRecordError(FormatError):
-    """One record fits no format, lacks a field or holds invalid values: what ``skip_bad`` skips."""
 
 
 @dataclass(frozen=True)
@@ -106,48 +94,6 @@ class Record:
     format: str
     task_id: str = ""
     id: str = ""
-
-
-@dataclass
-class LoadCounts:
-    """Records read and records skipped (by reason) with ``skip_bad``; ``examples`` holds the first few errors."""
-
-    records: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-    examples: list[str] = field(default_factory=list)
-
-    def skip(self, reason: str, message: str) -> None:
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
-        if len(self.examples) < 3:
-            self.examples.append(message)
-
-    @property
-    def n_skipped(self) -> int:
-        return sum(self.skipped.values())
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"records": self.records, "skipped": dict(self.skipped), "examples": list(self.examples)}
-
-
-class _Bad(Exception):
-    """A record problem: ``reason`` is the counter name, ``message`` the explanation."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-def _field(rec: Mapping[str, Any], fmt: str, *names: str, kind: type | tuple[type, ...] = str) -> Any:
-    """The first of ``names`` present (not None) in ``rec``; raises :class:`_Bad` naming the field otherwise."""
-    for name in names:
-        value = rec.get(name)
-        if value is not None:
-            if not isinstance(value, kind):
-                want = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-                raise _Bad("invalid", f"field {name!r} of a {fmt} record must be {want}, got {type(value).__name__}")
-            return value
-    raise _Bad("missing_field", f"{fmt} record has no field {' or '.join(repr(n) for n in names)} "
-                                f"(fields present: {', '.join(sorted(rec)) or 'none'})")
 
 
 def detect_format(rec: Mapping[str, Any]) -> str | None:
@@ -168,9 +114,9 @@ def _text(content: Any, where: str) -> str:
             if isinstance(p, Mapping) and p.get("type", "text") == "text" and isinstance(p.get("text"), str):
                 parts.append(p["text"])
             else:
-                raise _Bad("invalid", f"{where}: only text content parts are supported, got {str(p)[:80]!r}")
+                raise BadRow("invalid", f"{where}: only text content parts are supported, got {str(p)[:80]!r}")
         return "".join(parts)
-    raise _Bad("invalid", f"{where}: content must be a string, a list of text parts or null, "
+    raise BadRow("invalid", f"{where}: content must be a string, a list of text parts or null, "
                           f"got {type(content).__name__}")
 
 
@@ -181,11 +127,11 @@ def _tools(value: Any) -> tuple[dict[str, Any], ...] | None:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise _Bad("invalid", f"field 'tools' is not JSON ({e})") from None
+            raise BadRow("invalid", f"field 'tools' is not JSON ({e})") from None
     if isinstance(value, Mapping):
         value = [value]
     if not isinstance(value, list):
-        raise _Bad("invalid", f"field 'tools' must be a list of function schemas, got {type(value).__name__}")
+        raise BadRow("invalid", f"field 'tools' must be a list of function schemas, got {type(value).__name__}")
     return tuple(normalize_tool(t) for t in value)
 
 
@@ -198,7 +144,7 @@ def _message(role: str, content: str) -> Message:
         try:
             text, call = parse_assistant_text(content, strict=True)
         except ValueError as e:
-            raise _Bad("invalid", f"assistant text has a function-call marker but no valid call: {e}") from None
+            raise BadRow("invalid", f"assistant text has a function-call marker but no valid call: {e}") from None
         return Message("assistant", text, call)
     return Message(role, content)
 
@@ -209,19 +155,19 @@ _OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "ass
 
 
 def _from_messages(rec: Mapping[str, Any]) -> Conversation:
-    msgs = _field(rec, "messages", "messages", kind=list)
+    msgs = record_field(rec, "messages record", "messages", kind=list)
     out: list[Message] = []
     for k, m in enumerate(msgs):
         if not isinstance(m, Mapping):
-            raise _Bad("invalid", f"messages[{k}] must be an object, got {type(m).__name__}")
+            raise BadRow("invalid", f"messages[{k}] must be an object, got {type(m).__name__}")
         role = _OPENAI_ROLES.get(m.get("role"))
         if role is None:
-            raise _Bad("invalid" if "role" in m else "missing_field",
+            raise BadRow("invalid" if "role" in m else "missing_field",
                        f"messages[{k}] has role {m.get('role')!r}; expected one of {', '.join(_OPENAI_ROLES)}")
         content = _text(m.get("content"), f"messages[{k}]")
         calls = m.get("tool_calls") or ([m["function_call"]] if m.get("function_call") else [])
         if calls and role != "assistant":
-            raise _Bad("invalid", f"messages[{k}] is a {role} message with tool calls")
+            raise BadRow("invalid", f"messages[{k}] is a {role} message with tool calls")
         if not calls:
             out.append(_message(role, content))
             continue
@@ -238,18 +184,18 @@ _SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "
 
 
 def _from_sharegpt(rec: Mapping[str, Any]) -> Conversation:
-    turns = _field(rec, "sharegpt", "conversations", kind=list)
+    turns = record_field(rec, "sharegpt record", "conversations", kind=list)
     out: list[Message] = []
     system = rec.get("system")
     if isinstance(system, str) and system.strip():
         out.append(Message("system", system))
     for k, t in enumerate(turns):
         if not isinstance(t, Mapping):
-            raise _Bad("invalid", f"conversations[{k}] must be an object, got {type(t).__name__}")
+            raise BadRow("invalid", f"conversations[{k}] must be an object, got {type(t).__name__}")
         who = t.get("from", t.get("role"))
         role = _SHAREGPT_ROLES.get(who)
         if role is None:
-            raise _Bad("invalid", f"conversations[{k}] is from {who!r}; expected one of {', '.join(_SHAREGPT_ROLES)}")
+            raise BadRow("invalid", f"conversations[{k}] is from {who!r}; expected one of {', '.join(_SHAREGPT_ROLES)}")
         value = t.get("value", t.get("content"))
         if role == "function_call":
             out.append(Message("assistant", "", parse_call(value) if isinstance(value, str) else value))
@@ -279,12 +225,12 @@ def _glaive_system(text: str) -> tuple[str, tuple[dict[str, Any], ...] | None]:
 
 
 def _from_glaive(rec: Mapping[str, Any]) -> Conversation:
-    chat = _field(rec, "glaive", "chat")
+    chat = record_field(rec, "glaive record", "chat")
     system, tools = _glaive_system(rec.get("system") or "")
     out = [Message("system", system)] if system else []
     parts = _GLAIVE_SPLIT.split(chat)
     if parts[0].strip():
-        raise _Bad("invalid", f"glaive chat text before the first USER:/ASSISTANT: marker: {parts[0][:60]!r}")
+        raise BadRow("invalid", f"glaive chat text before the first USER:/ASSISTANT: marker: {parts[0][:60]!r}")
     for marker, body in zip(parts[1::2], parts[2::2]):
         body = body.strip()
         while body.endswith(_GLAIVE_END):
@@ -299,51 +245,51 @@ def mbpp_prompt(text: str, tests: Iterable[str]) -> str:
 
 
 def _from_mbpp(rec: Mapping[str, Any]) -> Conversation:
-    text = _field(rec, "mbpp", "text", "prompt")
-    code = _field(rec, "mbpp", "code")
-    tests = _field(rec, "mbpp", "test_list", kind=list)
+    text = record_field(rec, "mbpp record", "text", "prompt")
+    code = record_field(rec, "mbpp record", "code")
+    tests = record_field(rec, "mbpp record", "test_list", kind=list)
     return Conversation((Message("user", mbpp_prompt(text, tests)),
                          Message("assistant", code.replace("\r\n", "\n").rstrip())))
 
 
 def _from_humaneval(rec: Mapping[str, Any]) -> Conversation:
-    prompt = _field(rec, "humaneval", "prompt")
-    solution = _field(rec, "humaneval", "canonical_solution")
+    prompt = record_field(rec, "humaneval record", "prompt")
+    solution = record_field(rec, "humaneval record", "canonical_solution")
     return Conversation((Message("user", HUMANEVAL_PROMPT.format(prompt=prompt)),
                          Message("assistant", (prompt + solution).rstrip())))
 
 
 def _from_alpaca(rec: Mapping[str, Any]) -> Conversation:
-    instruction = _field(rec, "alpaca", "instruction")
+    instruction = record_field(rec, "alpaca record", "instruction")
     if rec.get("output") is None and rec.get("response") is None and isinstance(rec.get("instances"), list) \
             and rec["instances"] and isinstance(rec["instances"][0], Mapping):
         rec = {**rec, **rec["instances"][0]}  # the seed-task layout: instruction + instances[{input, output}]
     given = rec.get("input") or ""
     if not isinstance(given, str):
-        raise _Bad("invalid", f"field 'input' of an alpaca record must be str, got {type(given).__name__}")
-    output = _field(rec, "alpaca", "output", "response")
+        raise BadRow("invalid", f"field 'input' of an alpaca record must be str, got {type(given).__name__}")
+    output = record_field(rec, "alpaca record", "output", "response")
     user = f"{instruction}\n\n{given}" if given.strip() else instruction
     return Conversation((Message("user", user), Message("assistant", output)))
 
 
 def _from_qa(rec: Mapping[str, Any]) -> Conversation:
-    return Conversation((Message("user", _field(rec, "qa", "question")),
-                         Message("assistant", _field(rec, "qa", "answer"))))
+    return Conversation((Message("user", record_field(rec, "qa record", "question")),
+                         Message("assistant", record_field(rec, "qa record", "answer"))))
 
 
 def _from_completion(rec: Mapping[str, Any]) -> Conversation:
-    return Conversation((Message("user", _field(rec, "completion", "prompt")),
-                         Message("assistant", _field(rec, "completion", "completion"))))
+    return Conversation((Message("user", record_field(rec, "completion record", "prompt")),
+                         Message("assistant", record_field(rec, "completion record", "completion"))))
 
 
 def _from_prompt(rec: Mapping[str, Any]) -> Conversation:
     system = rec.get("system")
     return Conversation(((Message("system", system),) if isinstance(system, str) and system.strip() else ())
-                        + (Message("user", _field(rec, "prompt", "prompt")),))
+                        + (Message("user", record_field(rec, "prompt record", "prompt")),))
 
 
 def _from_text(rec: Mapping[str, Any]) -> Conversation:
-    return Conversation((Message("assistant", _field(rec, "text", "text")),))
+    return Conversation((Message("assistant", record_field(rec, "text record", "text")),))
 
 
 CONVERTERS: dict[str, Callable[[Mapping[str, Any]], Conversation]] = {
@@ -360,117 +306,34 @@ def to_conversation(rec: Mapping[str, Any], format: str = "auto") -> tuple[Conve
     """
     try:
         return _convert(rec, format)
-    except _Bad as e:
+    except BadRow as e:
         raise FormatError(str(e)) from None
 
 
 def _convert(rec: Any, format: str) -> tuple[Conversation, str]:
     if not isinstance(rec, Mapping):
-        raise _Bad("invalid", f"a record must be a JSON object, got {type(rec).__name__}")
+        raise BadRow("invalid", f"a record must be a JSON object, got {type(rec).__name__}")
     fmt = detect_format(rec) if format == "auto" else format
     if fmt is None:
         need = "; ".join(f"{f}: {k!r}" for f, k in DETECT_BY)
-        raise _Bad("no_format", f"record fits no format (fields present: {', '.join(sorted(rec)) or 'none'}); "
+        raise BadRow("no_format", f"record fits no format (fields present: {', '.join(sorted(rec)) or 'none'}); "
                                 f"each format needs a field: {need}")
     if fmt not in CONVERTERS:
         raise FormatError(f"unknown format {fmt!r}; known: auto, {', '.join(FORMATS)}")
     try:
         return CONVERTERS[fmt](rec), fmt
-    except _Bad:
+    except BadRow:
         raise
     except (ValueError, TypeError, AttributeError) as e:
-        raise _Bad("invalid", f"{fmt} record is invalid: {e}") from None
+        raise BadRow("invalid", f"{fmt} record is invalid: {e}") from None
 
 
-# ----------------------------------------------------------------------------- files
-def _stem(path: Path) -> str:
-    name = path.name.lower()
-    return name[:-3] if name.endswith(".gz") else name
-
-
-def is_data_file(path: Path) -> bool:
-    """A file this module reads (by its name)."""
-    return _stem(path).endswith(EXTENSIONS)
-
-
-def data_files(path: str | os.PathLike) -> list[Path]:
-    """``[path]`` for a file, or every data file under a directory (sorted, hidden entries skipped).
-
-    Raises:
-        FormatError: the path does not exist, or a directory holds no data file.
-    """
-    p = Path(path).expanduser()
-    if p.is_file():
-        return [p]
-    if not p.is_dir():
-        raise FormatError(f"data source {str(path)!r} does not exist")
-    files = sorted(f for f in p.rglob("*") if f.is_file() and is_data_file(f)
-                   and not any(part.startswith(".") for part in f.relative_to(p).parts))
-    if not files:
-        raise FormatError(f"data directory {str(path)!r} holds no {'/'.join(EXTENSIONS)} file (optionally .gz)")
-    return files
-
-
-def _open_binary(path: Path) -> io.BufferedIOBase:
-    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
-
-
-def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
-    """``(line, value)`` of every record of one file; a ``.jsonl`` line that is not JSON gives a :class:`_Bad`.
-
-    Raises:
-        FormatError: unsupported extension, a ``.json`` file that is not JSON, or ``pyarrow`` missing.
-    """
-    p = Path(path)
-    stem = _stem(p)
-    if stem.endswith(".jsonl"):
-        with _open_binary(p) as raw, io.TextIOWrapper(raw, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        yield n, json.loads(line)
-                    except json.JSONDecodeError as e:
-                        yield n, _Bad("bad_json", f"not valid JSON ({e})")
-    elif stem.endswith(".json"):
-        with _open_binary(p) as raw:
-            try:
-                data = json.loads(raw.read().decode("utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise FormatError(f"{p}: not a valid JSON file ({e})") from None
-        if isinstance(data, Mapping):
-            data = data["data"] if isinstance(data.get("data"), list) else [data]
-        if not isinstance(data, list):
-            raise FormatError(f"{p}: expected a JSON array of records, got {type(data).__name__}")
-        yield from enumerate(data, 1)
-    elif stem.endswith(".parquet"):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise FormatError(f"{p}: reading .parquet files needs pyarrow (pip install pyarrow), which is not "
-                              "installed; or convert the file to .jsonl") from None
-        with _open_binary(p) as raw:
-            table = pq.read_table(io.BytesIO(raw.read()))
-        yield from enumerate(table.to_pylist(), 1)
-    else:
-        raise FormatError(f"{p}: unsupported file type; use {', '.join(EXTENSIONS)} (optionally .gz)")
-
-
+# ----------------------------------------------------------------------------- records of files
 def records_from_rows(rows: Iterable[tuple[int, Any]], source: str, *, format: str = "auto", skip_bad: bool = False,
                       counts: LoadCounts | None = None) -> Iterator[Record]:
     """Convert ``(line, record)`` rows of one source to :class:`Record`; see :func:`iter_records`."""
-    counts = counts if counts is not None else LoadCounts()
-    for line, value in rows:
-        try:
-            if isinstance(value, _Bad):
-                raise value
-            conv, fmt = _convert(value, format)
-        except _Bad as e:
-            message = f"{source}:{line}: {e}"
-            if not skip_bad:
-                raise BadRecordError(message) from None
-            counts.skip(e.reason, message)
-            continue
-        counts.records += 1
+    for line, value, (conv, fmt) in checked_rows(rows, source, lambda v: _convert(v, format), skip_bad=skip_bad,
+                                                 counts=counts):
         yield Record(conv, source, line, fmt, *("" if value.get(k) is None else str(value[k]) for k in ("task_id", "id")))
 
 
@@ -498,6 +361,5 @@ def load_records(path: str | os.PathLike, **kwargs: Any) -> list[Record]:
     return list(iter_records(path, **kwargs))
 
 
-__all__ = ["FORMATS", "DETECT_BY", "EXTENSIONS", "MBPP_PROMPT", "HUMANEVAL_PROMPT", "FormatError", "BadRecordError",
-           "Record", "LoadCounts", "detect_format", "to_conversation", "mbpp_prompt", "is_data_file", "data_files",
-           "read_rows", "records_from_rows", "iter_records", "load_records"]
+__all__ = ["FORMATS", "DETECT_BY", "MBPP_PROMPT", "HUMANEVAL_PROMPT", "FormatError", "BadRecordError", "Record",
+           "detect_format", "to_conversation", "mbpp_prompt", "records_from_rows", "iter_records", "load_records"]

@@ -46,7 +46,7 @@ from typing import Any
 from codechat.chat import Conversation, Message
 from codechat.config import SFTConfig
 from codechat.data.benchmarks import HUMANEVAL_FILE, MBPP_SPLITS, mbpp_split
-from codechat.data.corpus import collect_files
+from codechat.data.sources import collect_files
 from codechat.data.formats import Record
 
 #: The user turn of a mined pair.
@@ -202,7 +202,7 @@ def mbpp_problems(path: str | os.PathLike, splits: Sequence[str] = MBPP_DECONTAM
     Raises:
         FileNotFoundError: ``path`` is missing. ValueError: no problem of those splits in the file.
     """
-    from codechat.data.formats import read_rows
+    from codechat.data.readers import read_rows
     if not Path(path).is_file():
         raise FileNotFoundError(f"MBPP file {str(path)!r} (sft.decontam_mbpp) does not exist")
     out = []

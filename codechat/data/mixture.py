@@ -45,7 +45,8 @@ import numpy as np
 
 from codechat.config import SFT_FORMATS, SFT_MIX_MODES, ConfigError, SFTConfig
 from codechat.data.benchmarks import CONVERSATION_SPLITS, conversation_split
-from codechat.data.formats import FORMATS, LoadCounts, Record, data_files, iter_records, read_rows, records_from_rows
+from codechat.data.formats import FORMATS, Record, iter_records, records_from_rows
+from codechat.data.readers import LoadCounts, data_files, hub_rows, read_rows
 
 #: Appended to a bad record's error: the commands that load a mixture and take ``--skip-bad``
 #: (``speedrun`` loads mixtures without one; ``eval`` reads its files through
@@ -117,27 +118,6 @@ def parse_spec(spec: str) -> list[SourceSpec]:
 
 
 # ----------------------------------------------------------------------------- loading
-def _load_hf(name: str, *, format: str, skip_bad: bool, counts: LoadCounts) -> list[Record]:
-    """Records of ``hf:ORG/NAME[:CONFIG][@SPLIT]`` through the ``datasets`` library."""
-    try:
-        import datasets
-    except ImportError:
-        raise ConfigError(f"data source {name!r} needs the `datasets` package (pip install datasets), which is not "
-                          "installed; or download the data and give a local file") from None
-    rest, at, split = name[len("hf:"):].rpartition("@")
-    if not at:
-        rest, split = name[len("hf:"):], "train"
-    path, _, config = rest.partition(":")
-    if not path:
-        raise ConfigError(f"data source {name!r}: expected hf:ORG/NAME[:CONFIG][@SPLIT]")
-    try:
-        ds = datasets.load_dataset(path, config or None, split=split)
-    except Exception as e:  # network, missing dataset/config/split: one error naming the source
-        raise ConfigError(f"data source {name!r} could not be loaded by datasets: {e}") from e
-    rows = ((k, dict(row)) for k, row in enumerate(ds, 1))
-    return list(records_from_rows(rows, name, format=format, skip_bad=skip_bad, counts=counts))
-
-
 def load_source(spec: SourceSpec, cfg: SFTConfig, *, base_dir: str | os.PathLike | None = None,
                 counts: LoadCounts | None = None) -> list[Record]:
     """All records of one source (``cfg`` gives the format default, ``skip_bad`` and the mining limits).
@@ -159,7 +139,8 @@ def load_source(spec: SourceSpec, cfg: SFTConfig, *, base_dir: str | os.PathLike
         return records
     try:
         if spec.source.startswith("hf:"):
-            return _load_hf(spec.source, format=fmt, skip_bad=cfg.skip_bad, counts=counts)
+            return list(records_from_rows(hub_rows(spec.source), spec.source, format=fmt, skip_bad=cfg.skip_bad,
+                                          counts=counts))
         path = _resolve(spec.source, base_dir)
         if spec.split:
             return [rec for f in data_files(path) for rec in records_from_rows(
@@ -220,7 +201,7 @@ def mbpp_files(spec: str, cfg: SFTConfig, base_dir: str | os.PathLike | None = N
 
 def _first_format(path: Path) -> str | None:
     """The detected format of the first record of one file (``None``: unreadable, loading reports it)."""
-    from codechat.data.formats import detect_format, read_rows
+    from codechat.data.formats import detect_format
     try:
         first = next((v for _, v in read_rows(path)), None)
     except ValueError:

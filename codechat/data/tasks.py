@@ -312,7 +312,8 @@ def _load_rows(path: Path, split: str | None) -> list[Task]:
 
 
 def _load_funcall(path: Path, split: str) -> list[Task]:
-    from codechat.data.formats import read_rows, records_from_rows
+    from codechat.data.formats import records_from_rows
+    from codechat.data.readers import read_rows
     if split not in CONVERSATION_SPLITS + ("all",):
         raise ValueError(f"funcall:{path}: split must be one of {', '.join(CONVERSATION_SPLITS + ('all',))}, "
                          f"got {split!r}")

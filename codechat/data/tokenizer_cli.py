@@ -1,8 +1,9 @@
 """The ``codechat tokenizer`` command: train the BPE on a corpus's train split, encode a text,
 and measure bytes per token on the val split.
 
-It joins :mod:`codechat.tokenizer`, which takes texts only, and :mod:`codechat.data.corpus`,
-which reads source files into texts (with the same train/val split as ``codechat data corpus``).
+It joins :mod:`codechat.tokenizer`, which takes texts only, and :mod:`codechat.data.sources`,
+which reads the same sources as ``codechat data corpus`` (source files, data files of records,
+``hf:`` datasets) into texts, with the same train/val split.
 """
 from __future__ import annotations
 
@@ -11,27 +12,15 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from codechat.config import DataConfig, default_corpus_dirs
-from codechat.data.corpus import iter_split_texts
+from codechat.config import DataConfig
+from codechat.data.sources import add_source_args, iter_split_texts
 from codechat.tokenizer import Tokenizer, bytes_per_token, train_tokenizer
 
 
-def _add_corpus_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--corpus", nargs="+", default=list(default_corpus_dirs()), metavar="PATH",
-                   help="source directories or files (default: this Python's standard library)")
-    p.add_argument("--ext", nargs="+", default=list(DataConfig.extensions), metavar="EXT",
-                   help="file extensions to read (default: %(default)s)")
-    p.add_argument("--val-fraction", type=float, default=DataConfig.val_fraction, metavar="F",
-                   help="share of files (by a hash of their path) held out as validation; must match "
-                        "`codechat data corpus` (default: %(default)s)")
-    p.add_argument("--max-files", type=int, default=0, metavar="N", help="read at most N files (0: all)")
-    p.add_argument("--max-bytes", type=int, default=0, metavar="N",
-                   help="stop after N bytes of text (0: no limit)")
-
-
 def _split_texts(args: argparse.Namespace, split: str) -> Iterable[str]:
-    return iter_split_texts(args.corpus, split, extensions=tuple(args.ext), val_fraction=args.val_fraction,
-                            max_files=args.max_files, max_bytes=args.max_bytes)
+    return iter_split_texts(args.src, split, extensions=tuple(args.ext), val_fraction=args.val_fraction,
+                            max_files=args.max_files, max_bytes=args.max_bytes, text_fields=tuple(args.text_fields),
+                            skip_bad=args.skip_bad)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -69,8 +58,9 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train a BPE on the train split of a source corpus",
                        description="Train a byte-level BPE (GPT-4 regex, 256 byte symbols) on the train split "
-                                   "only, so `tokenizer stats` on the val split is honest.")
-    _add_corpus_args(p)
+                                   "only, so `tokenizer stats` on the val split is honest. --max-bytes trains on "
+                                   "the first N bytes of it: a sample of a dataset too large to read whole.")
+    add_source_args(p, src_flags=("--corpus", "--src"))
     p.add_argument("--vocab-size", type=int, default=DataConfig.vocab_size, metavar="N",
                    help="ids in total, special tokens included (default: %(default)s)")
     p.add_argument("--min-frequency", type=int, default=2, metavar="N",
@@ -89,7 +79,7 @@ def add_cli(subparsers: Any) -> argparse.ArgumentParser:
                                    "and, with --gpt2, for GPT-2's in the same run.")
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer directory or tokenizer.json")
     p.add_argument("--gpt2", metavar="DIR", help="GPT-2 directory (encoder.json + vocab.bpe) to compare with")
-    _add_corpus_args(p)
+    add_source_args(p, src_flags=("--corpus", "--src"))
     p.set_defaults(func=_cmd_stats)
     return parser
 

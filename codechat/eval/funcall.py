@@ -54,7 +54,8 @@ def load_cases(path: str | Path, split: str = "heldout", limit: int | None = Non
         codechat.data.formats.FormatError: a record in no known format (file and line named).
     """
     from codechat.chat import Conversation
-    from codechat.data.formats import read_rows, records_from_rows
+    from codechat.data.formats import records_from_rows
+    from codechat.data.readers import read_rows
     if split not in SPLITS:
         raise ValueError(f"funcall split must be one of {', '.join(SPLITS)}, got {split!r}")
     # a row that is not a JSON object goes on to records_from_rows, which names its file and line

@@ -9,7 +9,8 @@ import torch
 
 from .. import checkpoint as ckpt
 from ..config import DataConfig, PretrainConfig, _check, check_init, replace, save_yaml, to_dict
-from ..data.corpus import build_corpus, iter_split_texts, load_index, read_split
+from ..data.corpus import build_corpus, load_index, read_split
+from ..data.sources import iter_split_texts
 from ..data.windows import WindowLoader, eval_windows
 from ..parallel import RankSlice, init_world, main_first
 from ..model import GPT, build_model
@@ -50,12 +51,14 @@ def prepare_data(data: DataConfig, out: Path, show_progress: bool = True) -> tup
     tok_dir = Path(data.tokenizer_dir) if data.tokenizer_dir else out / "tokenizer"
     if not data.tokenizer_dir and not (tok_dir / "tokenizer.json").is_file():
         texts = iter_split_texts(data.sources, "train", extensions=data.extensions, val_fraction=data.val_fraction,
-                                 max_files=data.max_files, max_bytes=data.tokenizer_max_bytes)
+                                 max_files=data.max_files, max_bytes=data.tokenizer_max_bytes,
+                                 text_fields=data.text_fields)
         train_tokenizer(texts, data.vocab_size, show_progress=show_progress).save(tok_dir)
     data_dir = Path(data.data_dir) if data.data_dir else out / "data"
     if not data.data_dir and not (data_dir / "index.json").is_file():
         build_corpus(data.sources, tok_dir, data_dir, extensions=data.extensions, val_fraction=data.val_fraction,
-                     max_files=data.max_files, workers=data.workers, show_progress=show_progress)
+                     max_files=data.max_files, text_fields=data.text_fields, workers=data.workers,
+                     show_progress=show_progress)
     return tok_dir, data_dir
 
 
