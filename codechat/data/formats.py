@@ -7,11 +7,12 @@ required field is reported as such instead of silently matching another format:
 ========== ==================== ===================================================================
 format     detected by          mapping
 ========== ==================== ===================================================================
-messages   ``messages``         OpenAI chat: roles system/developer, user, assistant, tool/function
-                                (-> function_response); ``content`` str, list of text parts or null;
-                                ``tool_calls`` / legacy ``function_call`` (arguments object or JSON
-                                string); ``tools`` / ``functions`` schemas. Each extra tool call of
-                                one message becomes its own assistant turn.
+messages   ``messages``         OpenAI chat, read by :func:`codechat.chat_openai.from_openai` (as
+                                ``codechat serve`` reads a request): roles system/developer, user,
+                                assistant, tool/function (-> function_response); ``content`` str,
+                                list of text parts or null; ``tool_calls`` / legacy ``function_call``
+                                (arguments object or JSON string), each call its own assistant turn;
+                                ``tools`` / ``functions`` schemas.
 sharegpt   ``conversations``    ``{from, value}`` (or ``{role, content}``) with human/user, gpt/
                                 assistant, function_call (call JSON), observation (-> function_
                                 response), system; ``tools`` (JSON string or list); ``system``.
@@ -61,6 +62,7 @@ from codechat.calls import CALL_MARKERS, parse_assistant_text, parse_call
 from codechat.chat import Conversation, Message, normalize_tool
 from codechat.data.readers import (BadRecordError, BadRow, FormatError, LoadCounts, checked_rows, data_files, read_rows,
                                    record_field)
+from codechat.chat_openai import MessageError, from_openai, message_text
 
 #: Formats in detection order, each with the field that identifies it.
 DETECT_BY: tuple[tuple[str, str], ...] = (("messages", "messages"), ("sharegpt", "conversations"), ("glaive", "chat"),
@@ -103,21 +105,11 @@ def detect_format(rec: Mapping[str, Any]) -> str | None:
 
 # ----------------------------------------------------------------------------- converters
 def _text(content: Any, where: str) -> str:
-    """Message content as text: a string, ``None`` (-> ``""``), or a list of ``{"type": "text", "text"}`` parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for p in content:
-            if isinstance(p, Mapping) and p.get("type", "text") == "text" and isinstance(p.get("text"), str):
-                parts.append(p["text"])
-            else:
-                raise BadRow("invalid", f"{where}: only text content parts are supported, got {str(p)[:80]!r}")
-        return "".join(parts)
-    raise BadRow("invalid", f"{where}: content must be a string, a list of text parts or null, "
-                          f"got {type(content).__name__}")
+    """Message content as text (:func:`codechat.chat_openai.message_text`)."""
+    try:
+        return message_text(content, where)
+    except MessageError as e:
+        raise BadRow("invalid", str(e)) from None
 
 
 def _tools(value: Any) -> tuple[dict[str, Any], ...] | None:
@@ -149,32 +141,15 @@ def _message(role: str, content: str) -> Message:
     return Message(role, content)
 
 
-_OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-                 "tool": "function_response", "function": "function_response", "ipython": "function_response",
-                 "function_response": "function_response"}
-
-
 def _from_messages(rec: Mapping[str, Any]) -> Conversation:
     msgs = record_field(rec, "messages record", "messages", kind=list)
-    out: list[Message] = []
-    for k, m in enumerate(msgs):
-        if not isinstance(m, Mapping):
-            raise BadRow("invalid", f"messages[{k}] must be an object, got {type(m).__name__}")
-        role = _OPENAI_ROLES.get(m.get("role"))
-        if role is None:
-            raise BadRow("invalid" if "role" in m else "missing_field",
-                       f"messages[{k}] has role {m.get('role')!r}; expected one of {', '.join(_OPENAI_ROLES)}")
-        content = _text(m.get("content"), f"messages[{k}]")
-        calls = m.get("tool_calls") or ([m["function_call"]] if m.get("function_call") else [])
-        if calls and role != "assistant":
-            raise BadRow("invalid", f"messages[{k}] is a {role} message with tool calls")
-        if not calls:
-            out.append(_message(role, content))
-            continue
-        for j, call in enumerate(calls):
-            fn = call.get("function", call) if isinstance(call, Mapping) else call
-            out.append(Message("assistant", content if j == 0 else "", fn))
-    return Conversation(tuple(out), _tools(rec.get("tools", rec.get("functions"))))
+    try:
+        messages = from_openai(msgs)
+    except MessageError as e:
+        raise BadRow(e.reason, str(e)) from None
+    out = tuple(_message(m.role, m.content) if m.role == "assistant" and m.function_call is None else m
+                for m in messages)
+    return Conversation(out, _tools(rec.get("tools", rec.get("functions"))))
 
 
 _SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",

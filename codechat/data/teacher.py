@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import email.utils
-import json
 import os
 import random
 import re
@@ -54,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from codechat.chat_openai import openai_tools, to_openai
 from codechat.config import SFT_FORMATS, ConfigError, SFTConfig, to_dict
 from codechat.data.formats import FormatError, to_conversation
 from codechat.data.prompts import prompt_id, prompt_of
@@ -224,25 +224,12 @@ def load_prompts(cfg: DistillConfig) -> list[Prompt]:
 
 # ----------------------------------------------------------------------------- the wire format
 def request_messages(prompt: Prompt, system_prompt: str = "") -> list[dict[str, Any]]:
-    """The prompt as OpenAI chat messages: calls as ``tool_calls`` (ids ``call_K``), responses as ``tool``
-    messages answering the oldest open call; ``system_prompt`` first when the prompt has no system message."""
-    msgs = prompt.conversation.messages
-    out: list[dict[str, Any]] = []
-    if system_prompt and msgs[0].role != "system":
-        out.append({"role": "system", "content": system_prompt})
-    open_calls: list[str] = []
-    for k, m in enumerate(msgs):
-        if m.role == "function_response":
-            out.append({"role": "tool", "tool_call_id": open_calls.pop(0) if open_calls else f"call_{k}",
-                        "content": m.content})
-        elif m.function_call is not None:
-            open_calls.append(f"call_{k}")
-            fn = {"name": m.function_call["name"], "arguments": json.dumps(m.function_call["arguments"])}
-            out.append({"role": "assistant", "content": m.content or None,
-                        "tool_calls": [{"id": open_calls[-1], "type": "function", "function": fn}]})
-        else:
-            out.append({"role": m.role, "content": m.content})
-    return out
+    """The prompt as OpenAI chat messages (:func:`codechat.chat_openai.to_openai`), ``system_prompt``
+    first when the prompt has no system message."""
+    msgs = to_openai(prompt.conversation.messages)
+    if system_prompt and prompt.conversation.messages[0].role != "system":
+        msgs.insert(0, {"role": "system", "content": system_prompt})
+    return msgs
 
 
 @dataclass(frozen=True)
@@ -343,7 +330,7 @@ async def _ask(client: Any, openai: Any, cfg: DistillConfig, prompt: Prompt, sto
     request: dict[str, Any] = {"model": cfg.model, "messages": request_messages(prompt, t.system_prompt),
                                "temperature": t.temperature, "top_p": t.top_p, "max_tokens": t.max_tokens}
     if prompt.conversation.tools:
-        request["tools"] = [{"type": "function", "function": s} for s in prompt.conversation.tools]
+        request["tools"] = openai_tools(prompt.conversation)
     for attempt in range(t.retries + 1):
         store.stats.requests += 1
         try:

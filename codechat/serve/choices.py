@@ -20,13 +20,13 @@ always equals the non-streamed one.
 """
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from codechat.calls import CALL_MARKERS, FUNCTION_CALL_TOKEN, parse_reply_ids
+from codechat.chat_openai import tool_call
 from codechat.engine import Token
 from codechat.tokenizer import Tokenizer
 
@@ -145,9 +145,7 @@ class ChoiceStream:
         reply = parse_reply_ids(self.tok, self._ids)
         before = self._text[:self._call_at]
         if reply.call is not None:
-            self.tool_call = {"id": f"call_{secrets.token_hex(12)}", "type": "function",
-                              "function": {"name": reply.call["name"],
-                                           "arguments": json.dumps(reply.call["arguments"], ensure_ascii=False)}}
+            self.tool_call = tool_call(reply.call, f"call_{secrets.token_hex(12)}")
             return self._send(before[self._sent:], lp, tool_call=self.tool_call, finish=self._finished("tool_calls"))
         full = before + (FUNCTION_CALL_TOKEN if self._by_id else "") + self._text[self._call_at:]
         return self._send(full[self._sent:], lp, finish=self._finished(finish))

@@ -7,11 +7,11 @@ turn through :func:`codechat.chat.system_text`), its prompt ids, the engine
 wrong is an :class:`APIError` naming the field (``param``), never an exception that reaches the
 server. Mapping of the history:
 
-- ``system`` / ``developer`` (first only) -> the system turn; ``user`` -> user; ``assistant``
-  (``content``, and one call in ``tool_calls`` or the older ``function_call``) -> an assistant
-  turn with our function call; ``tool`` / ``function`` -> a ``function_response`` turn.
-- ``content`` is a string, ``null`` or a list of ``{"type": "text", "text": ...}`` parts (joined
-  with newlines).
+- ``messages``: read by :func:`codechat.chat_openai.from_openai`, as the ``messages`` SFT format
+  reads training data: ``system`` / ``developer`` (first only) -> the system turn; ``user``;
+  ``assistant`` (``content``, and ``tool_calls`` or the older ``function_call``: each call its own
+  assistant turn, as in training); ``tool`` / ``function`` -> a ``function_response`` turn;
+  ``content`` a string, ``null`` or a list of ``{"type": "text", "text": ...}`` parts (joined).
 - ``tool_choice``: ``none`` (the default without tools) declares no tools and ends the reply where
   a call would begin; ``auto`` (the default with tools) declares them and reads a call out of the
   reply (:func:`codechat.calls.parse_reply_ids`); ``required`` starts the reply with the
@@ -32,8 +32,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from codechat.calls import FUNCTION_CALL_TOKEN, ParseError
-from codechat.chat import Conversation, Message, render_for_completion
+from codechat.calls import FUNCTION_CALL_TOKEN
+from codechat.chat import Conversation, render_for_completion
+from codechat.chat_openai import MessageError, from_openai
 from codechat.engine import Request, SamplingConfig
 from codechat.tokenizer import Tokenizer
 
@@ -140,20 +141,6 @@ def _bool(body: Mapping[str, Any], key: str) -> bool:
     return bool(v)
 
 
-def _text(content: Any, param: str) -> str:
-    """A message's ``content``: a string, ``null`` (empty) or text parts joined by newlines."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        parts = []
-        for k, part in enumerate(content):
-            if not (isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise bad(f"{param}[{k}]", "only text parts {\"type\": \"text\", \"text\": ...} are supported")
-            parts.append(part["text"])
-        return "\n".join(parts)
-    raise bad(param, f"must be a string, null or a list of text parts, got {type(content).__name__}")
-
-
 def _stop(body: Mapping[str, Any], cfg: ServeConfig) -> tuple[str, ...]:
     v = body.get("stop")
     if v is None:
@@ -164,47 +151,6 @@ def _stop(body: Mapping[str, Any], cfg: ServeConfig) -> tuple[str, ...]:
     if len(stops) > cfg.max_stop:
         raise bad("stop", f"{len(stops)} stop strings; at most {cfg.max_stop}")
     return tuple(stops)
-
-
-def _tool_call(call: Any, param: str) -> dict[str, Any]:
-    """An OpenAI ``tool_calls`` entry (or a legacy ``function_call``) as ``{"name", "arguments"}``."""
-    fn = call.get("function") if isinstance(call, Mapping) and "function" in call else call
-    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-        raise bad(param, "a call needs {\"function\": {\"name\": ..., \"arguments\": \"{...}\"}}")
-    return {"name": fn["name"], "arguments": fn.get("arguments")}
-
-
-def _message(raw: Any, i: int) -> Message:
-    """One request message as a codechat :class:`Message`."""
-    param = f"messages[{i}]"
-    if not isinstance(raw, Mapping):
-        raise bad(param, f"must be an object with a role, got {type(raw).__name__}")
-    role = raw.get("role")
-    content = _text(raw.get("content"), f"{param}.content")
-    if role in ("system", "developer"):
-        if i:
-            raise bad(f"{param}.role", "a system message can only be the first message")
-        return Message("system", content)
-    if role == "user":
-        return Message("user", content)
-    if role in ("tool", "function"):
-        return Message("function_response", content)
-    if role != "assistant":
-        raise bad(f"{param}.role", f"unknown role {role!r}; use system, developer, user, assistant or tool")
-    calls = raw.get("tool_calls") or []
-    if not isinstance(calls, list):
-        raise bad(f"{param}.tool_calls", "must be a list")
-    if len(calls) > 1:
-        raise bad(f"{param}.tool_calls", f"{len(calls)} calls in one message; codechat's format holds one call a "
-                                         "turn: send each call as its own assistant message, followed by its tool "
-                                         "message")
-    call = (_tool_call(calls[0], f"{param}.tool_calls[0]") if calls else
-            _tool_call(raw["function_call"], f"{param}.function_call") if raw.get("function_call") else None)
-    try:
-        return Message("assistant", content, call)
-    except ParseError as e:
-        where = f"{param}.tool_calls[0].function.arguments" if calls else f"{param}.function_call.arguments"
-        raise bad(where, f"not a call codechat can render: {e}") from None
 
 
 def _tools(body: Mapping[str, Any], cfg: ServeConfig) -> tuple[dict[str, Any], ...]:
@@ -299,13 +245,16 @@ def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig
         raise bad("messages", "must be a non-empty list of messages")
     if len(raw) > cfg.max_messages:
         raise bad("messages", f"{len(raw)} messages; at most {cfg.max_messages}")
-    messages = [_message(m, i) for i, m in enumerate(raw)]
+    try:
+        messages = from_openai(raw)
+    except MessageError as e:
+        raise bad(e.param, e.message) from None
     if messages[-1].role == "assistant":
         raise bad(f"messages[{len(raw) - 1}].role", "the last message is the assistant's; end with a user or tool "
                                                     "message to get the next assistant turn")
     tools = _tools(body, cfg)
     choice = _tool_choice(body, tools)
-    conv = Conversation(tuple(messages), tools if choice != "none" else None)
+    conv = Conversation(messages, tools if choice != "none" else None)
     prompt = render_for_completion(tok, conv)
     forced: list[int] = []
     if choice == "required" or isinstance(choice, dict):
