@@ -16,7 +16,8 @@ from codechat.calls import FUNCTION_CALL_TOKEN
 from codechat.config import ConfigError
 from codechat.engine import Token
 from codechat.serve.choices import ChoiceStream
-from codechat.serve.cli import bind_warning, is_loopback
+from codechat.hosts import is_loopback, is_loopback_url
+from codechat.serve.cli import bind_warning
 from codechat.serve.config import ServeConfig
 from codechat.serve.protocol import APIError, ChatRequest, parse_chat_request
 
@@ -139,6 +140,9 @@ def test_serve_config_names_the_flag_to_change(field, value, flag):
 def test_only_loopback_binds_go_without_a_warning():
     assert all(is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "[::1]", "127.9.0.1"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.org"))
+    assert all(is_loopback_url(u) for u in ("http://127.0.0.2:8000/v1", "http://[::1]:8000/v1",
+                                            "http://user:pw@localhost/v1"))  # distill asks these without a key
+    assert not any(is_loopback_url(u) for u in ("https://teacher.example/v1", "http://10.0.0.1/v1", "nothing"))
     assert bind_warning("127.0.0.1", None) is None
     warning = bind_warning("0.0.0.0", None)
     assert warning.startswith("WARNING") and "0.0.0.0" in warning and "no API key" in warning

@@ -58,6 +58,7 @@ from codechat.config import SFT_FORMATS, ConfigError, SFTConfig, to_dict
 from codechat.data.formats import FormatError, to_conversation
 from codechat.data.prompts import prompt_id, prompt_of
 from codechat.data.teacher_store import AnswerStore, Prompt
+from codechat.hosts import is_loopback_url
 
 #: Reasons an answer is rejected for good (see the module docstring).
 REJECT_REASONS = ("length", "content_filter", "empty_choices", "empty_content", "unclosed_think",
@@ -176,11 +177,6 @@ def _openai() -> Any:
     except ImportError:
         raise ConfigError(INSTALL_HINT) from None
     return openai
-
-
-def is_loopback(url: str) -> bool:
-    """Whether ``url`` points at this machine (a key may then be left out)."""
-    return urllib.parse.urlparse(url).hostname in ("127.0.0.1", "localhost", "::1")
 
 
 def shown_url(url: str) -> str:
@@ -389,7 +385,7 @@ def run_distill(cfg: DistillConfig, *, show_progress: bool = True, say: Any = pr
     openai = _openai()
     key = api_key(cfg.api_key_env)
     if key is None:
-        if not is_loopback(cfg.base_url):
+        if not is_loopback_url(cfg.base_url):
             raise ConfigError(f"no API key: set ${cfg.api_key_env} in the environment or in ./.env "
                               f"(--api-key-env names another variable)")
         say(f"no ${cfg.api_key_env} in the environment or ./.env: asking {shown_url(cfg.base_url)} without a key")

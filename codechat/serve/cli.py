@@ -6,9 +6,10 @@ runs, and without fastapi / uvicorn it stops with one line saying ``pip install 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
+
+from codechat.hosts import is_loopback
 
 from .config import ServeConfig
 
@@ -56,16 +57,6 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="uvicorn's log level (default info: one line per request)")
     p.set_defaults(func=_cmd_serve)
     return p
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` keeps the server to this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def bind_warning(host: str, api_key: str | None) -> str | None:
