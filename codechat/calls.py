@@ -89,9 +89,9 @@ def _decode_arguments(args: Any, text: str, at: int) -> dict[str, Any]:
             return {}
         try:
             args = json.loads(stripped)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # also JSON past what the decoder takes (depth, digits)
             raise ParseError("bad_json", f"function-call arguments {stripped[:80]!r} are a string that is not JSON "
-                                         f"({e})", at, text) from None
+                                         f"({type(e).__name__}: {e})", at, text) from None
     raise ParseError("arguments_not_object", f"function-call arguments must be a JSON object, got "
                                              f"{type(args).__name__}: {str(args)[:80]!r}", at, text)
 
@@ -160,6 +160,8 @@ def _decode_value(text: str, pos: int) -> tuple[Any, int]:
         return _DECODER.raw_decode(text, pos)
     except json.JSONDecodeError as e:
         raise ParseError("bad_json", e.msg, e.pos, text) from None
+    except (ValueError, RecursionError) as e:  # valid JSON past what the decoder takes: nesting, digits
+        raise ParseError("bad_json", f"{type(e).__name__}: {e}", pos, text) from None
 
 
 def _scan_object(text: str, start: int) -> tuple[dict[str, Any], int, dict[str, int]]:

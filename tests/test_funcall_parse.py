@@ -154,6 +154,8 @@ def test_parse_call_reads_exactly_one_call(text, reason, position):
     ({"name": "f", "arguments": "[1, 2]"}, "arguments_not_object", "JSON object"),
     ({"name": "f", "arguments": 7}, "arguments_not_object", "JSON object"),
     ({"name": "f", "arguments": "{oops"}, "bad_json", "not JSON"),
+    ({"name": "f", "arguments": '{"a": ' * 5000 + "1" + "}" * 5000}, "bad_json", "RecursionError"),
+    ({"name": "f", "arguments": '{"a": 1' + "0" * 5000 + "}"}, "bad_json", "digits"),
     (["f", {}], "no_json", "mapping"),
 ])
 def test_call_dicts_raise_parse_errors_too(call, reason, match):
@@ -163,6 +165,20 @@ def test_call_dicts_raise_parse_errors_too(call, reason, match):
     if isinstance(call, dict):
         with pytest.raises(ParseError):
             Message("assistant", "", call)
+
+
+@pytest.mark.parametrize("json_text", ['{"a": ' * 5000 + "1" + "}" * 5000, '{"a": 1' + "0" * 5000 + "}"],
+                         ids=["nested-5000-deep", "an-int-of-5000-digits"])
+def test_json_no_parser_can_read_is_a_parse_error_not_a_crash(tok, json_text):
+    """Model output (or a client's history) that Python's JSON decoder cannot take is a bad call, never a crash."""
+    call = '{"name": "f", "arguments": ' + json_text + "}"
+    for text in ("<functioncall> " + call, FUNCTION_CALL_TOKEN + call):
+        reply = parse_reply(text)
+        assert reply.call is None and reply.error.reason == "bad_json" and reply.content == text
+    with pytest.raises(ParseError, match="bad_json"):
+        parse_call(call)
+    reply = parse_reply_ids(tok, [tok.special_id(FUNCTION_CALL_TOKEN), *tok.encode(call)])
+    assert reply.call is None and reply.error.reason == "bad_json"
 
 
 def test_parse_error_serialises_for_a_function_response_and_pickles():

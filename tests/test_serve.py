@@ -242,6 +242,20 @@ MALFORMED = [  # (what, body, status, param, code)
     ("json response format", {**_ok(), "response_format": {"type": "json_object"}}, 400, "response_format",
      "unsupported_parameter"),
     ("top logprobs", {**_ok(), "logprobs": True, "top_logprobs": 5}, 400, "top_logprobs", "unsupported_parameter"),
+    ("nested too deep for a parser", b'{"model": "codechat", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400,
+     None, "invalid_json"),
+    ("a number too long for a parser", b'{"model": "codechat", "messages": [], "n": 1' + b"0" * 5000 + b"}", 400,
+     None, "invalid_json"),
+    ("nested over the limit", {**_ok(), "metadata": json.loads("[" * 65 + "]" * 65)}, 400, "metadata",
+     "invalid_value"),
+    ("a schema nested deep", {**_ok(), "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": json.loads('{"type": "object", "properties": {"a": ' * 30 + "{}" + "}}" * 30)}}]},
+     400, "tools", "invalid_value"),
+    ("a lone surrogate", b'{"model": "codechat", "messages": [{"role": "user", "content": "hi \\ud800"}]}', 400,
+     "messages[0].content", "invalid_value"),
+    ("call arguments nested deep", {**_ok(), "messages": [USER, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": ' * 2000 + "1" + "}" * 2000}}]},
+        USER]}, 400, "messages[1].tool_calls[0].function.arguments", "invalid_value"),
     ("body over the limit", {**_ok(), "messages": [{"role": "user", "content": "x" * 70_000}]}, 413, None,
      "request_too_large"),
 ]

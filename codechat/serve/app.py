@@ -57,7 +57,8 @@ async def _read_json(request: Request, limit: int) -> Any:
     """The request body as JSON, refused past ``limit`` bytes before it is all read.
 
     Raises:
-        APIError: 413 over the limit; 400 for a body that is not UTF-8 JSON.
+        APIError: 413 over the limit; 400 for a body that is not UTF-8 JSON, or that Python's decoder
+            refuses (nested about 1000 deep, an integer of more than 4300 digits).
     """
     too_large = APIError(413, f"the request body is over the server's limit of {limit} bytes (--max-body-bytes)",
                          code="request_too_large")
@@ -71,8 +72,9 @@ async def _read_json(request: Request, limit: int) -> Any:
             raise too_large
     try:
         return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise bad(None, f"the request body is not valid JSON ({e})", "invalid_json") from None
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or past what the decoder takes
+        raise bad(None, f"the request body is not JSON this server can read ({type(e).__name__}: {e})",
+                  "invalid_json") from None
 
 
 async def _cancel_on_disconnect(request: Request, job: Job) -> None:

@@ -29,6 +29,8 @@ class ServeConfig:
         max_n: choices (``n``) per request at most; they share one prefill.
         max_stop: ``stop`` strings per request at most (OpenAI allows 4).
         max_tools: ``tools`` per request at most.
+        max_depth: how deep the request body's JSON may nest (``{"a": [1]}`` is 2 deep); deeper
+            gets 400. It keeps a tool schema within what JSON Schema validation can recurse into.
         queue_size: sample rows (a request of ``n`` choices is ``n`` rows) that may wait for a free
             KV-cache slot besides those decoding; a request whose rows do not fit gets 429.
         retry_after_s: seconds a 429 tells the client to wait (its ``Retry-After`` header).
@@ -44,13 +46,14 @@ class ServeConfig:
     max_n: int = 16
     max_stop: int = OPENAI_MAX_STOP
     max_tools: int = 64
+    max_depth: int = 64
     queue_size: int = 256
     retry_after_s: int = 1
 
     def __post_init__(self) -> None:
         if not self.model_name.strip():
             raise ConfigError("--served-model-name must not be empty")
-        for name in ("max_body_bytes", "max_messages", "max_n", "max_stop", "max_tools", "retry_after_s"):
+        for name in ("max_body_bytes", "max_messages", "max_n", "max_stop", "max_tools", "max_depth", "retry_after_s"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_tokens < 0:

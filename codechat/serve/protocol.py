@@ -199,6 +199,36 @@ def _tool_choice(body: Mapping[str, Any], tools: tuple[dict[str, Any], ...]) -> 
     return match[0]
 
 
+def _check_tree(body: Mapping[str, Any], max_depth: int) -> None:
+    """Every value of the body: nested at most ``max_depth`` deep, strings that are Unicode text.
+
+    Raises:
+        APIError: 400 naming the top-level field nested too deep, or the string (or key) holding a
+            lone surrogate (``"\\ud800"`` decodes to one; the tokenizer cannot encode it).
+    """
+    stack: list[tuple[Any, str, int]] = [(body, "", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise bad(path or None, "holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is "
+                                            "not Unicode text") from None
+            continue
+        if not isinstance(value, (Mapping, list)):
+            continue
+        if depth > max_depth:
+            top = path.split(".")[0].split("[")[0]
+            raise bad(top or None, f"nested deeper than {max_depth} levels, this server's limit")
+        if isinstance(value, list):
+            stack += [(item, f"{path}[{k}]", depth + 1) for k, item in enumerate(value)]
+        else:
+            stack += [(key, path, depth) for key in value]  # a key is a string too
+            stack += [(item, f"{path}.{key}" if path else key, depth + 1) for key, item in value.items()]
+
+
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
     for key in ("frequency_penalty", "presence_penalty"):
         if body.get(key) not in (None, 0, 0.0):
@@ -227,7 +257,8 @@ def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig
         cfg: the server's limits.
 
     Raises:
-        APIError: 400 for a malformed or over-limit field (``param`` names it; the prompt plus
+        APIError: 400 for a malformed or over-limit field (nesting and lone surrogates included:
+            :func:`_check_tree`; ``param`` names it; the prompt plus
             ``max_tokens`` over the context is ``code="context_length_exceeded"``), 404 for a
             model other than ``cfg.model_name``.
     """
@@ -239,6 +270,7 @@ def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig
     if model != cfg.model_name:
         raise APIError(404, f"The model {model!r} does not exist; this server serves {cfg.model_name!r}",
                        param="model", code="model_not_found")
+    _check_tree(body, cfg.max_depth)
     _refuse_unsupported(body)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
