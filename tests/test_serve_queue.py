@@ -6,6 +6,8 @@ not, frees its slot and the waiting request takes it."""
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
 import time
 from http.client import HTTPConnection
@@ -116,3 +118,16 @@ def test_more_choices_than_the_server_ever_holds_is_400_and_as_many_as_it_holds_
     status, _, body = http("POST", url + "/v1/chat/completions", {**ask, "n": 2, "seed": 5, "temperature": 1})
     assert status == 200 and [c["index"] for c in body["choices"]] == [0, 1]
     assert body["usage"]["completion_tokens"] == 6 and health(url)["in_flight"] == 0
+
+
+def test_a_client_that_leaves_while_sending_its_body_is_not_an_error(server, caplog):
+    url, _ = server
+    caplog.set_level(logging.INFO, logger="codechat.serve")
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", int(url.rpartition(":")[2]))) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 1000\r\n\r\n{\"model\": \"codechat\", \"mess")
+            time.sleep(0.1)
+    time.sleep(0.5)  # the server reads on and finds the client gone
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert health(url)["in_flight"] == 0

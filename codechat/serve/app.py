@@ -33,6 +33,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from codechat.tokenizer import Tokenizer
 
@@ -58,7 +59,8 @@ async def _read_json(request: Request, limit: int) -> Any:
 
     Raises:
         APIError: 413 over the limit; 400 for a body that is not UTF-8 JSON, or that Python's decoder
-            refuses (nested about 1000 deep, an integer of more than 4300 digits).
+            refuses (nested about 1000 deep, an integer of more than 4300 digits), or one the client
+            left before sending whole (``client_disconnected``; the client never reads it).
     """
     too_large = APIError(413, f"the request body is over the server's limit of {limit} bytes (--max-body-bytes)",
                          code="request_too_large")
@@ -66,10 +68,14 @@ async def _read_json(request: Request, limit: int) -> Any:
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     body = bytearray()
-    async for piece in request.stream():
-        body += piece
-        if len(body) > limit:
-            raise too_large
+    try:
+        async for piece in request.stream():
+            body += piece
+            if len(body) > limit:
+                raise too_large
+    except ClientDisconnect:  # nobody is left to read the answer: no reason to log an error either
+        raise bad(None, "the client disconnected before its whole request body arrived", "client_disconnected") \
+            from None
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or past what the decoder takes
