@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 40  # the longest prompt below (208 ids) plus this fits the model's 256 positions
 CALL = {"name": "weather", "arguments": {"city": "Tokyo"}}
 HISTORY = [{"role": "user", "content": "Weather in Tokyo?"},
-           {"role": "assistant", "content": None, "tool_calls": [
-               {"id": "call_0", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Tokyo"}'}}]},
+           {"role": "assistant", "content": None, "tool_calls": [{"id": "call_0", "type": "function", "function": {
+               "name": "weather", "arguments": '{"city": "Tokyo"}'}}]},
            {"role": "tool", "tool_call_id": "call_0", "content": '{"temp_c": 21}'},
            {"role": "assistant", "content": "It is 21 C in Tokyo."},
            {"role": "user", "content": "And in Oslo?"}]

@@ -90,6 +90,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if api_key is not None and not (api_key.isascii() and api_key.isprintable()):
+        raise ValueError(f"--api-key (or ${API_KEY_ENV}) must be printable ASCII: clients send it in an HTTP header, "
+                         "where another character could never match")
     path = resolve_model_path(args.model)
     model, tok, _ = load_model(path, resolve_device(args.device))
     worker = EngineWorker(Engine(model, engine_config), config.queue_size).start()
