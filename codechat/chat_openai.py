@@ -66,8 +66,9 @@ def message_text(content: Any, param: str) -> str:
         for k, part in enumerate(content):
             if not (isinstance(part, Mapping) and part.get("type", "text") == "text"
                     and isinstance(part.get("text"), str)):
-                raise MessageError(f"{param}[{k}]", "only text parts {\"type\": \"text\", \"text\": ...} are "
-                                                    f"supported, got {json.dumps(part, default=str)[:80]}")
+                got = f"a part of type {part.get('type')!r}" if isinstance(part, Mapping) else type(part).__name__
+                raise MessageError(f"{param}[{k}]", f"only text parts {{\"type\": \"text\", \"text\": ...}} are "
+                                                    f"supported, got {got}")
             parts.append(part["text"])
         return "".join(parts)
     raise MessageError(param, f"must be a string, null or a list of text parts, got {type(content).__name__}")

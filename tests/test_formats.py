@@ -176,6 +176,24 @@ def test_a_record_that_fits_no_format_names_file_line_and_field():
     assert counts.examples[0].startswith(f"{path}:2:")
 
 
+@pytest.mark.parametrize("name", ["rows.jsonl", "rows.json"])
+def test_json_past_what_the_decoder_takes_is_a_bad_line_not_a_crash(tmp_path, name):
+    """A line nested 5000 deep or holding a 5000-digit integer is valid JSON that Python's decoder refuses:
+    it is a bad_json record (skipped with skip_bad), in a file of JSON lines and as a whole .json file."""
+    path = tmp_path / name
+    path.write_text('{"prompt": "fine"}\n{"messages": ' + "[" * 5000 + "]" * 5000 + '}\n{"prompt": "x", "n": 1'
+                    + "0" * 5000 + "}\n{\"prompt\": \"fine too\"}\n")
+    counts = LoadCounts()
+    records = load_records(path, skip_bad=True, counts=counts)
+    assert [r.line for r in records] == [1, 4] and counts.skipped == {"bad_json": 2}
+    with pytest.raises(FormatError, match=f"{name}:2: not valid JSON"):
+        load_records(path)
+    whole = tmp_path / "whole.json"
+    whole.write_text("[" * 5000 + "]" * 5000)
+    with pytest.raises(FormatError, match="whole.json: not a valid JSON file"):
+        load_records(whole)
+
+
 def test_format_override_and_detection():
     assert detect_format({"messages": []}) == "messages"
     assert detect_format({"text": "x", "code": "y", "test_list": []}) == "mbpp"

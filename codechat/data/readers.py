@@ -173,9 +173,10 @@ def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    yield n, json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    yield n, BadRow("bad_json", f"not valid JSON ({e})")
+                    value = json.loads(line)
+                except (ValueError, RecursionError) as e:  # not UTF-8 JSON, or past the decoder (depth, digits)
+                    value = BadRow("bad_json", f"not valid JSON ({type(e).__name__}: {e})")
+                yield n, value
 
 
 def _is_json_lines(path: Path) -> bool:
@@ -185,7 +186,7 @@ def _is_json_lines(path: Path) -> bool:
         first = next(lines, "")
         try:
             is_object = isinstance(json.loads(first), dict)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return False
         return is_object and next(lines, None) is not None
 
@@ -204,8 +205,8 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
         with _open_binary(p) as raw:
             try:
                 data = json.loads(raw.read().decode("utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise FormatError(f"{p}: not a valid JSON file ({e})") from None
+            except (ValueError, RecursionError) as e:
+                raise FormatError(f"{p}: not a valid JSON file ({type(e).__name__}: {e})") from None
         if isinstance(data, Mapping):
             data = data["data"] if isinstance(data.get("data"), list) else [data]
         if not isinstance(data, list):
