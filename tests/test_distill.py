@@ -301,7 +301,7 @@ def test_refused_key_stops_the_run_and_a_remote_teacher_needs_a_key(server, tmp_
                       "teacher: {temperature: 0.2, top_p: 0.5}\n")
     assert main(["distill", "--config", str(config), "--out", str(tmp_path / "o1"), "--limit", "1",
                  "--teacher.top_p", "0.7"]) == 0
-    assert "done: 1 kept, 0 rejected" in capsys.readouterr().out and server.attempts == Counter({"a": 1})
+    assert "done: 1 kept, 0 rejected, 0 failed of 1 prompts;" in capsys.readouterr().out and server.attempts == Counter({"a": 1})
     assert (server.bodies["a"]["temperature"], server.bodies["a"]["top_p"]) == (0.2, 0.7)
     monkeypatch.delenv("OPENAI_API_KEY")
     monkeypatch.chdir(tmp_path)  # no ./.env here either

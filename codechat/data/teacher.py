@@ -449,8 +449,9 @@ def _cmd_distill(args: argparse.Namespace, overrides: dict[str, str]) -> int:
         s = run_distill(cfg)
     except TeacherError as e:
         raise ConfigError(f"{e}; check --base-url, --model and ${cfg.api_key_env}") from None
-    print(f"done: {s['kept']} kept, {sum(s['rejected'].values())} rejected {s['rejected'] or ''}, "
-          f"{sum(s['failed'].values())} failed {s['failed'] or ''} of {s['prompts']} prompts; "
+    def counted(what: str) -> str:  # "3 rejected {'length': 2, ...}", or "0 rejected"
+        return f"{sum(s[what].values())} {what}" + (f" {s[what]}" if s[what] else "")
+    print(f"done: {s['kept']} kept, {counted('rejected')}, {counted('failed')} of {s['prompts']} prompts; "
           f"{s['tokens']['completion']} completion tokens; {Path(cfg.out) / 'completions.jsonl'}")
     return 0 if not s["failed"] else 1
 
