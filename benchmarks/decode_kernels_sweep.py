@@ -109,6 +109,7 @@ def main() -> None:
     ap.add_argument("--positions", type=int, default=513, help="cache positions per slot")
     ap.add_argument("--skip-attention", action="store_true")
     ap.add_argument("--skip-matmul", action="store_true")
+    ap.add_argument("--shapes", default="qkv,o,gate_up,down,head", help="weight matrices to time (comma-separated)")
     ap.add_argument("--layouts", default="position", help="cache layouts to time: position,head (comma-separated)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -118,7 +119,7 @@ def main() -> None:
     q, kv = c.n_head * c.head_dim, c.n_kv_head * c.head_dim
     shapes = (("qkv", q + 2 * kv, c.n_embd), ("o", c.n_embd, q), ("gate_up", 2 * c.intermediate_size, c.n_embd),
               ("down", c.n_embd, c.intermediate_size), ("head", c.vocab_size, c.n_embd))
-    for name, n, k in () if args.skip_matmul else shapes:
+    for name, n, k in () if args.skip_matmul else [t for t in shapes if t[0] in args.shapes.split(",")]:
         sweep_matmul(name, n, k, rows)
     for layout in () if args.skip_attention else args.layouts.split(","):
         for b in rows:

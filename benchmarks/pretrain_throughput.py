@@ -142,7 +142,8 @@ def main() -> None:
                           batches=RandomTokens(cfg.vocab_size, mbs, seq), show_progress=False, world=world)
         batches = [trainer.batches.next_batch() for _ in range(4)]
         keep = args.vs_transformers or args.numerics_steps
-        initial = {k: v.detach().clone() for k, v in model.state_dict().items()} if keep else None
+        # on the host, so that the peak memory measured below is the training step's alone
+        initial = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()} if keep else None
         dt, measured = timed(lambda i: trainer.train_step([batches[i % 4]]), args.warmup, args.steps, device)
         if args.profile and world.main:
             from pretrain_profile import profile_steps

@@ -50,6 +50,23 @@ def rope_tables(head_dim: int, max_len: int, theta: float, device: torch.device 
     return angles.cos(), angles.sin()
 
 
+def logits_fp32(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(..., V) float32 logits ``h @ weight.T`` of hidden states ``h`` (..., C) and an LM head
+    ``weight`` (V, C).
+
+    bf16 or fp16 operands on CUDA, with no gradient to track, go through cuBLAS with an fp32
+    output (``torch.mm(..., out_dtype=torch.float32)``: the fp32 accumulator is stored as it is),
+    so greedy decoding and sampling never see logits rounded to bf16 — there, scores closer than
+    1/16 of a nat at magnitude ~10 become exact ties broken by token index. Everything else
+    (training, autocast, CPU) is ``F.linear(h, weight).float()``.
+    """
+    if (h.is_cuda and h.dtype == weight.dtype and h.dtype in (torch.bfloat16, torch.float16)
+            and not (torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad))):
+        flat = torch.mm(h.reshape(-1, h.size(-1)), weight.t(), out_dtype=torch.float32)
+        return flat.view(*h.shape[:-1], weight.size(0))
+    return F.linear(h, weight).float()
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` (B, H, T, D) by position tables ``cos``/``sin`` (T, D) or (B, 1, T, D)."""
     half = x.size(-1) // 2
@@ -223,7 +240,7 @@ class GPT(nn.Module):
         x = self.embed_tokens(idx)
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, cache, i, mask)
-        logits = self.lm_head(self.norm(x)).float()
+        logits = logits_fp32(self.norm(x), self.lm_head.weight)
         if labels is None:
             return logits
         loss = F.cross_entropy(logits.view(B * T, -1), labels.reshape(B * T),

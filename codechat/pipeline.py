@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from .checkpoint import EMBEDDING, TIED_HEAD
 from .config import ConfigError
-from .model import GPT, IGNORE_INDEX
+from .model import GPT, IGNORE_INDEX, logits_fp32
 
 
 def stage_blocks(n_layer: int, stages: int, stage: int) -> range:
@@ -85,7 +85,7 @@ class Stage(nn.Module):
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         for i, block in self.layers.items():
             h = block(h, cos, sin, None, int(i))
-        return h if self.lm_head is None else self.lm_head(self.norm(h)).float()
+        return h if self.lm_head is None else logits_fp32(self.norm(h), self.lm_head.weight)
 
 
 class Pipeline:

@@ -61,6 +61,38 @@ def test_activation_bytes_match_the_tensors_a_real_block_saves():
         < activation_bytes(SMALL, "none", 4, 2)
 
 
+def test_compiled_activation_bytes_match_what_a_compiled_step_saves():
+    """What AOTAutograd keeps for the backward of the whole compiled model (bf16 autocast on fp32
+    weights, as on CUDA), counted per storage: the planner's compiled activations and logits to
+    the byte (the bf16 copies of the weights are the planner's buffers, not counted here)."""
+    B, T = 2, 48
+    model = GPT(SMALL)
+    model.init_weights()
+    step = torch.compile(model)
+    x, y = torch.randint(0, SMALL.vocab_size, (B, T)), torch.randint(0, SMALL.vocab_size, (B, T))
+    skip = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), x, y)}
+    weight_shapes = {tuple(p.shape) for p in model.parameters()}
+
+    def saved_bytes() -> int:
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.untyped_storage().data_ptr() not in skip and tuple(t.shape) not in weight_shapes:
+                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16):
+            loss = step(x, y)
+        loss.backward()
+        return sum(saved.values())
+
+    saved_bytes()  # the first call compiles
+    e = estimate(PlanConfig(model=SMALL, micro_batch_size=B, seq_len=T, compiled=True))
+    assert saved_bytes() == e.activations + e.logits
+    eager = estimate(PlanConfig(model=SMALL, micro_batch_size=B, seq_len=T))
+    assert eager.activations + eager.logits > 2 * (e.activations + e.logits)
+    assert e.tensors == e.weights + e.optimizer + e.master + e.activations + e.logits + e.buffers  # no grads yet
+
+
 @pytest.mark.parametrize("name", ["adamw", "muon"])
 def test_optimizer_bytes_match_the_real_optimizer_state(name):
     model = GPT(SMALL)
@@ -137,7 +169,7 @@ def test_bad_input_is_a_config_error(kwargs, message):
 
 def test_cli_prints_the_table_and_the_verdict(capsys):
     seed = ["--train.micro_batch_size", "1", "--data.seq_len", "2048", "--gpu-mem-gb", "80",
-            "--param-dtype", "bf16", "--master-weights"]
+            "--param-dtype", "bf16", "--master-weights", "--train.compile", "false"]  # the seed trains eagerly
     assert main(["plan", "--preset", "8b", "--gpus", "8", "--parallel", "fsdp", "--ac", "full", *seed]) == 0
     out = capsys.readouterr().out
     assert "verdict: fsdp on 8 GPU(s) needs about 24.2 GiB per GPU of 80.0 GiB: fits" in out

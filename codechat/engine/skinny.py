@@ -31,6 +31,10 @@ TARGET_PROGRAMS = 528
 #: Columns of W per program and elements of K per loop step.
 BLOCK_N = 32
 BLOCK_K = 128
+#: Launch settings for the LM head's fp32 logits: one slice of K (no partial sums to add), 64
+#: columns a program. On an H200, d20's head (``benchmarks/RESULTS.md``): 23.3 us at 1 row and 27.8
+#: us at 64, against 26.7 / 34.8 us for cuBLAS's bf16 product and its fp32 cast.
+LM_HEAD = dict(splits=1, block_n=64, block_k=128, num_stages=3)
 
 
 def applies(x: torch.Tensor) -> bool:

@@ -17,13 +17,15 @@ parallel ranks for FSDP, the ranks of one node for HSDP), ``tokens = micro_batch
   rest; ``/ shard``;
 - master: ``Ψ master_bytes / shard``, the fp32 copy an optimizer keeps when the weights are bf16;
 - activations: ``tokens * n_layer * activation_bytes(...)`` saved for backward, plus the one
-  block recomputed at a time under checkpointing (:func:`activation_bytes`). With ``pp`` stages
+  block recomputed at a time under checkpointing (:func:`activation_bytes`; a compiled step saves
+  less than an eager one). With ``pp`` stages
   the 1F1B schedule keeps ``pp`` micro-batches in flight on the first stage, one on the last
   (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
   Megatron-LM", sec. 2.2.1); the plan shows the fuller of the two (GPipe keeps all of them);
 - logits: ``3 * 4 * tokens * vocab_size``: :meth:`codechat.model.GPT.forward` upcasts the (B, T, V)
   logits to fp32 for the cross-entropy, whose backward holds three fp32 (B, T, V) tensors at once
   (the log-softmax output it saved, the gradient from the NLL loss and the gradient of the logits);
+  compiled, Inductor fuses the upcast into the loss and keeps only the compute-dtype logits;
 - buffers: FSDP's gathered full parameters of the current and the prefetched block in the compute
   dtype, one block's unsharded gradients (compute dtype, cast to ``grad_bytes`` for the
   reduce-scatter) and the root unit (embedding, final norm, LM head) gathered with its gradients
@@ -36,8 +38,11 @@ parallel ranks for FSDP, the ranks of one node for HSDP), ``tokens = micro_batch
   of the tensors (the caching allocator's reserved-over-allocated share).
 
 Peak = weights + grads + optimizer + master + max(activations + logits + buffers, step) + margin:
-a conservative upper bound, since with ``zero_grad(set_to_none=True)`` gradients are allocated as
-activations are freed. ``torch.compile`` fuses elementwise ops and saves less.
+a conservative upper bound for an eager step, since with ``zero_grad(set_to_none=True)`` gradients
+are allocated as activations are freed. A compiled step (``train.compile``) peaks as its backward
+starts, before any gradient exists: weights + optimizer + master + max(activations + logits +
+buffers, grads + step) + margin. Measured on an H200 (``benchmarks/RESULTS.md``), that is within
+1% of ``torch.cuda.max_memory_allocated`` for d20 and 1b at micro-batches 8-32 x 2048.
 
 Dtypes: the defaults are codechat's trainer (``Trainer``, :func:`codechat.device.autocast_for`):
 fp32 weights, fp32 gradients, fp32 AdamW state, no master copy, bf16 autocast on CUDA: 4 + 4 + 8 = 16
@@ -49,7 +54,7 @@ KΨ with K = 12).
 
 Against measurements: torchtitan's Llama 3.1 8B under FSDP on 8 H100s (local batch 2 x 8192,
 selective op AC, no compile; its docs/performance.md, table 1) reserved 82.4 GiB per GPU; this
-planner gives 87.1 GiB. At the seed's settings (micro-batch 1 x 2048, checkpointing on, 16 bytes
+planner gives 87.1 GiB. At the seed's settings (micro-batch 1 x 2048, checkpointing on, eager, 16 bytes
 per parameter) it gives 150.3 GiB for ``8b`` on one GPU (the seed: ~160 GB, does not fit), but
 27.0 GiB for ``2b`` on one GPU (the seed: ~60 GB) and 24.2 GiB for ``8b`` FSDP over 8 (the seed:
 55-65 GB measured on A800s). Those two seed figures are more than their model states (22.5 and
@@ -116,6 +121,7 @@ class PlanConfig:
     master_bytes: int = 0  # fp32 master copy of bf16 weights (the seed: 4); 0 -> none
     state_bytes: int = 4  # each optimizer state element (fp32)
     compute_bytes: int = 2  # activations and matmul inputs: bf16 autocast on CUDA (train.dtype auto)
+    compiled: bool = False  # the step runs under torch.compile (train.compile): see activation_bytes
     gpu_mem_gib: float = DEFAULT_GPU_MEM_GIB
     context_gib: float = 1.0  # CUDA context + cuBLAS workspaces + NCCL buffers per GPU
     fragmentation: float = 0.1  # allocator reserve, as a share of the tensors' bytes
@@ -182,7 +188,8 @@ def param_counts(cfg: ModelConfig) -> ParamCounts:
     return ParamCounts(cfg.n_layer, cfg.vocab_size * h, block, h + lm_head, matrices, cfg.vocab_size * h)
 
 
-def activation_bytes(cfg: ModelConfig, ac: str, residual_bytes: int, compute_bytes: int) -> int:
+def activation_bytes(cfg: ModelConfig, ac: str, residual_bytes: int, compute_bytes: int,
+                     compiled: bool = False) -> int:
     """Bytes per token that one transformer block keeps for its backward.
 
     The method of Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
@@ -200,6 +207,13 @@ def activation_bytes(cfg: ModelConfig, ac: str, residual_bytes: int, compute_byt
       rest; in this block's order (q, k, v, o, gate, up, down) that keeps q, v, gate and down:
       hr + (2q + kv + I + h)c + the logsumexp.
     - ``full`` (each block recomputed from its input; Korthikanti et al.'s 2sbh per layer): hr.
+
+    ``compiled`` (``none`` only): what AOTAutograd's min-cut partitioner keeps when ``torch.compile``
+    traces the step — 2hr + 2hc (each norm's output cast once) + (q + kv)c (the QK-norm inputs) +
+    (2q + 2kv)c + 3Ic (gate, up and silu(gate): the product is recomputed) + the fp32 statistics.
+    ``tests/test_plan.py`` holds it to the bytes a compiled step saves (counted with
+    ``saved_tensors_hooks``), and on an H200 it predicts the measured growth of peak memory per
+    token of d20 and 1b within 0.2%.
     """
     h, q, kv, i = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.intermediate_size
     r, c = residual_bytes, compute_bytes
@@ -207,9 +221,10 @@ def activation_bytes(cfg: ModelConfig, ac: str, residual_bytes: int, compute_byt
         return h * r
     if ac == "selective":
         return h * r + (2 * q + kv + i + h) * c + FP32 * cfg.n_head
-    casts = 5 if r != c else 2
+    casts = 2 if compiled or r == c else 5
     qk_norm = ((q + kv) * c + FP32 * (cfg.n_head + cfg.n_kv_head)) if cfg.qk_norm else 0
-    return 2 * h * r + casts * h * c + qk_norm + (2 * q + 2 * kv) * c + 4 * i * c + FP32 * (2 + cfg.n_head)
+    swiglu = (3 if compiled else 4) * i * c
+    return 2 * h * r + casts * h * c + qk_norm + (2 * q + 2 * kv) * c + swiglu + FP32 * (2 + cfg.n_head)
 
 
 @dataclass(frozen=True)
@@ -227,6 +242,7 @@ class Estimate:
     buffers: float
     step: float
     margin: float
+    compiled: bool = False  # peak before any gradient exists (see the module docstring)
 
     @property
     def layout(self) -> str:
@@ -234,9 +250,12 @@ class Estimate:
 
     @property
     def tensors(self) -> float:
-        """Peak bytes of tensors: model states plus the larger of the backward's and the step's working sets."""
-        states = self.weights + self.grads + self.optimizer + self.master
-        return states + max(self.activations + self.logits + self.buffers, self.step)
+        """Peak bytes of tensors: model states plus the larger of the backward's and the step's
+        working sets (compiled: the gradients only with the step's)."""
+        kept = self.weights + self.optimizer + self.master
+        if self.compiled:
+            return kept + max(self.activations + self.logits + self.buffers, self.grads + self.step)
+        return kept + self.grads + max(self.activations + self.logits + self.buffers, self.step)
 
     @property
     def total(self) -> float:
@@ -262,13 +281,14 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
     r = c if sharded else cfg.param_bytes  # FSDP gathers the weights (the embedding too) in the compute dtype
     tokens = cfg.micro_batch_size * cfg.seq_len
     in_flight = cfg.pp if first else 1  # 1F1B: stage 0 holds pp micro-batches in flight, the last one
-    acts = in_flight * tokens * layers * activation_bytes(m, cfg.ac, r, c)
+    acts = in_flight * tokens * layers * activation_bytes(m, cfg.ac, r, c, cfg.compiled)
     if cfg.ac != "none":  # the one block recomputed during its backward
-        acts += tokens * activation_bytes(m, "none", r, c)
+        acts += tokens * activation_bytes(m, "none", r, c, cfg.compiled)
     logits = 0.0
-    if last:  # final norm input and its cast output, then the (B, T, V) logits
-        acts += tokens * (m.n_embd * (r + c) + FP32)
-        logits = float(LOGITS_FP32_COPIES * FP32 * tokens * m.vocab_size)
+    if last:  # final norm input (eager: and its cast output), fp32 statistics, the (B, T, V) logits
+        # (compiled: the norm's rstd and the loss's two per-token statistics)
+        acts += tokens * (m.n_embd * r + FP32 * 3 if cfg.compiled else m.n_embd * (r + c) + FP32)
+        logits = float((c if cfg.compiled else LOGITS_FP32_COPIES * FP32) * tokens * m.vocab_size)
     if sharded:
         buffers = 2 * counts.block * c + counts.block * (c + cfg.grad_bytes) + root * 2 * c
     elif c < cfg.param_bytes:
@@ -277,7 +297,7 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
         buffers = 0
     est = Estimate(cfg.parallel, cfg.pp, params * cfg.param_bytes / shard,
                    params * cfg.grad_bytes / shard, optimizer / shard, params * cfg.master_bytes / shard,
-                   float(acts), logits, float(buffers), step, 0.0)
+                   float(acts), logits, float(buffers), step, 0.0, cfg.compiled)
     return replace(est, margin=cfg.context_gib * GIB + cfg.fragmentation * est.tensors)
 
 
@@ -348,7 +368,7 @@ def format_plan(cfg: PlanConfig) -> str:
     names = {4: "fp32", 2: "bf16"}
     lines = [f"model: {counts.total:,} parameters ({m.n_layer} layers, width {m.n_embd}, vocab {m.vocab_size}); "
              f"micro-batch {cfg.micro_batch_size} x {cfg.seq_len} tokens; {cfg.gpus} GPU(s), "
-             f"{cfg.gpus_per_node} per node; optimizer {cfg.optim}",
+             f"{cfg.gpus_per_node} per node; optimizer {cfg.optim}; {'compiled' if cfg.compiled else 'eager'} step",
              f"dtypes: weights {names[cfg.param_bytes]}, grads {names[cfg.grad_bytes]}, optimizer state "
              f"{names[cfg.state_bytes]}, master copy {names.get(cfg.master_bytes, 'none')}, compute "
              f"{names[cfg.compute_bytes]}",
@@ -382,6 +402,7 @@ def verdict(cfg: PlanConfig, est: Estimate | None = None) -> str:
 def plan_config(model: ModelConfig, train: TrainConfig, optim: OptimConfig, seq_len: int, **layout: Any
                 ) -> PlanConfig:
     """The :class:`PlanConfig` of a training run's settings; ``layout`` sets the other fields."""
+    layout.setdefault("compiled", train.compile)
     return PlanConfig(model=model, micro_batch_size=train.micro_batch_size, seq_len=seq_len, optim=optim.name,
                       compute_bytes=DTYPE_BYTES["fp32" if train.dtype == "fp32" else "bf16"], **layout)
 

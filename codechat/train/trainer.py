@@ -205,8 +205,8 @@ class Trainer:
         """
         total = torch.zeros((), device=self.device)
         for i, b in enumerate(Batch(*b) for b in micro_batches):
-            x, y = b.inputs.to(self.device, non_blocking=True), b.labels.to(self.device, non_blocking=True)
-            doc_ids = None if b.doc_ids is None else b.doc_ids.to(self.device, non_blocking=True)
+            x, y = self._to_device(b.inputs), self._to_device(b.labels)
+            doc_ids = None if b.doc_ids is None else self._to_device(b.doc_ids)
             with self.par.micro_step(last=i == len(micro_batches) - 1):
                 if self.par.pipeline is not None:  # forward and backward through the stages
                     if doc_ids is not None:
@@ -219,6 +219,15 @@ class Trainer:
                     (loss_sum * (self.par.loss_scale / n_supervised)).backward()
             total += loss_sum.detach()
         return self.par.all_sum(total)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on the training device without waiting for the GPU: a CPU tensor bound for CUDA
+        goes through pinned memory (a copy from pageable memory may first wait for the stream —
+        CUDA Runtime API, "API synchronization behavior" — which empties the GPU's queue while
+        the host then launches the next forward)."""
+        if t.device.type == "cpu" and self.device.type == "cuda":
+            t = t.contiguous().pin_memory()
+        return t.to(self.device, non_blocking=True)
 
     def train_step(self, micro_batches: list[Batch | tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
         """One optimizer step over ``micro_batches``; returns ``loss`` (nats/token) and ``grad_norm``
