@@ -1,5 +1,6 @@
 """Tune the engine's decode kernels on this GPU: the split-K skinny matmul against cuBLAS, and the
-split-KV attention kernel's launch settings, for a preset's shapes (CUDA, bf16).
+split-KV attention kernel's launch settings, for a preset's shapes (CUDA, bf16); and the LM head's
+fp32 logits three ways (:func:`time_logits`).
 
 For each weight matrix of ``--preset`` (fused QKV, output projection, fused gate/up, down
 projection, LM head) and each batch in ``--rows``, it times ``F.linear`` (cuBLAS) and every
@@ -71,6 +72,23 @@ def sweep_matmul(name: str, n: int, k: int, rows: list[int]) -> None:
               f"block_k {bk} warps {nw} stages {ns} -> {base / best[0]:.2f}x cuBLAS (max err {err:.3g})", flush=True)
 
 
+def time_logits(n: int, k: int, rows: list[int]) -> None:
+    """The LM head's fp32 logits three ways: cuBLAS's bf16 product then a cast (rounded to bf16),
+    cuBLAS with an fp32 output (``torch.mm(..., out_dtype=torch.float32)``) and the split-K kernel
+    in one slice (:data:`codechat.engine.skinny.LM_HEAD`, what the engine runs); with each one's
+    largest error against a float64 product."""
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+    for m in rows:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ref = x.double() @ w.double().t()
+        ways = {"bf16 + cast": lambda: F.linear(x, w).float(),
+                "fp32 out": lambda: torch.mm(x, w.t(), out_dtype=torch.float32),
+                "split-K": lambda: skinny.linear_partials(x, w, **skinny.LM_HEAD)[0]}
+        parts = [f"{name} {graph_us(fn):6.1f} us (err {float((fn().double() - ref).abs().max()):.1e})"
+                 for name, fn in ways.items() if name != "split-K" or skinny.applies(x)]
+        print(f"logits N{n} K{k} M{m}: " + " | ".join(parts), flush=True)
+
+
 def sweep_attention(b: int, h: int, hkv: int, d: int, used: int, positions: int, head_major: bool) -> None:
     if head_major:  # (slot, head, position, dim) in memory, seen through the (slot, position, head, dim) view
         kc = torch.randn(b, hkv, positions, d, device="cuda", dtype=torch.bfloat16).permute(0, 2, 1, 3)
@@ -121,6 +139,8 @@ def main() -> None:
               ("down", c.n_embd, c.intermediate_size), ("head", c.vocab_size, c.n_embd))
     for name, n, k in () if args.skip_matmul else [t for t in shapes if t[0] in args.shapes.split(",")]:
         sweep_matmul(name, n, k, rows)
+    if "head" in args.shapes.split(",") and not args.skip_matmul:
+        time_logits(c.vocab_size, c.n_embd, rows)
     for layout in () if args.skip_attention else args.layouts.split(","):
         for b in rows:
             sweep_attention(b, c.n_head, c.n_kv_head, c.head_dim, args.used, args.positions, layout == "head")
