@@ -63,6 +63,17 @@ def normalize_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
     return dict(schema)
 
 
+def check_text(text: str, what: str) -> None:
+    """Raise ValueError if ``text`` holds a lone surrogate (a JSON ``"\\ud800"``-style escape with no
+    pair decodes to one): no UTF-8 spells it, so the tokenizer could not encode it later."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{what} holds a lone surrogate {text[e.start]!r} at character {e.start} (an unpaired "
+                             "\\ud800-\\udfff escape), which no UTF-8 text can hold: fix or remove it") from None
+
+
 @dataclass(frozen=True)
 class Message:
     """One turn. ``content`` ``None`` becomes ``""``; only an assistant message may carry ``function_call``.
@@ -85,10 +96,12 @@ class Message:
             object.__setattr__(self, "content", "")
         if not isinstance(self.content, str):
             raise ValueError(f"{self.role} content must be a string or None, got {type(self.content).__name__}")
+        check_text(self.content, f"{self.role} content")
         if self.function_call is not None:
             if self.role != "assistant":
                 raise ValueError(f"only an assistant message can carry a function call, not {self.role}")
             object.__setattr__(self, "function_call", normalize_call(self.function_call))
+            check_text(json.dumps(self.function_call, ensure_ascii=False), "the function call")
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -123,6 +136,8 @@ class Conversation:
         object.__setattr__(self, "messages", msgs)
         if self.tools is not None:
             tools = tuple(normalize_tool(t) for t in self.tools)
+            for t in tools:
+                check_text(json.dumps(t, ensure_ascii=False), f"tool {t.get('name')!r}")
             object.__setattr__(self, "tools", tools or None)
 
     def to_dict(self) -> dict[str, Any]:

@@ -194,6 +194,27 @@ def test_json_past_what_the_decoder_takes_is_a_bad_line_not_a_crash(tmp_path, na
         load_records(whole)
 
 
+def test_a_lone_surrogate_is_a_bad_record_naming_line_and_field(tmp_path, tok):
+    """JSON's ``"\\ud800"`` decodes to a lone surrogate, which no UTF-8 text holds: the record (in
+    content, in a call's arguments or in a tool schema) is invalid, not a crash in the tokenizer later."""
+    path = tmp_path / "sft.jsonl"
+    rows = ['{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok \\udc80"}]}',
+            '{"messages": [{"role": "user", "content": "caf\\u00e9 \\ud83d\\ude00"}, {"role": "assistant", "content": "ok"}]}',
+            '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "function_call": '
+            '{"name": "f", "arguments": {"x": "\\ud800"}}}]}',
+            '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}], '
+            '"tools": [{"type": "function", "function": {"name": "t", "description": "\\udfff", "parameters": {}}}]}']
+    path.write_text("\n".join(rows) + "\n")
+    with pytest.raises(FormatError, match=r"sft.jsonl:1: .*assistant content holds a lone surrogate '\\udc80' at "
+                                          r"character 3"):
+        load_records(path)
+    counts = LoadCounts()
+    records = load_records(path, skip_bad=True, counts=counts)
+    assert [r.line for r in records] == [2] and counts.skipped == {"invalid": 3}  # a paired emoji is fine
+    assert "the function call holds" in counts.examples[1] and "tool 't' holds" in counts.examples[2]
+    render(tok, records[0].conversation)  # what was kept encodes
+
+
 def test_format_override_and_detection():
     assert detect_format({"messages": []}) == "messages"
     assert detect_format({"text": "x", "code": "y", "test_list": []}) == "mbpp"

@@ -4,10 +4,12 @@
   counter-based randomness, log-probs of each choice;
 - :mod:`.runner`: fused inference weights (bf16 on CUDA), the slot KV cache, packed prefill and
   static-shape decode through FlashAttention's variable-length kernel;
+- :mod:`.types`: :class:`EngineConfig`, :class:`Request`, the :class:`Token` events and :class:`Sample` s;
 - :mod:`.scheduler`: :class:`Engine`, continuous batching of :class:`Request` s with CUDA graphs.
 """
 from .sampling import SamplingConfig
-from .scheduler import FINISH_REASONS, Engine, EngineConfig, Request, Sample, Token
+from .scheduler import Engine
+from .types import FINISH_REASONS, EngineConfig, Request, Sample, Token
 
 
 def mean_logprob(engine: Engine, prompt: list[int], completion: list[int]) -> float:
