@@ -50,7 +50,7 @@ import torch
 from codechat import checkpoint as ckpt
 from codechat.chat import Conversation, Message, render_for_completion
 from codechat.config import default_corpus_dirs, preset, to_dict
-from codechat.data.corpus import iter_split_texts
+from codechat.data.sources import iter_split_texts
 from codechat.device import resolve_device
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.model import build_model

@@ -4,6 +4,7 @@ and the imports: training and the engine never load fastapi, uvicorn or openai, 
 serve`` without them says how to install them."""
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -15,11 +16,12 @@ from hypothesis import strategies as st
 from codechat.calls import FUNCTION_CALL_TOKEN
 from codechat.config import ConfigError
 from codechat.engine import Token
-from codechat.serve.choices import ChoiceStream
+from codechat.serve.choices import ChoiceStream, merge
 from codechat.hosts import is_loopback, is_loopback_url
 from codechat.serve.cli import bind_warning
 from codechat.serve.config import ServeConfig
 from codechat.serve.protocol import APIError, ChatRequest, parse_chat_request
+from codechat.serve.worker import Job
 
 
 def run(choice: ChoiceStream, ids: list[int], last: str = "stop") -> list:
@@ -114,6 +116,40 @@ objects = st.fixed_dictionaries({"model": st.sampled_from(["codechat"] * 4 + ["g
                                 "messages": st.one_of(messages, messages, messages, json_values)},
                                optional={k: json_values for k in FIELDS})
 bodies = st.one_of(objects, objects, objects, json_values)
+
+
+def test_merged_deltas_are_each_choices_pieces_joined_with_its_finish(tok):
+    """A stream sends one chunk per choice per batch of tokens: the merge of a batch's deltas keeps
+    each choice's text, log-prob entries and finish reason, whatever the interleaving."""
+    a, b = (ChoiceStream(tok, i, logprobs=True) for i in (0, 1))
+    da, db = run(a, tok.encode("def f(x):\n    return x")), run(b, tok.encode("print('hi')"), last="length")
+    assert len(da) > 3 and len(db) > 3
+    batch = [d for pair in zip(da, db) for d in pair] + da[len(db):] + db[len(da):]
+    merged = merge(batch)
+    assert [m.index for m in merged] == [0, 1]
+    for m, c in zip(merged, (a, b)):
+        assert (m.content, m.logprobs, m.finish) == (c.content, c.logprobs, c.finish)
+    assert [m.finish for m in merged] == ["stop", "length"]
+    assert merge(da[:2]) + merge(da[2:]) == [merge(da[:2])[0], merge(da[2:])[0]]  # two batches, two chunks
+    assert merge(da[:2])[0].content + merge(da[2:])[0].content == a.content
+
+
+def test_a_lagging_reader_takes_every_waiting_step_at_once_and_the_error_after_them():
+    async def read(items):
+        job = Job(None, None, asyncio.get_running_loop())
+        for item in items:
+            job._queue.put_nowait(item)
+        got = []
+        try:
+            async for tokens in job.events():
+                got.append([t.token for t in tokens])
+        except APIError as e:
+            got.append(e.status)
+        return got
+
+    steps = [[Token(0, 0, t, 0.0, 0.0, None)] for t in (5, 6, 7)]
+    assert asyncio.run(read(steps + [None])) == [[5, 6, 7]]
+    assert asyncio.run(read(steps[:2] + [APIError(500, "engine failed"), None])) == [[5, 6], 500]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -37,7 +37,7 @@ from starlette.requests import ClientDisconnect
 
 from codechat.tokenizer import Tokenizer
 
-from .choices import ChoiceStream, CompletionIds, Delta, chunk, completion, usage
+from .choices import ChoiceStream, CompletionIds, Delta, chunk, completion, merge, usage
 from .config import ServeConfig
 from .protocol import APIError, ChatRequest, bad, parse_chat_request
 from .worker import EngineWorker, Job, QueueFull
@@ -181,18 +181,20 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
         return {i: ChoiceStream(tok, i, stop=req.stop, tools=req.tools, forced=req.forced, logprobs=req.logprobs)
                 for i in req.engine_request.samples}
 
-    async def _deltas(job: Job, choices: dict[int, ChoiceStream]) -> AsyncIterator[Delta]:
-        """Every delta of every choice, in the order the tokens came; cancels the job when left."""
+    async def _deltas(job: Job, choices: dict[int, ChoiceStream]) -> AsyncIterator[list[Delta]]:
+        """The deltas of each batch of tokens (:meth:`Job.events`), in the order the tokens came;
+        cancels the job when left."""
         try:
             async for events in job.events():
+                batch = []
                 for ev in events:
                     c = choices[ev.sample]
                     if c.finish is not None:
                         continue  # closed by a stop string; its row is being cancelled
-                    delta = c.push(ev)
+                    batch.append(c.push(ev))
                     if c.finish is not None and ev.finish is None:
                         job.cancel(ev.sample)
-                    yield delta
+                yield batch
         finally:
             if any(c.finish is None for c in choices.values()):
                 job.cancel()
@@ -202,9 +204,10 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
         for i in choices:
             yield _sse(chunk(ids, role=i))
         try:
-            async for delta in _deltas(job, choices):
-                if delta.content or delta.tool_call or delta.finish or delta.logprobs:
-                    yield _sse(chunk(ids, delta))
+            async for batch in _deltas(job, choices):
+                for delta in merge(batch):  # one chunk per choice per batch, not per token
+                    if delta.content or delta.tool_call or delta.finish or delta.logprobs:
+                        yield _sse(chunk(ids, delta))
         except APIError as e:
             yield _sse(e.body())
             return

@@ -44,6 +44,23 @@ class Delta:
     logprobs: list[dict[str, Any]] | None = None
 
 
+def merge(deltas: Sequence[Delta]) -> list[Delta]:
+    """One delta per choice of consecutive ``deltas`` (choices in the order they first appear):
+    texts and log-prob entries joined in order, the call and finish reason of the last delta that
+    has them. A stream sends one chunk per merged delta, not one per token."""
+    out: dict[int, Delta] = {}
+    for d in deltas:
+        m = out.get(d.index)
+        if m is None:
+            out[d.index] = Delta(d.index, d.content, d.tool_call, d.finish, list(d.logprobs) if d.logprobs else None)
+            continue
+        m.content += d.content
+        if d.logprobs:
+            m.logprobs = (m.logprobs or []) + d.logprobs
+        m.tool_call, m.finish = d.tool_call or m.tool_call, d.finish or m.finish
+    return list(out.values())
+
+
 def _held(text: str, markers: Sequence[str]) -> int:
     """Length of the longest end of ``text`` that is a proper beginning of one of ``markers``."""
     best = 0
@@ -207,4 +224,4 @@ def chunk(ids: CompletionIds, delta: Delta | None = None, *, role: int | None = 
     return {**base, "choices": [{"index": delta.index, "delta": d, "logprobs": lp, "finish_reason": delta.finish}]}
 
 
-__all__ = ["ChoiceStream", "CompletionIds", "Delta", "chunk", "completion", "usage"]
+__all__ = ["ChoiceStream", "CompletionIds", "Delta", "chunk", "completion", "merge", "usage"]

@@ -52,15 +52,27 @@ class Job:
             pass
 
     async def events(self) -> AsyncIterator[list[Token]]:
-        """The request's tokens, in order per sample, until every sample finished.
+        """The request's tokens, in order per sample, until every sample finished: each list is
+        every token that arrived since the last one was taken — one engine step's while the
+        reader keeps up, several steps' once it lags (so a slow reader gets bigger pieces, not a
+        growing backlog).
 
         Raises:
-            APIError: the engine refused the request or failed while running it.
+            APIError: the engine refused the request or failed while running it (after the
+                tokens that came before it).
         """
-        while (item := await self._queue.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        while True:
+            items = [await self._queue.get()]
+            while not self._queue.empty():
+                items.append(self._queue.get_nowait())
+            end = next((i for i, item in enumerate(items) if not isinstance(item, list)), len(items))
+            tokens = [t for item in items[:end] for t in item]
+            if tokens:
+                yield tokens
+            if end < len(items):  # None (done) or an error: nothing after it counts
+                if isinstance(items[end], BaseException):
+                    raise items[end]
+                return
 
     def cancel(self, sample: int | None = None) -> None:
         """Stop sample ``sample`` (every sample when None); harmless once the job is done."""
