@@ -178,6 +178,8 @@ def test_the_api_key_is_required_except_for_health(served, client):
     with pytest.raises(openai.AuthenticationError):
         wrong.chat.completions.create(model="codechat", messages=[USER])
     assert http("GET", served.url + "/health")[0] == 200
+    status, headers, _ = http("HEAD", served.url + "/")  # the chat page needs no key either
+    assert status == 200 and headers["content-type"].startswith("text/html")
     assert [m.id for m in client.models.list()] == ["codechat"]
     assert client.models.retrieve("codechat").max_model_len == 256
 

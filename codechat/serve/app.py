@@ -215,7 +215,7 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
             yield _sse(chunk(ids, usage_of=usage(req.prompt_tokens, list(choices.values()))))
         yield _sse("[DONE]")
 
-    @app.get("/")
+    @app.api_route("/", methods=["GET", "HEAD"])  # HEAD: what uptime checks and link previews send
     async def index() -> FileResponse:
         return FileResponse(STATIC / "index.html")
 

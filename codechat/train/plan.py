@@ -41,7 +41,8 @@ Peak = weights + grads + optimizer + master + max(activations + logits + buffers
 a conservative upper bound for an eager step, since with ``zero_grad(set_to_none=True)`` gradients
 are allocated as activations are freed. A compiled step (``train.compile``) peaks as its backward
 starts, before any gradient exists: weights + optimizer + master + max(activations + logits +
-buffers, grads + step) + margin. Measured on an H200 (``benchmarks/RESULTS.md``), that is within
+buffers, grads + step) + margin (with ``--pp`` stages only the blocks are compiled: their
+activations are the compiled ones, the rest is counted as eager). Measured on an H200 (``benchmarks/RESULTS.md``), that is within
 1% of ``torch.cuda.max_memory_allocated`` for d20 and 1b at micro-batches 8-32 x 2048.
 
 Dtypes: the defaults are codechat's trainer (``Trainer``, :func:`codechat.device.autocast_for`):
@@ -285,10 +286,11 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
     if cfg.ac != "none":  # the one block recomputed during its backward
         acts += tokens * activation_bytes(m, "none", r, c, cfg.compiled)
     logits = 0.0
+    whole = cfg.compiled and cfg.pp == 1  # with stages the trainer compiles each block, the head runs eager
     if last:  # final norm input (eager: and its cast output), fp32 statistics, the (B, T, V) logits
         # (compiled: the norm's rstd and the loss's two per-token statistics)
-        acts += tokens * (m.n_embd * r + FP32 * 3 if cfg.compiled else m.n_embd * (r + c) + FP32)
-        logits = float((c if cfg.compiled else LOGITS_FP32_COPIES * FP32) * tokens * m.vocab_size)
+        acts += tokens * (m.n_embd * r + FP32 * 3 if whole else m.n_embd * (r + c) + FP32)
+        logits = float((c if whole else LOGITS_FP32_COPIES * FP32) * tokens * m.vocab_size)
     if sharded:
         buffers = 2 * counts.block * c + counts.block * (c + cfg.grad_bytes) + root * 2 * c
     elif c < cfg.param_bytes:
@@ -297,7 +299,7 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
         buffers = 0
     est = Estimate(cfg.parallel, cfg.pp, params * cfg.param_bytes / shard,
                    params * cfg.grad_bytes / shard, optimizer / shard, params * cfg.master_bytes / shard,
-                   float(acts), logits, float(buffers), step, 0.0, cfg.compiled)
+                   float(acts), logits, float(buffers), step, 0.0, whole)
     return replace(est, margin=cfg.context_gib * GIB + cfg.fragmentation * est.tensors)
 
 
