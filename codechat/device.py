@@ -27,11 +27,16 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def compute_dtype(device: torch.device, dtype: str) -> torch.dtype | None:
+    """What ``train.dtype`` (``auto``, ``bf16``, ``fp32``) computes in on ``device``: bf16 on CUDA
+    (``auto``/``bf16``) or when asked, None (fp32, no autocast) otherwise."""
+    return torch.bfloat16 if dtype == "bf16" or (dtype == "auto" and device.type == "cuda") else None
+
+
 def autocast_for(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA (``auto``/``bf16``) or when asked; fp32 (no autocast) otherwise."""
-    if dtype == "bf16" or (dtype == "auto" and device.type == "cuda"):
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """Autocast to :func:`compute_dtype` (bf16), or no autocast (fp32)."""
+    low = compute_dtype(device, dtype)
+    return torch.autocast(device.type, dtype=low) if low is not None else contextlib.nullcontext()
 
 
 def peak_flops(device: torch.device) -> float | None:

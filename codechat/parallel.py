@@ -10,7 +10,9 @@ process group (NCCL on CUDA, gloo on CPU) and pins each rank to its GPU; :class:
   optimizer step, on the last micro-step only (``no_sync`` before it: ``shared/cases/06``);
 - ``fsdp``: FSDP2 ``fully_shard`` on every transformer block and on the root (parameters,
   gradients and optimizer state sharded over all ranks: ZeRO-3, Rajbhandari et al. 2020);
-  gradients reduce-scattered on the last micro-step only (``set_requires_gradient_sync``);
+  gradients reduce-scattered on the last micro-step only (``set_requires_gradient_sync``); in bf16
+  training (``train.dtype`` auto on CUDA) each block's parameters are gathered in bf16 and its
+  gradients reduce-scattered in fp32 (``MixedPrecisionPolicy``), the sharded copies staying fp32;
 - ``hsdp``: the same, sharded within a node (``LOCAL_WORLD_SIZE`` ranks) and replicated across
   nodes, on a 2-D :class:`~torch.distributed.device_mesh.DeviceMesh` (``replicate``, ``shard``);
 - ``--pp N`` (``train.pp``): N pipeline stages x ``world_size / N`` data-parallel replicas of each
@@ -158,6 +160,8 @@ class Parallel:
     ``world.pp > 1`` the model is cut into pipeline stages run by ``pp_schedule`` over
     ``pp_microbatches`` (:class:`codechat.pipeline.Pipeline`): :attr:`model` is then this rank's
     stage (train and optimise it) and :attr:`eval_model` the whole model's forward through the stages.
+    ``param_dtype`` (bf16 or None): what FSDP/HSDP gather the parameters in, gradients then reduced
+    in fp32 (None: the parameters' own fp32).
 
     Raises:
         ConfigError: an unknown strategy, HSDP in a world of one node, fewer layers than ``--pp``
@@ -165,7 +169,7 @@ class Parallel:
     """
 
     def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp", ac: str = "none",
-                 pp_schedule: str = "1f1b", pp_microbatches: int = 1) -> None:
+                 pp_schedule: str = "1f1b", pp_microbatches: int = 1, param_dtype: torch.dtype | None = None) -> None:
         if strategy not in STRATEGIES:
             raise ConfigError(f"--parallel must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         self.model, self.world = model, world
@@ -198,7 +202,7 @@ class Parallel:
             self.module = DistributedDataParallel(model, device_ids=ids)
             return
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         if self.strategy == "hsdp":
             if world.size == world.local_size:
                 raise ConfigError("--parallel hsdp replicates across nodes and shards within one; this world is a "
@@ -207,9 +211,11 @@ class Parallel:
                                     mesh_dim_names=("replicate", "shard"))
         else:
             mesh = init_device_mesh(world.device.type, (world.size,))
+        # bf16 training: gather the parameters in bf16, reduce-scatter the gradients in fp32
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
         for block in model.layers:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
 
     @property
     def sharded(self) -> bool:

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from .. import checkpoint as ckpt
 from ..config import ConfigError, OptimConfig, RunConfig, TrainConfig
 from ..data.batch import Batch
-from ..device import autocast_for, peak_flops
+from ..device import autocast_for, compute_dtype, peak_flops
 from ..model import GPT, IGNORE_INDEX, build_model
 from ..parallel import Parallel, World, whole_template
 from .optim import build_optimizer
@@ -118,7 +118,8 @@ class Trainer:
         self.device = next(model.parameters()).device
         self.world = world or World(device=self.device)
         # before the optimizer: FSDP swaps parameters, a pipeline keeps this rank's stage
-        self.par = Parallel(model, self.world, train.parallel, train.ac, train.pp_schedule, train.pipeline_microbatches)
+        self.par = Parallel(model, self.world, train.parallel, train.ac, train.pp_schedule, train.pipeline_microbatches,
+                            param_dtype=compute_dtype(self.device, train.dtype))
         self.optimizer = build_optimizer(self.par.model, optim, self.device)
         compile_whole = train.compile and self.par.pipeline is None
         self.forward = torch.compile(self.par.module) if compile_whole else self.par.module
