@@ -63,15 +63,24 @@ def normalize_tool(schema: Mapping[str, Any]) -> dict[str, Any]:
     return dict(schema)
 
 
+def lone_surrogate(text: str) -> int | None:
+    """Where ``text`` holds a lone surrogate (a JSON ``"\\ud800"``-style escape with no pair decodes
+    to one; no UTF-8 spells it, so the tokenizer could not encode it), or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
 def check_text(text: str, what: str) -> None:
-    """Raise ValueError if ``text`` holds a lone surrogate (a JSON ``"\\ud800"``-style escape with no
-    pair decodes to one): no UTF-8 spells it, so the tokenizer could not encode it later."""
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(f"{what} holds a lone surrogate {text[e.start]!r} at character {e.start} (an unpaired "
-                             "\\ud800-\\udfff escape), which no UTF-8 text can hold: fix or remove it") from None
+    """Raise ValueError if ``text`` holds a lone surrogate (:func:`lone_surrogate`), naming ``what``."""
+    at = lone_surrogate(text)
+    if at is not None:
+        raise ValueError(f"{what} holds a lone surrogate {text[at]!r} at character {at} (an unpaired "
+                         "\\ud800-\\udfff escape), which no UTF-8 text can hold: fix or remove it")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from codechat.calls import FUNCTION_CALL_TOKEN
-from codechat.chat import Conversation, render_for_completion
+from codechat.chat import Conversation, lone_surrogate, render_for_completion
 from codechat.chat_openai import MessageError, from_openai
 from codechat.engine import Request, SamplingConfig
 from codechat.tokenizer import Tokenizer
@@ -210,12 +210,9 @@ def _check_tree(body: Mapping[str, Any], max_depth: int) -> None:
     while stack:
         value, path, depth = stack.pop()
         if isinstance(value, str):
-            if not value.isascii():
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise bad(path or None, "holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is "
-                                            "not Unicode text") from None
+            if lone_surrogate(value) is not None:
+                raise bad(path or None, "holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is "
+                                        "not Unicode text")
             continue
         if not isinstance(value, (Mapping, list)):
             continue
