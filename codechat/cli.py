@@ -375,6 +375,11 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-limit", type=int, help="HumanEval problems to evaluate (default 40 on CPU, all on GPU)")
     p.add_argument("--funcall-data", help="conversations with tools (glaive, ShareGPT or OpenAI messages): adds "
                                           "function-calling SFT on FILE@train and its evaluation on FILE@heldout")
+    p.add_argument("--mbpp", metavar="PATH", help="MBPP's mbpp.jsonl: its train split (tasks 601-974) joins chat SFT "
+                                                  "and is RL's task set, its test split (11-510) is evaluated (pass@1, "
+                                                  "pass@10), and its test problems are kept out of every training set")
+    p.add_argument("--data", metavar="SPEC", help="more chat-SFT sources, a mixture spec SOURCE[#FORMAT][:WEIGHT],... "
+                                                  "(weight: copies per epoch), e.g. code_alpaca_2k.json:1")
     _add_common(p)
     p.set_defaults(func=_cmd_speedrun)
 
@@ -385,7 +390,7 @@ def _cmd_speedrun(args: argparse.Namespace) -> int:
         run_speedrun(preset=args.preset, out=args.out, time_budget_min=args.time_budget_min, seed=args.seed,
                      device=args.device or "auto", max_files=args.max_files, eval_limit=args.eval_limit,
                      checkpoint_every_s=args.checkpoint_every_s, resume=args.resume,
-                     funcall_data=args.funcall_data or "")
+                     funcall_data=args.funcall_data or "", mbpp=args.mbpp or "", sft_data=args.data or "")
     except SpeedrunFailed as e:
         print(f"codechat speedrun: error: {e}", file=sys.stderr)
         return 1

@@ -361,6 +361,9 @@ SFT_FORMATS: tuple[str, ...] = ("auto", "messages", "sharegpt", "glaive", "alpac
 #: How a mixture draws (``codechat.data.mixture``): ``sample`` draws sources by normalised weight
 #: (with replacement across epochs), ``epoch`` takes ``weight x size`` rows of each source per epoch.
 SFT_MIX_MODES: tuple[str, ...] = ("sample", "epoch")
+#: How mined functions are asked for (``codechat.data.mining``): their docstring as the instruction,
+#: HumanEval's completion prompt (signature + docstring), or both conversations of each function.
+MINE_STYLES: tuple[str, ...] = ("docstring", "complete", "both")
 #: The smallest prompt budget: ``<|bos|>`` plus the final ``<|assistant|>`` header.
 MIN_PROMPT_TOKENS = 2
 
@@ -402,6 +405,7 @@ class SFTConfig:
     mine_src: tuple[str, ...] = ()  # sources mined when data is ""; () -> default_corpus_dirs()
     mine_max_files: int = 0  # 0 -> every file
     mine_max_examples: int = 0  # 0 -> every mined pair
+    mine_style: str = "docstring"  # MINE_STYLES: docstring, complete (HumanEval's prompt) or both
     teacher_completions: str = ""  # DIR/completions.jsonl of codechat distill: each record's prompt gets its answer
 
     #: Fields derived from others when 0 (see :func:`load`: setting an input re-derives them).
@@ -430,6 +434,8 @@ class SFTConfig:
         _check(self.decontam_ngram >= 1, f"sft.decontam_ngram must be >= 1, got {self.decontam_ngram}")
         _check(0.0 < self.decontam_threshold <= 1.0,
                f"sft.decontam_threshold must be in (0, 1], got {self.decontam_threshold}")
+        _check(self.mine_style in MINE_STYLES,
+               f"sft.mine_style must be one of {', '.join(MINE_STYLES)}, got {self.mine_style!r}")
         _check(self.mine_max_files >= 0 and self.mine_max_examples >= 0,
                "sft.mine_max_files and sft.mine_max_examples must be >= 0 (0: all)")
         _check(not self.teacher_completions or Path(self.teacher_completions).is_file(),

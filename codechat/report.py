@@ -87,6 +87,33 @@ def _section(m: dict[str, Any], stage: str) -> bool:
     return m.get("stages", {}).get(stage, {}).get("status") == "done" and stage in m
 
 
+def _decontamination_lines(dec: dict[str, Any] | None) -> list[str]:
+    """What the corpus left out as overlapping benchmark problems."""
+    if dec is None:
+        return ["The corpus was not checked against benchmark problems.", ""]
+    checked = ", ".join(f"{b} ({n} problems)" for b, n in dec["problems"].items())
+    out = [f"Decontamination: every document was checked against {checked} ({dec['ngram']}-grams, share "
+           f"{dec['threshold']:g}); {len(dec['excluded'])} left out" + (":" if dec["excluded"] else "."), ""]
+    out += [f"- `{e['document']}`: {e['share']:.0%} of {e['problem']}'s {e['part']}" for e in dec["excluded"]]
+    return out + ([""] if dec["excluded"] else [])
+
+
+def _code_eval_section(h: dict[str, Any], title: str) -> list[str]:
+    """A code evaluation's table (pass@k, the checkpoint, sampling) and the problems it solved."""
+    rows = [("checkpoint", f"`{h['stage']}/`, {h['mode']} mode"),
+            ("problems x samples", f"{h['problems']} x {h['n']}, temperature {h['temperature']:g}" + (
+                f" (of {h['problems_planned']} planned: the stage's time ran out)"
+                if h["problems"] < h["problems_planned"] else ""))]
+    for k, v in h["pass@k"].items():
+        rows.append((k, f"{v:.2%}" + (f" ± {h['pass@1_stderr']:.2%}" if k == "pass@1" and h["pass@1_stderr"]
+                                        is not None else "")))
+    rows.append(("verdict for RL", h["verdict_text"]))
+    solved = sorted(h["solved"].items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{t} ({c}/{h['n']})" for t, c in solved) or "none"
+    return [f"## {title} (sandboxed execution)", markdown_table(rows), "",
+            f"Solved by at least one sample ({len(solved)}): {text}", ""]
+
+
 def speedrun_report(m: dict[str, Any]) -> str:
     """``report.md`` of a speedrun from its ``metrics.json`` (:mod:`codechat.speedrun`).
 
@@ -124,6 +151,7 @@ def speedrun_report(m: dict[str, Any]) -> str:
                                                  f"{d['train_bytes']:,}"),
             ("val documents / tokens / bytes", f"{d['val_documents']:,} / {d['val_tokens']:,} / {d['val_bytes']:,}"),
             ("vocabulary", m["tokenizer"]["vocab_size"]), ("val bytes per token", d["val_bytes_per_token"])]), ""]
+        lines += _decontamination_lines(d.get("decontamination"))
     if _section(m, "pretrain"):
         pre = m["pretrain"]
         c = pre["config"]
@@ -151,6 +179,7 @@ def speedrun_report(m: dict[str, Any]) -> str:
     if _section(m, "sft"):
         t = m["sft"]
         lines += ["## Chat SFT", markdown_table([
+            ("data (mixture spec, copies per epoch)", f"`{t['data']}`" if t.get("data") else "mined pairs"),
             ("examples seen / kept (preflight)", f"{t['examples_seen']:,} / {t['examples_kept']:,}"),
             ("prompt- / completion-truncated", f"{t['examples_prompt_truncated']} / {t['examples_completion_truncated']}"),
             ("dropped", t["examples_dropped"]), ("excluded as overlapping HumanEval/MBPP", t["examples_decontaminated"]),
@@ -158,16 +187,9 @@ def speedrun_report(m: dict[str, Any]) -> str:
             ("training time budget", f"{t['train_budget_s']:.0f} s ({'compiled' if t['compiled'] else 'eager'})"),
             ("optimizer steps", t["steps"]),
             ("loss on a fixed set of its examples: step 0 -> end", f"{t['loss_initial']:.3f} -> {t['loss_final']:.3f}")]),
-            ""]
+            ""] + (["![SFT loss curve](sft_loss.png)", ""] if t.get("data") else [])
     if _section(m, "eval"):
-        h = m["eval"]["humaneval"]
-        lines += ["## HumanEval (chat model, sandboxed execution)", markdown_table([
-            ("problems x samples", f"{h['problems']} x {h['n']}" + (
-                f" (of {h['problems_planned']} planned: the stage's time ran out)"
-                if h["problems"] < h["problems_planned"] else "")),
-            ("pass@1", f"{h['pass@1']:.1%}" + (f" ± {h['pass@1_stderr']:.1%}" if h["pass@1_stderr"] is not None
-                                                else "")),
-            ("verdict for RL", m["eval"]["verdict_text"])]), ""]
+        lines += _code_eval_section(m["eval"]["humaneval"], "HumanEval")
     if _section(m, "rl"):
         r = m["rl"]
         rows = [("skipped", r["reason"])] if r["skipped"] else [
@@ -176,6 +198,10 @@ def speedrun_report(m: dict[str, Any]) -> str:
             ("rollouts passing every test, last step", f"{r['pass_rate_last']:.1%}")]
         lines += ["## RL (GRPO)", markdown_table(rows + ([("stopped because", r["message"])] if r.get("message") else [])),
                   ""]
+    if _section(m, "rl") and m["rl"].get("humaneval"):
+        lines += _code_eval_section(m["rl"]["humaneval"], "HumanEval after RL")
+    if _section(m, "mbpp"):
+        lines += _code_eval_section(m["mbpp"], "MBPP (test split)")
     if _section(m, "funcall_eval"):
         f, t = m["funcall_eval"], m.get("funcall", {})
 

@@ -1,7 +1,16 @@
-"""The speedrun: tokenizer -> corpus -> baselines -> pretraining -> samples -> SFT -> chat -> HumanEval -> RL.
+"""The speedrun: tokenizer -> corpus -> baselines -> pretraining -> samples -> SFT -> chat -> HumanEval -> RL
+[-> MBPP] [-> function-calling SFT -> its evaluation].
 
-RL (GRPO, :mod:`codechat.train.grpo`) runs only when HumanEval's pass@k verdict allows it; when
-the verdict says the run would stall, the stage is skipped at once and the report says why.
+RL (GRPO, :mod:`codechat.train.grpo`) runs only when HumanEval's pass@k verdict on the SFT model
+allows it; when the verdict says the run would stall, the stage is skipped at once and the report
+says why. When GRPO ran, the stage scores HumanEval again on ``rl/``; MBPP's test split (``--mbpp``)
+is scored on the last code stage (``rl/`` when GRPO ran, else ``sft/``).
+
+Data: the pretraining corpus leaves out every file that overlaps a HumanEval problem (or, with
+``--mbpp``, an MBPP test problem) by :class:`codechat.data.mining.Decontaminator`'s rule, and
+the report lists them; chat SFT trains on docstring/function pairs mined from the standard
+library (asked for both ways, :data:`codechat.config.MINE_STYLES`), MBPP's train split with
+``--mbpp`` and the sources of ``--data``, decontaminated by the same rule.
 
 Writes ``metrics.json`` and ``report.md`` into the run directory after every stage, so a run that
 fails or is killed keeps what finished: the report shows the finished stages, the failing one
@@ -32,7 +41,7 @@ import torch
 
 from .config import (ConfigError, OptimConfig, PretrainConfig, RunConfig, SFTConfig, SFTStageConfig, TrainConfig,
                      load, pretrain_recipe, replace, to_dict)
-from .data.corpus import build_corpus, load_index, read_split
+from .data.corpus import benchmark_decontaminator, build_corpus, load_index, read_split
 from .data.sources import iter_split_texts
 from .completion import best_completion, sample_completions
 from .engine import Engine, EngineConfig, SamplingConfig
@@ -74,18 +83,22 @@ class Speedrun:
                                   f"{self.m.get('device_type')}, not {p.preset} on {device.type}; resume with "
                                   "the same --preset and --device, or use a new --out")
             self.p = p = replace(p, **{k: v for k, v in self.m["plan"].items()
-                                       if k in ("time_budget_min", "shares", "eval_limit", "funcall_data")})
+                                       if k in ("time_budget_min", "shares", "eval_limit", "funcall_data", "mbpp",
+                                                "sft_data")})
         else:
             if path.is_file():
                 raise ConfigError(f"{run} already holds a speedrun (metrics.json): add --resume to continue it, "
                                   "or choose another --out")
-            licenses = {**LICENSES, **({"function-calling data": f"{p.funcall_data} (its own licence)"}
-                                       if p.funcall_data else {})}
+            licenses = {**LICENSES,
+                        **({"MBPP (train split in SFT and RL, test split evaluated)": f"{p.mbpp} (CC BY 4.0)"}
+                           if p.mbpp else {}),
+                        **({"more SFT data (--data)": f"{p.sft_data} (each source's own licence)"} if p.sft_data else {}),
+                        **({"function-calling data": f"{p.funcall_data} (its own licence)"} if p.funcall_data else {})}
             self.m = {"preset": p.preset, "device": str(device), "device_type": device.type,
                       "time_budget_min": p.time_budget_min, "licenses": licenses,
                       "plan": {k: v for k, v in asdict(p).items() if k in
                                ("time_budget_min", "shares", "eval_limit", "max_files", "compile", "sources",
-                                "funcall_data")},
+                                "funcall_data", "mbpp", "sft_data")},
                       "stages": {s: {"status": "pending", "planned_s": t} for s, t in p.planned_s().items()}}
         self.resume = resume
 
@@ -167,10 +180,12 @@ class Speedrun:
         data_dir, d = self.run / "data", self.data_cfg
         print(f"{tag} corpus -> {data_dir}")
         build_corpus(self.p.sources, self.run / "tokenizer", data_dir, extensions=d.extensions,
-                     val_fraction=d.val_fraction, max_files=self.p.max_files)
+                     val_fraction=d.val_fraction, max_files=self.p.max_files,
+                     decontaminator=benchmark_decontaminator(self.p.mbpp))
         index = load_index(data_dir)
         sp = index["splits"]
         return {"files_seen": index["files_seen"], "skipped": index["skipped"],
+                "decontamination": index["decontamination"],
                 "val_bytes_per_token": sp["val"]["bytes"] / max(1, sp["val"]["tokens"] - sp["val"]["documents"]),
                 **{f"{s}_{k}": sp[s][k] for s in ("train", "val") for k in ("documents", "tokens", "bytes")}}
 
@@ -230,19 +245,30 @@ class Speedrun:
                 "temperature": p.sample_temperature, "top_p": p.sample_top_p, "max_new_tokens": p.sample_tokens,
                 "completions": out}
 
+    def _sft_data(self) -> str:
+        """The SFT mixture spec: mined pairs, MBPP's train split (``--mbpp``) and ``--data``."""
+        p = self.p
+        parts = [f"mine:{p.sources[0]}:1"] + ([f"{p.mbpp}#mbpp:{p.mbpp_weight:g}"] if p.mbpp else []) \
+            + ([p.sft_data] if p.sft_data else [])
+        return ",".join(parts)
+
     def _sft(self, grant: float, tag: str) -> dict[str, Any]:
-        pre = self.m["pretrain"]
+        pre, p = self.m["pretrain"], self.p
         measured = pre.get("first_step_s") if pre.get("compiled") else None
-        train_s = max(self.p.min_train_s, self.p.sft_train_share * grant)
-        compile_on = self._compile_for(train_s, measured or self.p.compile_estimate_s)
-        print(f"{tag} SFT for {train_s:.0f} s of {grant:.0f} s on mined docstring -> function pairs"
-              f"{' (compiled)' if compile_on else ' (eager)'}")
+        train_s = max(p.min_train_s, p.sft_train_share * grant)
+        compile_on = self._compile_for(train_s, measured or p.compile_estimate_s)
+        spec = self._sft_data()
+        print(f"{tag} SFT for {train_s:.0f} s of {grant:.0f} s on {spec}{' (compiled)' if compile_on else ' (eager)'}")
         sft = run_sft(self._sft_stage("pretrain", "sft", SFTConfig(
-            max_length=self.p.sft_max_length, max_prompt_length=self.p.sft_max_prompt_length, packing=True,
-            mine_src=self.p.sources[:1], mine_max_files=self.p.max_files, seed=self.seed), train_s, compile_on))
-        evals = [r["eval_loss"] for r in read_metrics(self.run / "sft" / "metrics.jsonl") if "eval_loss" in r]
+            data=spec, mix_mode="epoch", max_length=p.sft_max_length, max_prompt_length=p.sft_max_prompt_length,
+            packing=True, mine_max_files=p.max_files, mine_style=p.sft_mine_style, decontam_mbpp=p.mbpp,
+            seed=self.seed), train_s, compile_on))
+        rows = read_metrics(self.run / "sft" / "metrics.jsonl")
+        evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
+        plot_loss(rows, self.run / "sft_loss.png", f"{p.preset} chat SFT on {self.dev.type}")
         pre_c, dec = sft["data"]["preflight"], sft["data"]["decontamination"] or {}
-        return {"steps": sft["step"], "train_budget_s": train_s, "compiled": compile_on,
+        return {"steps": sft["step"], "train_budget_s": train_s, "compiled": compile_on, "data": spec,
+                "sources": sft["data"].get("sources"),
                 "examples_seen": pre_c["seen"], "examples_kept": pre_c["kept"],
                 "examples_prompt_truncated": pre_c["prompt_truncated"],
                 "examples_completion_truncated": pre_c["completion_truncated"],
@@ -264,23 +290,42 @@ class Speedrun:
                    for i, q in enumerate(self.p.chat_prompts)]
         return {"n": len(answers), "answers": answers}
 
-    def _eval(self, grant: float, tag: str) -> dict[str, Any]:
-        p = self.p
-        print(f"{tag} HumanEval pass@1 ({p.eval_limit or 'all'} problems x {p.eval_n} samples, "
-              f"stopping at {grant:.0f} s)")
+    def _code_stage(self) -> str:
+        """The last code stage: ``rl`` when GRPO ran, else ``sft``."""
+        rl = self.m.get("rl")
+        return "rl" if rl and not rl.get("skipped") else "sft"
+
+    def _score(self, suite: str, name: str, grant: float, tag: str, *, n: int, max_new_tokens: int,
+               limit: int | None, stage: str | None = None) -> dict[str, Any]:
+        """pass@k of ``stage`` (default: the last code stage) on ``suite``, sandboxed, stopping new
+        problems at ``grant`` seconds; results under ``eval/<name>[-<stage>]``."""
         from .checkpoint import load_model
         from .eval.suites import format_summary, run_suite
-        model, tok, state = load_model(self.run / "sft", self.dev)
-        res = run_suite(model, tok, out_dir=self.run / "eval" / "humaneval", suite="humaneval",
-                        stage=state["meta"]["stage"], n=p.eval_n, ks=(1,), temperature=p.eval_temperature,
-                        max_new_tokens=p.eval_tokens, limit=p.eval_limit or None, seed=self.seed, progress=False,
-                        model_id=str(self.run / "sft"), deadline_s=grant)
+        p, stage = self.p, stage or self._code_stage()
+        ks = tuple(k for k in p.eval_ks if k <= n)
+        print(f"{tag} {name} on {stage}/ ({limit or 'all'} problems x {n} samples, temperature "
+              f"{p.eval_temperature:g}, stopping at {grant:.0f} s)")
+        model, tok, state = load_model(self.run / stage, self.dev)
+        res = run_suite(model, tok, out_dir=self.run / "eval" / (name.lower() + ("" if stage == "sft" else f"-{stage}")),
+                        suite=suite,
+                        stage=state["meta"]["stage"], n=n, ks=ks, temperature=p.eval_temperature,
+                        max_new_tokens=max_new_tokens, limit=limit, seed=self.seed, progress=False,
+                        model_id=str(self.run / stage), deadline_s=grant)
         print(format_summary(res))
-        return {"humaneval": {"pass@1": res["pass@1"], "pass@1_stderr": res["pass@1_stderr"],
-                              "problems": res["problems"], "problems_planned": res["problems_planned"],
-                              "n": res["n"]},
-                "verdict": res["verdict_band"], "verdict_text": res["verdict"]}
+        solved = {t: v["c"] for t, v in res["per_task"].items() if v["c"]}
+        return {"stage": stage, "mode": res["mode"], "temperature": p.eval_temperature, "n": res["n"],
+                "problems": res["problems"], "problems_planned": res["problems_planned"],
+                "pass@k": res["pass@k"], "pass@1": res["pass@1"], "pass@1_stderr": res["pass@1_stderr"],
+                "solved": solved, "verdict": res["verdict_band"], "verdict_text": res["verdict"]}
 
+    def _eval(self, grant: float, tag: str) -> dict[str, Any]:
+        p = self.p
+        return {"humaneval": self._score("humaneval", "HumanEval", grant, tag, n=p.eval_n,
+                                         max_new_tokens=p.eval_tokens, limit=p.eval_limit or None)}
+
+    def _mbpp(self, grant: float, tag: str) -> dict[str, Any]:
+        return self._score(f"mbpp:{self.p.mbpp}", "MBPP", grant, tag, n=self.p.mbpp_n,
+                           max_new_tokens=self.p.mbpp_tokens, limit=self.p.eval_limit or None)
 
     def _sft_stage(self, init: str, out: str, sft: SFTConfig, train_s: float, compile_on: bool) -> SFTStageConfig:
         """An SFT stage from stage ``init`` into ``out`` of this run, with the pretraining recipe's
@@ -298,11 +343,12 @@ class Speedrun:
 
     def _rl(self, grant: float, tag: str) -> dict[str, Any]:
         from .train.grpo import RLConfig, RLStageConfig, run_rl
-        p, ev = self.p, self.m["eval"]
+        p, ev = self.p, self.m["eval"]["humaneval"]
         if ev["verdict"] == "stall":
             print(f"{tag} RL skipped: HumanEval {ev['verdict_text']}")
             return {"skipped": True, "reason": f"HumanEval {ev['verdict_text']}"}
-        train_s = max(p.min_train_s, p.sft_train_share * grant)
+        t0 = time.perf_counter()
+        train_s = max(p.min_train_s, p.rl_train_share * grant)
         print(f"{tag} GRPO for {train_s:.0f} s of {grant:.0f} s on {p.rl_tasks} tasks (tiered reward, groups of "
               f"{p.rl_group_size})")
         cfg = RLStageConfig(
@@ -318,10 +364,12 @@ class Speedrun:
             print(f"{tag} RL skipped: {e}")
             return {"skipped": True, "reason": str(e)}
         rows = read_metrics(self.run / "rl" / "metrics.jsonl")
+        humaneval = self._score("humaneval", "HumanEval", grant - (time.perf_counter() - t0), tag, n=p.eval_n,
+                                max_new_tokens=p.eval_tokens, limit=p.eval_limit or None, stage="rl")
         return {"skipped": False, "tasks": p.rl_tasks, "steps": out["step"], "stopped": out["stopped"],
                 "message": out["message"], "reward_first": rows[0]["reward_mean"] if rows else None,
                 "reward_last": rows[-1]["reward_mean"] if rows else None,
-                "pass_rate_last": rows[-1]["pass_rate"] if rows else None}
+                "pass_rate_last": rows[-1]["pass_rate"] if rows else None, "humaneval": humaneval}
 
     def _funcall(self, grant: float, tag: str) -> dict[str, Any]:
         p = self.p
@@ -351,7 +399,7 @@ class Speedrun:
 def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_min: float | None = None,
                  seed: int | None = None, device: str = "auto", max_files: int = 0,
                  eval_limit: int | None = None, checkpoint_every_s: float | None = None,
-                 resume: bool = False, funcall_data: str = "") -> dict[str, Any]:
+                 resume: bool = False, funcall_data: str = "", mbpp: str = "", sft_data: str = "") -> dict[str, Any]:
     """Run every stage into ``out`` (``report.md``, ``metrics.json`` after each); returns the metrics.
 
     Raises:
@@ -359,7 +407,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
         SpeedrunFailed: a stage raised; the finished ones are kept and ``resume=True`` continues.
     """
     dev = resolve_device(device)
-    p = plan(dev, preset, time_budget_min, max_files, funcall_data)
+    p = plan(dev, preset, time_budget_min, max_files, funcall_data, mbpp, sft_data)
     if eval_limit is not None:
         p = replace(p, eval_limit=eval_limit)
     if checkpoint_every_s is not None:

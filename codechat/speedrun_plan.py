@@ -11,13 +11,18 @@ import torch
 
 from .config import ConfigError, pretrain_recipe
 
-#: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``).
+#: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``). ``rl``
+#: runs GRPO only when HumanEval's pass@k verdict on ``sft/`` (``eval``) allows it, and then scores
+#: HumanEval again on ``rl/``.
 STAGES = ("tokenizer", "data", "baseline", "pretrain", "samples", "sft", "chat", "eval", "rl")
+#: The stage added by ``--mbpp``: MBPP's test split (tasks 11-510) scored on the last code stage.
+#: The same file's train split joins chat SFT, and its test problems are excluded from the corpus.
+MBPP_STAGES = ("mbpp",)
 #: Stages added by ``--funcall-data``: function-calling SFT on the file's train split (from the
 #: chat SFT checkpoint), then the function-calling evaluation on its held-out split.
 FUNCALL_STAGES = ("funcall", "funcall_eval")
-#: Their shares of the whole budget; the other stages' shares shrink to make room.
-FUNCALL_SHARES = {"funcall": 0.08, "funcall_eval": 0.04}
+#: Shares of the whole budget of the optional stages; the other stages' shares shrink to make room.
+EXTRA_SHARES = {"mbpp": 0.07, "funcall": 0.08, "funcall_eval": 0.04}
 
 #: Shares of the whole budget per stage. CPU: 12 minutes with today's 9 of pretraining; the
 #: stages before pretraining and the generation stages end early on a fast machine (2026-12-01,
@@ -27,8 +32,7 @@ FUNCALL_SHARES = {"funcall": 0.08, "funcall_eval": 0.04}
 #: 6 s, chat 3 s, HumanEval 164 x 20 in 27 s): the generation stages end early, and only stages
 #: after them get their time back, so pretraining, which comes before, gets the rest up front.
 #: ``rl`` runs only when HumanEval's verdict allows GRPO (today's small models get "stall" and skip
-#: it at once, so its share is small: on a GPU its time goes to the function-calling stages when
-#: there are some, else the run ends early).
+#: it at once, so its share is small: its time goes to the stages after it).
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.77, "samples": 0.025,
               "sft": 0.06, "chat": 0.01, "eval": 0.025, "rl": 0.015}
 GPU_SHARES = {"tokenizer": 0.03, "data": 0.04, "baseline": 0.03, "pretrain": 0.545, "samples": 0.025,
@@ -77,6 +81,17 @@ class SpeedrunPlan:
     # model's samples loop until the token budget cuts them, and one that ended its function is
     # the model's own answer (benchmarks/RESULTS.md: +0 to +7 of 15 completions parse).
     sample_best_of: int = 8
+    # Mined functions are asked for both ways (codechat.data.mining): by docstring, and with
+    # HumanEval's own completion prompt (signature + docstring -> the whole function).
+    sft_mine_style: str = "both"
+    # An MBPP file (--mbpp): its train split (tasks 601-974) joins SFT, repeated this many times
+    # per epoch of the mixture (mix mode "epoch"; the mined pairs count once), and its test split
+    # is the `mbpp` stage.
+    mbpp: str = ""
+    mbpp_weight: float = 3.0
+    # More SFT sources (--data), a mixture spec SOURCE[#FORMAT][:WEIGHT],... (codechat.data.mixture),
+    # weights in the same epoch units; e.g. Code Alpaca.
+    sft_data: str = ""
     sft_max_length: int = 384
     sft_max_prompt_length: int = 128
     # SFT rows per micro-batch (0: the pretraining recipe's). The mined set is ~1,500 short examples
@@ -91,23 +106,30 @@ class SpeedrunPlan:
     eval_limit: int = 40  # HumanEval problems (0: all 164); the stage's grant may stop it sooner
     eval_n: int = 2  # samples per problem
     eval_tokens: int = 128
+    # Sampling temperature of the code evaluations: 0.8 is where Codex's pass@10..100 peaked
+    # (Chen et al. 2021, "Evaluating Large Language Models Trained on Code", fig. 5).
     eval_temperature: float = 0.8
+    eval_ks: tuple[int, ...] = (1, 10)  # pass@k reported (those <= the samples per problem)
+    mbpp_n: int = 10  # MBPP test samples per problem (500 problems: 10 keeps the stage short)
+    mbpp_tokens: int = 256  # MBPP answers are a few lines
     # A conversations file with tools (glaive, ShareGPT, OpenAI messages): adds FUNCALL_STAGES,
     # training on FILE@train and evaluating FILE@heldout (codechat.data.benchmarks.conversation_split).
     funcall_data: str = ""
     # The RL stage (GRPO from the SFT model, when HumanEval's verdict is not "stall"): tasks mined
-    # from doctests in the corpus (codechat.data.tasks), the tiered reward, groups of 8.
+    # from doctests in the corpus (codechat.data.tasks; with --mbpp, MBPP's train split), the
+    # tiered reward, groups of 8.
     rl_tasks: str = "doctest"
     rl_group_size: int = 8
     rl_prompts_per_step: int = 8
     rl_tokens: int = 256  # max new tokens per rollout
+    rl_train_share: float = 0.6  # of the RL stage's grant spent training; the rest scores HumanEval on rl/
     funcall_tokens: int = 64  # max new tokens per evaluated assistant turn
     funcall_eval_limit: int = 10  # held-out conversations evaluated (0: all)
 
     @property
     def stages(self) -> tuple[str, ...]:
         """The stages this plan runs, in order."""
-        return STAGES + (FUNCALL_STAGES if self.funcall_data else ())
+        return STAGES + (MBPP_STAGES if self.mbpp else ()) + (FUNCALL_STAGES if self.funcall_data else ())
 
     def __post_init__(self) -> None:
         if set(self.shares) != set(self.stages) or abs(sum(self.shares.values()) - 1) > 1e-6 or \
@@ -116,6 +138,8 @@ class SpeedrunPlan:
                               f"to 1, got {self.shares}")
         if self.time_budget_min <= 0:
             raise ConfigError(f"--time-budget-min must be > 0, got {self.time_budget_min}")
+        if self.mbpp_weight <= 0:
+            raise ConfigError(f"mbpp_weight must be > 0, got {self.mbpp_weight}")
         if self.checkpoint_every_s <= 0:
             raise ConfigError(f"--checkpoint-every-s must be > 0, got {self.checkpoint_every_s}")
 
@@ -135,24 +159,27 @@ LICENSES = {"pretraining corpus": "this Python's standard library (PSF License)"
             "HumanEval (evaluation only)": "OpenAI's HumanEval, MIT License, shipped in codechat/data/shipped"}
 
 
-def with_funcall(shares: dict[str, float]) -> dict[str, float]:
-    """``shares`` of :data:`STAGES` shrunk to make room for :data:`FUNCALL_SHARES`."""
-    scale = 1.0 - sum(FUNCALL_SHARES.values())
-    return {**{k: v * scale for k, v in shares.items()}, **FUNCALL_SHARES}
+def with_stages(shares: dict[str, float], extra: tuple[str, ...]) -> dict[str, float]:
+    """``shares`` shrunk to make room for the :data:`EXTRA_SHARES` of the stages ``extra``."""
+    scale = 1.0 - sum(EXTRA_SHARES[s] for s in extra)
+    return {**{k: v * scale for k, v in shares.items()}, **{s: EXTRA_SHARES[s] for s in extra}}
 
 
 def plan(device: torch.device, preset: str | None, time_budget_min: float | None, max_files: int = 0,
-         funcall_data: str = "") -> SpeedrunPlan:
+         funcall_data: str = "", mbpp: str = "", sft_data: str = "") -> SpeedrunPlan:
     """Preset, budget, shares and corpus for ``device`` (explicit arguments win).
 
     Raises:
-        ConfigError: ``funcall_data`` is given and is not a file.
+        ConfigError: ``funcall_data`` or ``mbpp`` is given and is not a file.
     """
-    if funcall_data:
-        if not Path(funcall_data).is_file():
-            raise ConfigError(f"--funcall-data {funcall_data}: no such file")
+    for flag, path in (("--funcall-data", funcall_data), ("--mbpp", mbpp)):
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{flag} {path}: no such file")
+    if funcall_data or mbpp or sft_data:
         base = plan(device, preset, time_budget_min, max_files)
-        return replace(base, funcall_data=str(funcall_data), shares=with_funcall(base.shares))
+        extra = (MBPP_STAGES if mbpp else ()) + (FUNCALL_STAGES if funcall_data else ())
+        return replace(base, funcall_data=str(funcall_data), mbpp=str(mbpp), sft_data=sft_data,
+                       rl_tasks=f"mbpp:{mbpp}" if mbpp else base.rl_tasks, shares=with_stages(base.shares, extra))
     stdlib = sysconfig.get_paths()["stdlib"]
     if device.type == "cuda":
         budget = time_budget_min or GPU_TIME_BUDGET_MIN

@@ -98,7 +98,7 @@ def test_corpus_shards_decode_to_the_documents_in_file_order(corpus_dir: Path, t
         assert list(iter_split_texts(default_corpus_dirs(), split, val_fraction=VAL_FRACTION,
                                      max_files=N_FILES)) == expected
         assert not {i for d in docs for i in d} & tok.special_ids
-    assert index["skipped"] == skipped.as_dict()
+    assert index["skipped"] == {**skipped.as_dict(), "contaminated": 0} and index["decontamination"] is None
 
 
 def test_output_is_identical_for_one_and_two_workers(tok_dir: Path, tmp_path: Path) -> None:
@@ -185,3 +185,34 @@ def test_cli_data_corpus_builds_shards_and_leaves_room_for_more_commands(tok_dir
     counts = {s: load_index(tmp_path / "out")["splits"][s]["documents"] for s in ("train", "val")}
     assert counts == {"train": 2, "val": 1}
     assert parser.parse_args(["data", "other"]).data_command == "other"
+
+
+def test_documents_holding_a_benchmark_problem_are_left_out_and_listed(tok_dir: Path, tmp_path: Path, write_corpus,
+                                                                       shared_dir: Path) -> None:
+    """A vendored HumanEval solution and a copy of MBPP test asserts are excluded, whichever split they are in;
+    a file that only shares a function name is kept; the shards equal a build of the clean files alone."""
+    import gzip
+    from codechat.data.corpus import benchmark_decontaminator
+    from codechat.data.mining import humaneval_file
+    with gzip.open(humaneval_file(), "rt") as f:
+        he0 = json.loads(f.readline())
+    mbpp = {r["task_id"]: r for r in map(json.loads, (shared_dir / "data/mbpp/mbpp.jsonl").read_text().splitlines())}
+    vendored = "# benchmark copy\nimport math\n\n" + he0["prompt"] + he0["canonical_solution"] + "\n\nprint(1)\n"
+    asserts = "def test_it():\n    " + "\n    ".join(mbpp[11]["test_list"]) + "\n"
+    clean = ["a = 1\n", "def has_close_elements(xs):\n    return len(set(xs)) < len(xs)\n", "b = [2, 3]\n"]
+    src = write_corpus(tmp_path / "src", {"train": [clean[0], vendored, clean[1]], "val": [asserts, clean[2]]}, 0.5)
+    ref = write_corpus(tmp_path / "ref", {"train": clean[:2], "val": clean[2:]}, 0.5)
+    decon = benchmark_decontaminator(shared_dir / "data/mbpp/mbpp.jsonl")
+    index = build_corpus([src], tok_dir, tmp_path / "out", val_fraction=0.5, workers=2, show_progress=False,
+                         decontaminator=decon)
+    excluded = [(e["problem"], e["part"], e["share"]) for e in index["decontamination"]["excluded"]]
+    assert excluded == [("HumanEval/0", "prompt", 1.0), ("MBPP/11", "tests", 1.0)]  # in source order
+    assert [e["document"].split("_")[0] for e in index["decontamination"]["excluded"]] == ["train0001", "val0000"]
+    assert index["skipped"]["contaminated"] == 2
+    assert index["decontamination"]["problems"] == {"HumanEval": 164, "MBPP": 500}
+    plain = build_corpus([ref], tok_dir, tmp_path / "plain", val_fraction=0.5, workers=1, show_progress=False)
+    for split in ("train", "val"):
+        assert index["splits"][split]["documents"] == plain["splits"][split]["documents"]
+        assert index["splits"][split]["bytes"] == plain["splits"][split]["bytes"]
+        assert np.concatenate(read_split(tmp_path / "out", split)).tolist() == \
+            np.concatenate(read_split(tmp_path / "plain", split)).tolist()

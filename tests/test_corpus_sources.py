@@ -75,7 +75,8 @@ def _assert_same_corpus(a: Path, b: Path) -> None:
     ia, ib = load_index(a), load_index(b)
     assert ia["splits"] == ib["splits"] and ia["skipped"] == ib["skipped"]
     assert ia["splits"]["train"]["documents"] + ia["splits"]["val"]["documents"] == 26  # 29 less 2 copies, 1 blank
-    assert ia["skipped"] == {"unreadable": 0, "non_utf8": 0, "duplicate": 2, "empty": 1, "bad_record": 0}
+    assert ia["skipped"] == {"unreadable": 0, "non_utf8": 0, "duplicate": 2, "empty": 1, "bad_record": 0,
+                             "contaminated": 0}
     assert len(ia["splits"]["train"]["shards"]) > 1
     for split in ("train", "val"):
         for name in ia["splits"][split]["shards"]:
@@ -154,7 +155,8 @@ def test_skip_bad_counts_bad_records_by_reason(tok_dir: Path, tmp_path: Path) ->
     path.write_text("\n".join(good[:5] + ['{"body": "x"}', "{not json", "[1, 2]", '{"content": "\\ud800"}']
                               + good[5:]) + "\n")
     index = _build(path, tok_dir, tmp_path / "out", skip_bad=True)
-    assert index["skipped"] == {"unreadable": 0, "non_utf8": 1, "duplicate": 0, "empty": 0, "bad_record": 3}
+    assert index["skipped"] == {"unreadable": 0, "non_utf8": 1, "duplicate": 0, "empty": 0, "bad_record": 3,
+                                "contaminated": 0}
     assert index["bad_records"]["reasons"] == {"missing_field": 1, "bad_json": 1, "invalid": 1}
     assert index["bad_records"]["examples"][0].endswith("data.jsonl:6: pretraining record has no field 'content' "
                                                         "or 'text' (fields present: body)")
@@ -229,7 +231,7 @@ def test_reading_holds_one_record_or_batch_not_the_file(name: str, tmp_path: Pat
     path = _write(tmp_path / name, records)
     del records
     tracemalloc.start()
-    n_bytes = sum(n for _, _, n in split_documents(collect_sources([path]), VF))
+    n_bytes = sum(n for _, _, _, n in split_documents(collect_sources([path]), VF))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert n_bytes > 14_000_000

@@ -9,7 +9,7 @@ import pytest
 from codechat.chat import Conversation, Message
 from codechat.config import SFTConfig, default_corpus_dirs
 from codechat.data import mining
-from codechat.data.formats import load_records
+from codechat.data.formats import HUMANEVAL_PROMPT, load_records
 from codechat.data.mining import (BenchmarkProblem, Decontaminator, MiningCounts, humaneval_problems, mbpp_problems,
                                   mine_records, normalized_tokens)
 from codechat.data.mixture import Mixture
@@ -39,6 +39,25 @@ def test_mined_pairs_are_docstring_instructions_answered_by_the_function(tmp_pat
     assert counts.as_dict() == {"files": 3, "unparsable_files": 1, "functions": 9, "kept": 3,
                                 "skipped": {"duplicate": 1, "no_docstring": 1, "docstring_length": 1,
                                             "trivial_body": 1, "decorated_or_dunder": 2}}
+
+
+def test_complete_style_asks_the_way_humaneval_does_and_both_gives_each_function_twice():
+    head = 'def clamp(x, lo=0, hi=1):\n    """Clamp x into the closed interval [lo, hi].\n\n    Values below lo become lo ' \
+           'and values above hi become hi.\n    """\n'
+    complete = [r for r in mine_records([MINE_SRC], style="complete") if "clamp" in r.conversation.messages[1].content]
+    assert len(complete) == 1  # the copy in more.py is a duplicate in this style too
+    user, assistant = complete[0].conversation.messages
+    assert user.content == HUMANEVAL_PROMPT.format(prompt=head)  # exactly the eval's chat prompt for HumanEval
+    assert assistant.content == head + "    return max(lo, min(hi, x))"  # the whole function, docstring kept
+    counts = MiningCounts()
+    both = list(mine_records([MINE_SRC], style="both", counts=counts))
+    assert len(both) == counts.kept == 6 and counts.skipped["duplicate"] == 1
+    assert [r.conversation.messages[0].content.split(":")[0] for r in both[:2]] == [
+        both[0].conversation.messages[0].content.split(":")[0], "Complete the following Python function"]
+    assert both[0].line == both[1].line and both[0].source == both[1].source
+    assert len(list(mine_records([MINE_SRC], style="both", max_examples=3))) == 3
+    with pytest.raises(ValueError, match="docstring, complete, both"):
+        next(mine_records([MINE_SRC], style="humaneval"))
 
 
 def test_mining_the_standard_library_gives_valid_functions():

@@ -228,16 +228,22 @@ def test_the_speedrun_rl_stage_trains_when_the_verdict_allows_and_reports_it(pol
     from codechat.speedrun import Speedrun
     from codechat.speedrun_plan import plan
     tasks = write_tasks(tmp_path / "tasks.jsonl")
-    p = replace(plan(torch.device("cpu"), "tiny", 1.0), rl_tasks=f"tasks:{tasks}", rl_tokens=16, rl_prompts_per_step=4)
+    p = replace(plan(torch.device("cpu"), "tiny", 1.0), rl_tasks=f"tasks:{tasks}", rl_tokens=16, rl_prompts_per_step=4,
+                eval_limit=1, eval_tokens=16)
     run = tmp_path / "run"
     shutil.copytree(policy, run / "sft")
     s = Speedrun(p, run, torch.device("cpu"), "cpu", 0, resume=False)
-    s.m["eval"] = {"verdict": "standard", "verdict_text": "pass@1 = 20.00% >= 5%: standard GRPO should converge"}
+    s.m["eval"] = {"humaneval": {"verdict": "standard",
+                                 "verdict_text": "pass@1 = 20.00% >= 5%: standard GRPO should converge"}}
     out = s._rl(8.0, "[9/9]")
     assert out["skipped"] is False and out["steps"] >= 1 and out["stopped"] == "budget"
+    he = out["humaneval"]  # HumanEval scored again, on the RL checkpoint
+    assert he["stage"] == "rl" and he["problems"] == 1 and (run / "eval" / "humaneval-rl" / "results.json").is_file()
     assert 0 <= out["reward_first"] <= 1 and (run / "rl" / "preflight.json").is_file()
     s.m["rl"], s.m["stages"]["rl"]["status"] = out, "done"
-    assert "## RL (GRPO)" in speedrun_report(s.m) and f"{out['steps']} (stopped: budget)" in speedrun_report(s.m)
+    report = speedrun_report(s.m)
+    assert "## RL (GRPO)" in report and f"{out['steps']} (stopped: budget)" in report
+    assert "## HumanEval after RL" in report and "`rl/`, chat mode" in report
 
 
 def test_an_rl_step_under_ddp_on_two_ranks_equals_one_process(policy, tmp_path):

@@ -51,20 +51,25 @@ def _assert_complete(out: Path) -> dict:
     assert sft["examples_kept"] + sft["examples_dropped"] == sft["examples_seen"]
     assert sft["loss_initial"] > 0 and sft["loss_final"] > 0
     h = m["eval"]["humaneval"]
-    assert m["eval"]["verdict"] in ("stall", "tiered", "standard") and 0 <= h["pass@1"] <= 1
-    assert 1 <= h["problems"] <= h["problems_planned"] == 2
-    assert (out / "eval" / "humaneval" / "results.json").is_file()
-    if m["eval"]["verdict"] == "stall":  # the tiny model's: no RL, and the report says why
-        assert m["rl"] == {"skipped": True, "reason": f"HumanEval {m['eval']['verdict_text']}",
+    assert h["verdict"] in ("stall", "tiered", "standard") and 0 <= h["pass@1"] <= 1 and h["stage"] == "sft"
+    assert 1 <= h["problems"] <= h["problems_planned"] == 2 and list(h["pass@k"]) == ["pass@1"]  # n 2: no pass@10
+    assert all(0 < c <= h["n"] for c in h["solved"].values())
+    results = json.loads((out / "eval" / "humaneval" / "results.json").read_text())
+    assert {t: v["c"] for t, v in results["per_task"].items() if v["c"]} == h["solved"]
+    if h["verdict"] == "stall":  # the tiny model's: no RL, and the report says why
+        assert m["rl"] == {"skipped": True, "reason": f"HumanEval {h['verdict_text']}",
                            "wall_s": m["stages"]["rl"]["wall_s"]}
         assert not (out / "rl").exists()
+    dec = m["data"]["decontamination"]
+    assert dec["problems"]["HumanEval"] == 164 and m["data"]["skipped"]["contaminated"] == len(dec["excluded"])
     report = (out / "report.md").read_text()
     assert "## RL (GRPO)" in report
     assert "stopped at stage" not in report and "gzip -9, per document" in report
     assert report.count("```python") == 5 and f"{smp['parse_ok']} of 5 parse" in report
     assert "## Chat answers (after SFT)" in report and "PSF License" in report and "MIT License" in report
-    assert "## HumanEval" in report and "planned up front vs actual" in report
-    assert (out / "loss.png").stat().st_size > 1000
+    assert "## HumanEval" in report and "planned up front vs actual" in report and "Solved by at least one" in report
+    assert "Decontamination: every document was checked against HumanEval (164 problems)" in report
+    assert (out / "loss.png").stat().st_size > 1000 and (out / "sft_loss.png").stat().st_size > 1000
     return m
 
 
@@ -114,7 +119,10 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
     stale.mkdir(parents=True)
     (stale / "run.json").write_text(json.dumps({"suite": "humaneval", "seed": -1}))
     (stale / "samples.jsonl").write_text(json.dumps({"task_id": "HumanEval/0", "sample": 0}) + "\n")
-    p = subprocess.run(_cmd(out, "--funcall-data", str(glaive)), capture_output=True, text=True, timeout=600)
+    mbpp = shared_dir / "data" / "mbpp" / "mbpp.jsonl"
+    alpaca = shared_dir / "data" / "code_alpaca" / "code_alpaca_2k.json"
+    p = subprocess.run(_cmd(out, "--funcall-data", str(glaive), "--mbpp", str(mbpp), "--data", f"{alpaca}:0.1"),
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 1, p.stderr[-3000:]
     assert "stage eval failed" in p.stderr and "--resume" in p.stderr
 
@@ -140,6 +148,20 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
     assert f["call_turns"] > 0 and f["text_turns"] > 0 and 0.0 <= f["parse_rate"] <= 1.0
     assert json.loads((out / "eval" / "funcall" / "results.json").read_text())["split"] == "heldout"
     assert "## Function calling (held-out conversations)" in (out / "report.md").read_text()
+    # --mbpp and --data: MBPP's train split and 10% of Code Alpaca join the mined pairs in SFT, MBPP's test
+    # split is scored (2 problems x 10 samples), and the corpus is checked against MBPP's 500 test problems
+    assert m["sft"]["data"] == f"mine:{m['plan']['sources'][0]}:1,{mbpp}#mbpp:3,{alpaca}:0.1"
+    mined, from_mbpp, from_alpaca = m["sft"]["sources"]
+    # MBPP keeps train + prompt tasks (384) less those overlapping a test task; the 590 others go by task id
+    assert from_mbpp["records"] + from_mbpp["excluded"] == 974 and 300 < from_mbpp["records"] <= 384
+    assert from_alpaca["records"] + from_alpaca["excluded"] == 2017 and from_alpaca["records"] > 1900
+    assert from_mbpp["drawn"] > 0 and from_alpaca["drawn"] > 0 and mined["drawn"] > 0
+    assert m["data"]["decontamination"]["problems"] == {"HumanEval": 164, "MBPP": 500}
+    b = m["mbpp"]
+    assert b["stage"] == "sft" and b["n"] == 10 and 1 <= b["problems"] <= b["problems_planned"] == 2
+    assert list(b["pass@k"]) == ["pass@1", "pass@10"]
+    assert json.loads((out / "eval" / "mbpp" / "results.json").read_text())["split"] == "test"
+    assert "## MBPP (test split)" in (out / "report.md").read_text() and "CC BY 4.0" in (out / "report.md").read_text()
 
 
 def test_a_second_speedrun_into_the_same_directory_is_refused(tmp_path):

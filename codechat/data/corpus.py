@@ -14,6 +14,12 @@ pipeline only (text that spells ``<|end|>`` encodes as ordinary tokens). Shards 
 documents, in source order, identical for any number of workers and for the same texts
 whichever kind of source held them.
 
+Decontamination: given a :class:`codechat.data.mining.Decontaminator` (HumanEval, optionally MBPP's
+test split), each worker checks every document by its n-gram rule before tokenising it; a
+document that holds at least the rule's share of some benchmark part's n-grams (its prompt, its
+tests or its solution) is left out of both splits, counted as ``contaminated`` and listed in the
+index (``decontamination``: document, problem, part and share), the same for any number of workers.
+
 Memory is bounded whatever the input size: the reader holds one document (one Parquet batch)
 at a time, at most ``IN_FLIGHT_PER_WORKER`` batches of ``BATCH_BYTES`` per worker are in flight,
 and de-duplication keeps a 32-byte hash per document.
@@ -28,7 +34,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from multiprocessing.pool import AsyncResult
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 from tqdm import tqdm
@@ -54,32 +60,43 @@ MP_START_METHOD = "spawn"
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer_dir: str, dtype: str) -> None:
+def _init_worker(tokenizer_dir: str, dtype: str, decontaminator: Any) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
     tok = Tokenizer.load(tokenizer_dir)
-    _WORKER.update(tok=tok, end=np.array([tok.end_id], dtype=dtype), dtype=dtype)
+    _WORKER.update(tok=tok, end=np.array([tok.end_id], dtype=dtype), dtype=dtype, decon=decontaminator)
 
 
-def _encode_batch(texts: list[str]) -> list[np.ndarray]:
-    """Each text's ids followed by one ``<|end|>`` id."""
-    tok, end, dtype = _WORKER["tok"], _WORKER["end"], _WORKER["dtype"]
-    return [np.concatenate([np.asarray(ids, dtype=dtype), end]) for ids in tok.encode_batch(texts)]
+def _encode_batch(texts: list[str]) -> list[np.ndarray | tuple[str, str, float]]:
+    """Each text's ids followed by one ``<|end|>`` id, or, for a text that overlaps a benchmark
+    problem, ``(problem, part, share)`` instead (see the module docstring)."""
+    tok, end, dtype, decon = _WORKER["tok"], _WORKER["end"], _WORKER["dtype"], _WORKER["decon"]
+    hits = [decon.overlap(t) if decon is not None else None for t in texts]
+    clean = [t for t, h in zip(texts, hits) if h is None]
+    encoded = iter(tok.encode_batch(clean) if clean else [])
+    return [(h.problem, h.part, round(h.fraction, 3)) if h is not None
+            else np.concatenate([np.asarray(next(encoded), dtype=dtype), end]) for h in hits]
 
 
-def _batches(docs: Iterable[tuple[str, str, int]], batch_bytes: int) -> Iterator[tuple[str, list[str], int]]:
-    """``(split, texts, UTF-8 bytes)``: consecutive documents of each split grouped to about ``batch_bytes``."""
-    open_batches: dict[str, tuple[list[str], int]] = {}
-    for split, text, n_bytes in docs:
-        batch, size = open_batches.get(split, ([], 0))
-        batch.append(text)
-        size += n_bytes
-        if size >= batch_bytes:
-            yield split, batch, size
-            batch, size = [], 0
-        open_batches[split] = (batch, size)
-    for split, (batch, size) in open_batches.items():
-        if batch:
-            yield split, batch, size
+class _Batch(NamedTuple):
+    split: str
+    names: list[str]
+    texts: list[str]
+    sizes: list[int]  # UTF-8 bytes of each text
+
+
+def _batches(docs: Iterable[tuple[str, str, str, int]], batch_bytes: int) -> Iterator[_Batch]:
+    """Consecutive documents of each split grouped to about ``batch_bytes`` UTF-8 bytes."""
+    open_batches: dict[str, _Batch] = {}
+    for split, name, text, n_bytes in docs:
+        batch = open_batches.setdefault(split, _Batch(split, [], [], []))
+        batch.names.append(name)
+        batch.texts.append(text)
+        batch.sizes.append(n_bytes)
+        if sum(batch.sizes) >= batch_bytes:
+            yield open_batches.pop(split)
+    for batch in open_batches.values():
+        if batch.texts:
+            yield batch
 
 
 class _ShardWriter:
@@ -137,7 +154,7 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
                  *, extensions: Sequence[str] = (".py",), val_fraction: float = DataConfig.val_fraction,
                  max_files: int = 0, max_bytes: int = 0, text_fields: Sequence[str] = DataConfig.text_fields,
                  skip_bad: bool = False, workers: int = 0, shard_tokens: int = 50_000_000,
-                 show_progress: bool = True) -> dict[str, Any]:
+                 show_progress: bool = True, decontaminator: Any = None) -> dict[str, Any]:
     """Tokenise the documents of ``srcs`` into train/val shards under ``out_dir`` and write ``index.json``.
 
     Workers are spawned processes: a script calling this must do so under
@@ -155,13 +172,18 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
         skip_bad: count and leave out bad records instead of stopping at the first.
         workers: tokenising processes; 0 means ``os.cpu_count()``.
         shard_tokens: a shard is closed after the document that brings it to this many tokens.
+        decontaminator: a :class:`codechat.data.mining.Decontaminator`; documents overlapping its
+            benchmark problems are left out (module docstring). ``None``: no check.
 
     Returns:
         The index (also written to ``out_dir/index.json``): per split its shards, ``documents``,
         ``tokens`` and text ``bytes``; ``files_seen`` (files read, of either kind),
         ``records_read`` (records of data files and datasets), ``skipped`` (documents left out
-        by reason: ``unreadable``, ``non_utf8``, ``empty``, ``duplicate``, ``bad_record``),
-        ``bad_records`` (the reasons and first messages of ``bad_record``), ``max_bytes``.
+        by reason: ``unreadable``, ``non_utf8``, ``empty``, ``duplicate``, ``bad_record``,
+        ``contaminated``), ``bad_records`` (the reasons and first messages of ``bad_record``),
+        ``max_bytes``, ``decontamination`` (``None`` without a check, else the benchmarks and
+        problems checked, the rule's ``ngram`` and ``threshold``, and ``excluded``: one
+        ``{document, problem, part, share}`` per document left out).
 
     Raises:
         ConfigError: a bad setting, a missing source, no files, a bad record (without
@@ -188,12 +210,13 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
     skipped = Skipped()
     writers = {split: _ShardWriter(out, split, shard_tokens) for split in SPLITS}
     ctx = mp.get_context(MP_START_METHOD)
-    with ctx.Pool(n_workers, initializer=_init_worker, initargs=(str(tokenizer_dir), dtype)) as pool, \
+    excluded: list[dict[str, Any]] = []
+    with ctx.Pool(n_workers, initializer=_init_worker, initargs=(str(tokenizer_dir), dtype, decontaminator)) as pool, \
             tqdm(total=len(sources) if files_only else None, desc="corpus", unit="doc",
                  disable=not show_progress) as bar:
         docs = split_documents(sources, val_fraction, max_bytes=max_bytes, skipped=skipped, text_fields=text_fields,
                                skip_bad=skip_bad, progress=bar)
-        _tokenise(pool, IN_FLIGHT_PER_WORKER * n_workers, docs, writers)
+        _tokenise(pool, IN_FLIGHT_PER_WORKER * n_workers, docs, writers, excluded)
     for split, writer in writers.items():
         if not writer.documents:
             raise _empty_split_error(split, "has no readable, non-empty, unique documents", val_fraction)
@@ -202,8 +225,11 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
              "dtype": dtype, "end_id": tok.end_id, "bos_id": tok.bos_id, "sources": [_source_name(s) for s in srcs],
              "extensions": list(extensions), "text_fields": list(text_fields), "val_fraction": val_fraction,
              "max_bytes": max_bytes, "files_seen": sum(not isinstance(s, HubSource) for s in sources),
-             "records_read": skipped.records.records, "skipped": skipped.as_dict(),
+             "records_read": skipped.records.records, "skipped": {**skipped.as_dict(), "contaminated": len(excluded)},
              "bad_records": {"reasons": skipped.records.skipped, "examples": skipped.records.examples},
+             "decontamination": None if decontaminator is None else {
+                 "problems": dict(decontaminator.benchmarks), "ngram": decontaminator.ngram,
+                 "threshold": decontaminator.threshold, "excluded": excluded},
              "splits": splits}
     write_text(out / INDEX_FILE, json.dumps(index, indent=2))
     _remove_stale_shards(out, splits)
@@ -215,18 +241,28 @@ def _source_name(src: str | os.PathLike) -> str:
     return str(path.resolve()) if path.exists() else str(src)  # hf: names and globs as given
 
 
-def _tokenise(pool: Any, max_in_flight: int, docs: Iterable[tuple[str, str, int]],
-              writers: dict[str, _ShardWriter]) -> None:
-    """Encode ``(split, text, bytes)`` documents on ``pool`` and write each split's in input order, at most
-    ``max_in_flight`` batches ahead of the writers."""
-    pending: deque[tuple[AsyncResult, str, int]] = deque()
-    for split, batch, n_bytes in _batches(docs, BATCH_BYTES):
-        pending.append((pool.apply_async(_encode_batch, (batch,)), split, n_bytes))
+def _tokenise(pool: Any, max_in_flight: int, docs: Iterable[tuple[str, str, str, int]],
+              writers: dict[str, _ShardWriter], excluded: list[dict[str, Any]]) -> None:
+    """Encode ``(split, doc_id, text, bytes)`` documents on ``pool`` and write each split's in input order, at
+    most ``max_in_flight`` batches ahead of the writers; documents a worker found contaminated go to ``excluded``."""
+    pending: deque[tuple[AsyncResult, _Batch]] = deque()
+
+    def write(result: AsyncResult, batch: _Batch) -> None:
+        kept, n_bytes = [], 0
+        for out, name, size in zip(result.get(), batch.names, batch.sizes):
+            if isinstance(out, tuple):
+                excluded.append({"document": name, "problem": out[0], "part": out[1], "share": out[2]})
+            else:
+                kept.append(out)
+                n_bytes += size
+        writers[batch.split].write_batch(kept, n_bytes)
+
+    for batch in _batches(docs, BATCH_BYTES):
+        pending.append((pool.apply_async(_encode_batch, (batch.texts,)), batch))
         while pending and (len(pending) >= max_in_flight or pending[0][0].ready()):
-            result, done_split, done_bytes = pending.popleft()
-            writers[done_split].write_batch(result.get(), done_bytes)
-    for result, done_split, done_bytes in pending:
-        writers[done_split].write_batch(result.get(), done_bytes)
+            write(*pending.popleft())
+    for item in pending:
+        write(*item)
     for writer in writers.values():
         writer.close()
 
@@ -282,10 +318,20 @@ def read_split(data_dir: str | os.PathLike, split: str) -> list[np.memmap]:
 
 
 # ----------------------------------------------------------------------------- CLI
+def benchmark_decontaminator(mbpp_file: str | os.PathLike | None = None) -> Any:
+    """The check a corpus gets: HumanEval's 164 problems, plus MBPP's test split from ``mbpp_file``
+    (:meth:`codechat.data.mining.Decontaminator.from_config`; warns when MBPP is not checked)."""
+    from codechat.config import SFTConfig
+    from codechat.data.mining import Decontaminator
+    return Decontaminator.from_config(SFTConfig(decontam_mbpp=str(mbpp_file or "")))
+
+
 def _cmd_corpus(args: argparse.Namespace) -> int:
+    decon = benchmark_decontaminator(args.decontam_mbpp) if args.decontaminate or args.decontam_mbpp else None
     index = build_corpus(args.src, args.tokenizer, args.out, extensions=tuple(args.ext),
                          val_fraction=args.val_fraction, max_files=args.max_files, max_bytes=args.max_bytes,
-                         text_fields=tuple(args.text_fields), skip_bad=args.skip_bad, workers=args.workers)
+                         text_fields=tuple(args.text_fields), skip_bad=args.skip_bad, workers=args.workers,
+                         decontaminator=decon)
     for split in SPLITS:
         info = index["splits"][split]
         print(f"{split}: {info['documents']} documents, {info['tokens']} tokens, {info['bytes']} bytes, "
@@ -294,6 +340,8 @@ def _cmd_corpus(args: argparse.Namespace) -> int:
           f"-> {Path(args.out) / INDEX_FILE}")
     for example in index["bad_records"]["examples"]:
         print(f"  skipped: {example}")
+    for ex in (index["decontamination"] or {}).get("excluded", []):
+        print(f"  contaminated: {ex['document']} holds {ex['share']:.0%} of {ex['problem']}'s {ex['part']}")
     return 0
 
 
@@ -311,8 +359,13 @@ def add_cli(subparsers: Any) -> Any:
     p.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and index.json")
     p.add_argument("--workers", type=int, default=DataConfig.workers, metavar="N",
                    help="tokenising processes (0: one per CPU core)")
+    p.add_argument("--decontaminate", action="store_true",
+                   help="leave out documents that overlap a HumanEval problem (prompt, tests or solution: half of its "
+                        "distinct 10-grams of normalised tokens), listed in index.json")
+    p.add_argument("--decontam-mbpp", metavar="PATH",
+                   help="MBPP's mbpp.jsonl: check its test split (tasks 11-510) too (implies --decontaminate)")
     p.set_defaults(func=_cmd_corpus)
     return sub
 
 
-__all__ = ["build_corpus", "load_index", "read_split", "add_cli"]
+__all__ = ["build_corpus", "benchmark_decontaminator", "load_index", "read_split", "add_cli"]

@@ -6,6 +6,14 @@ library, present on every machine) into instruction conversations, so SFT runs w
     user:      Write a Python function `name(args)` that: <the function's docstring>
     assistant: <the function's source, without its docstring>
 
+With ``style="complete"`` the same function is asked for the way HumanEval asks (Chen et al.
+2021; :data:`codechat.data.formats.HUMANEVAL_PROMPT`)::
+
+    user:      Complete the following Python function:\n\n<its def line(s) and docstring>
+    assistant: <the whole function, docstring included>
+
+and ``style="both"`` yields both conversations of each function (:data:`MINE_STYLES`).
+
 A function is kept when it is defined at module level without decorators, is not a dunder, has
 a docstring of :data:`MIN_DOC_CHARS`..:data:`MAX_DOC_CHARS` characters, a body beyond the
 docstring that is not only ``pass`` / ``...`` / ``raise NotImplementedError``, at most
@@ -44,10 +52,10 @@ from pathlib import Path
 from typing import Any
 
 from codechat.chat import Conversation, Message
-from codechat.config import SFTConfig
+from codechat.config import MINE_STYLES, SFTConfig
 from codechat.data.benchmarks import HUMANEVAL_FILE, MBPP_SPLITS, mbpp_split
 from codechat.data.sources import collect_files
-from codechat.data.formats import Record
+from codechat.data.formats import HUMANEVAL_PROMPT, Record
 
 #: The user turn of a mined pair.
 MINED_PROMPT = "Write a Python function `{signature}` that: {doc}"
@@ -66,7 +74,7 @@ _TOKEN = re.compile(r"[a-z_][a-z0-9_]*|\d+|[^\sa-z0-9_]")
 # ----------------------------------------------------------------------------- mining
 @dataclass
 class MiningCounts:
-    """Files read and functions seen, kept and skipped (by reason) by :func:`mine_records`."""
+    """Files read, functions seen and skipped (by reason), and records kept by :func:`mine_records`."""
 
     files: int = 0
     unparsable_files: int = 0
@@ -93,8 +101,8 @@ def _trivial(body: Sequence[ast.stmt]) -> bool:
     return True
 
 
-def _pair(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> tuple[str, str] | str:
-    """``(instruction, answer)`` for one function, or the reason it is skipped."""
+def _pair(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str], style: str) -> list[tuple[str, str]] | str:
+    """The ``(instruction, answer)`` pairs of ``style`` for one function, or the reason it is skipped."""
     if node.name.startswith("__") or node.decorator_list:
         return "decorated_or_dunder"
     doc = ast.get_docstring(node, clean=True)
@@ -110,21 +118,32 @@ def _pair(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> tup
     if doc_node.lineno == node.lineno or lines[doc_node.end_lineno - 1][doc_node.end_col_offset:].strip() \
             or lines[doc_node.lineno - 1][:doc_node.col_offset].strip():
         return "docstring_shares_a_line"
-    answer = "\n".join(lines[node.lineno - 1:doc_node.lineno - 1] + lines[doc_node.end_lineno:node.end_lineno])
-    signature = f"{node.name}({ast.unparse(node.args)})"
-    return MINED_PROMPT.format(signature=signature, doc=doc), answer.rstrip()
+    pairs = []
+    if style in ("docstring", "both"):
+        answer = "\n".join(lines[node.lineno - 1:doc_node.lineno - 1] + lines[doc_node.end_lineno:node.end_lineno])
+        signature = f"{node.name}({ast.unparse(node.args)})"
+        pairs.append((MINED_PROMPT.format(signature=signature, doc=doc), answer.rstrip()))
+    if style in ("complete", "both"):
+        head = "\n".join(lines[node.lineno - 1:doc_node.end_lineno])
+        whole = "\n".join(lines[node.lineno - 1:node.end_lineno])
+        pairs.append((HUMANEVAL_PROMPT.format(prompt=head + "\n"), whole.rstrip()))
+    return pairs
 
 
 def mine_records(srcs: Sequence[str | os.PathLike], *, max_files: int = 0, max_examples: int = 0,
-                 counts: MiningCounts | None = None) -> Iterator[Record]:
+                 counts: MiningCounts | None = None, style: str = "docstring") -> Iterator[Record]:
     """(docstring -> function) conversations from the ``.py`` files under ``srcs``, in file order.
 
     Each :class:`Record` has the file as ``source``, the ``def`` line as ``line`` and format
-    ``"mined"``. ``max_files`` / ``max_examples`` > 0 stop early.
+    ``"mined"``. ``style`` is one of :data:`MINE_STYLES` (``both``: two records per function).
+    ``max_files`` / ``max_examples`` > 0 stop early (``max_examples`` counts records).
 
     Raises:
         ConfigError: a source does not exist or holds no ``.py`` file.
+        ValueError: an unknown ``style``.
     """
+    if style not in MINE_STYLES:
+        raise ValueError(f"mining style must be one of {', '.join(MINE_STYLES)}, got {style!r}")
     counts = counts if counts is not None else MiningCounts()
     seen: set[bytes] = set()
     for f in collect_files(srcs, (".py",), max_files):
@@ -142,20 +161,21 @@ def mine_records(srcs: Sequence[str | os.PathLike], *, max_files: int = 0, max_e
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             counts.functions += 1
-            pair = _pair(node, lines)
-            if isinstance(pair, str):
-                counts.skip(pair)
+            pairs = _pair(node, lines, style)
+            if isinstance(pairs, str):
+                counts.skip(pairs)
                 continue
-            digest = hashlib.sha256(pair[1].encode("utf-8")).digest()
+            digest = hashlib.sha256(pairs[-1][1].encode("utf-8")).digest()
             if digest in seen:
                 counts.skip("duplicate")
                 continue
             seen.add(digest)
-            counts.kept += 1
-            conv = Conversation((Message("user", pair[0]), Message("assistant", pair[1])))
-            yield Record(conv, str(f.path), node.lineno, MINED_FORMAT)
-            if max_examples and counts.kept >= max_examples:
-                return
+            for prompt, answer in pairs:
+                counts.kept += 1
+                conv = Conversation((Message("user", prompt), Message("assistant", answer)))
+                yield Record(conv, str(f.path), node.lineno, MINED_FORMAT)
+                if max_examples and counts.kept >= max_examples:
+                    return
 
 
 # ----------------------------------------------------------------------------- benchmarks
@@ -319,14 +339,15 @@ class Decontaminator:
                    mbpp_sources=[str(f) for f in mbpp_sources])
 
     def overlap(self, conv: Conversation | str) -> Overlap | None:
-        """The strongest overlap of ``conv`` (or a text) with a benchmark part at or over the threshold, or ``None``."""
+        """The strongest overlap of ``conv`` (or a text) with a benchmark part at or over the threshold, or ``None``
+        (of equal shares, the first problem's first part: prompt, tests, solution)."""
         text = conv if isinstance(conv, str) else conversation_text(conv)
         hits: Counter[int] = Counter()
         for g in ngrams(normalized_tokens(text), self.ngram):
             for pid in self._index.get(g, ()):
                 hits[pid] += 1
         best: Overlap | None = None
-        for pid, n in hits.items():
+        for pid, n in sorted(hits.items()):  # ties go to the first part, whatever the set's hash order
             problem, part, total = self.parts[pid]
             frac = n / total
             if frac >= self.threshold and (best is None or frac > best.fraction):
@@ -362,6 +383,6 @@ class Decontaminator:
                 f"by {self.ngram}-gram overlap {r['by_rule'].get('ngram', 0)})")
 
 
-__all__ = ["MINED_PROMPT", "MiningCounts", "mine_records", "BenchmarkProblem", "humaneval_file", "humaneval_problems",
+__all__ = ["MINED_PROMPT", "MINE_STYLES", "MiningCounts", "mine_records", "BenchmarkProblem", "humaneval_file", "humaneval_problems",
            "mbpp_problems", "mbpp_held_out_task", "MBPP_SFT_SPLITS", "normalized_tokens", "ngrams",
            "conversation_text", "Overlap", "Decontaminator"]

@@ -134,7 +134,8 @@ def load_source(spec: SourceSpec, cfg: SFTConfig, *, base_dir: str | os.PathLike
         from codechat.data.mining import mine_records
         where = spec.source[len("mine:"):]
         srcs = [_resolve(where, base_dir)] if where else list(cfg.mine_src or default_corpus_dirs())
-        records = list(mine_records(srcs, max_files=cfg.mine_max_files, max_examples=cfg.mine_max_examples))
+        records = list(mine_records(srcs, max_files=cfg.mine_max_files, max_examples=cfg.mine_max_examples,
+                                    style=cfg.mine_style))
         counts.records += len(records)
         return records
     try:

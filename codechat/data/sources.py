@@ -260,8 +260,9 @@ def read_documents(sources: Iterable[Source], skipped: Skipped | None = None, *,
 
 
 def split_documents(sources: Iterable[Source], val_fraction: float, *, splits: Sequence[str] = SPLITS,
-                    max_bytes: int = 0, skipped: Skipped | None = None, **read: Any) -> Iterator[tuple[str, str, int]]:
-    """``(split, text, UTF-8 bytes)`` of the documents of ``splits``, in source order.
+                    max_bytes: int = 0, skipped: Skipped | None = None,
+                    **read: Any) -> Iterator[tuple[str, str, str, int]]:
+    """``(split, doc_id, text, UTF-8 bytes)`` of the documents of ``splits``, in source order.
 
     Reading stops once the documents given hold ``max_bytes`` bytes (0: no limit; the last one
     may cross it). ``read`` goes to :func:`read_documents` (``text_fields``, ``skip_bad``, ``progress``).
@@ -271,7 +272,7 @@ def split_documents(sources: Iterable[Source], val_fraction: float, *, splits: S
         split = split_of(doc_id, val_fraction)
         if split in splits:
             total += n_bytes
-            yield split, text, n_bytes
+            yield split, doc_id, text, n_bytes
             if max_bytes and total >= max_bytes:
                 return
 
@@ -289,7 +290,7 @@ def iter_split_texts(srcs: Sequence[str | os.PathLike], split: str, *, extension
     """
     check_split(split)
     sources = collect_sources(srcs, extensions, max_files)
-    for _, text, _ in split_documents(sources, val_fraction, splits=(split,), max_bytes=max_bytes,
+    for _, _, text, _ in split_documents(sources, val_fraction, splits=(split,), max_bytes=max_bytes,
                                       text_fields=text_fields, skip_bad=skip_bad):
         yield text
 
