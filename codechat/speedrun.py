@@ -31,8 +31,11 @@ on a GPU a preset sized to the budget, on the standard library plus the installe
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
+import os
 import time
 import traceback
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -101,6 +104,7 @@ class Speedrun:
                                 "funcall_data", "mbpp", "sft_data")},
                       "stages": {s: {"status": "pending", "planned_s": t} for s, t in p.planned_s().items()}}
         self.resume = resume
+        self._background: dict[str, Future] = {}  # stage -> its result being computed in another process
 
     # ------------------------------------------------------------------ the loop
     def execute(self) -> dict[str, Any]:
@@ -182,6 +186,8 @@ class Speedrun:
         build_corpus(self.p.sources, self.run / "tokenizer", data_dir, extensions=d.extensions,
                      val_fraction=d.val_fraction, max_files=self.p.max_files,
                      decontaminator=benchmark_decontaminator(self.p.mbpp))
+        if self.p.background_baselines:
+            self._start_baselines()
         index = load_index(data_dir)
         sp = index["splits"]
         return {"files_seen": index["files_seen"], "skipped": index["skipped"],
@@ -189,9 +195,17 @@ class Speedrun:
                 "val_bytes_per_token": sp["val"]["bytes"] / max(1, sp["val"]["tokens"] - sp["val"]["documents"]),
                 **{f"{s}_{k}": sp[s][k] for s in ("train", "val") for k in ("documents", "tokens", "bytes")}}
 
+    def _start_baselines(self) -> None:
+        """Compute the baselines in a spawned process; the ``baseline`` stage collects them."""
+        pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
+        self._background["baseline"] = pool.submit(validation_baselines, self.run)
+        pool.shutdown(wait=False)  # the process ends after its one job
+
     def _baseline(self, grant: float, tag: str) -> dict[str, Any]:
-        print(f"{tag} compression baselines on the validation split")
-        return compression_baselines(_val_documents(Tokenizer.load(self.run / "tokenizer"), self.run / "data"))
+        job = self._background.pop("baseline", None)
+        print(f"{tag} compression baselines on the validation split"
+              + (" (computed in the background during pretraining)" if job else ""))
+        return job.result() if job else validation_baselines(self.run)
 
     def _pretrain(self, grant: float, tag: str) -> dict[str, Any]:
         train_s = max(self.p.min_train_s, self.p.pretrain_train_share * grant)
@@ -310,6 +324,7 @@ class Speedrun:
                         suite=suite,
                         stage=state["meta"]["stage"], n=n, ks=ks, temperature=p.eval_temperature,
                         max_new_tokens=max_new_tokens, limit=limit, seed=self.seed, progress=False,
+                        workers=p.eval_workers or os.cpu_count() or 2, timeout_s=p.eval_timeout_s,
                         model_id=str(self.run / stage), deadline_s=grant)
         print(format_summary(res))
         solved = {t: v["c"] for t, v in res["per_task"].items() if v["c"]}
@@ -354,7 +369,8 @@ class Speedrun:
         cfg = RLStageConfig(
             init=str(self.run / "sft"),
             rl=RLConfig(tasks=p.rl_tasks, reward="tiered", group_size=p.rl_group_size,
-                        prompts_per_step=p.rl_prompts_per_step, max_new_tokens=p.rl_tokens),
+                        prompts_per_step=p.rl_prompts_per_step, max_new_tokens=p.rl_tokens,
+                        judge_workers=p.eval_workers or os.cpu_count() or 2, judge_timeout_s=p.eval_timeout_s),
             train=TrainConfig(max_steps=0, time_budget_s=train_s, micro_batch_size=8, log_every=1, eval_every=10**9,
                               save_every=10**9, save_every_s=p.checkpoint_every_s),
             run=RunConfig(out=str(self.run / "rl"), seed=self.seed, device=self.device_arg, resume=self.resume))
@@ -437,6 +453,11 @@ def _full_split_bpb(stage: Path, data_dir: Path, cfg: PretrainConfig, device: to
 def _median(xs: list[float]) -> float | None:
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else None
+
+
+def validation_baselines(run: Path) -> dict[str, float]:
+    """:func:`~codechat.report.compression_baselines` of run directory ``run``'s validation documents."""
+    return compression_baselines(_val_documents(Tokenizer.load(run / "tokenizer"), run / "data"))
 
 
 def _val_documents(tok: Tokenizer, data_dir: Path) -> list[bytes]:

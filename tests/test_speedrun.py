@@ -17,7 +17,7 @@ from pathlib import Path
 
 SMALL = ["--time-budget-min", "0.3", "--max-files", "150", "--eval-limit", "2", "--device", "cpu",
          "--checkpoint-every-s", "1"]
-BEFORE_SFT = ("tokenizer", "data", "baseline", "pretrain", "samples")
+BEFORE_SFT = ("tokenizer", "data", "pretrain", "baseline", "samples")
 
 
 def _cmd(out: Path, *extra: str) -> list[str]:
@@ -174,3 +174,26 @@ def test_a_second_speedrun_into_the_same_directory_is_refused(tmp_path):
     q = subprocess.run([sys.executable, "-m", "codechat", "speedrun", "--out", str(tmp_path / "none"), "--resume",
                         "--device", "cpu"], capture_output=True, text=True, timeout=120)
     assert q.returncode == 2 and "does not exist" in q.stderr
+
+
+def test_background_baselines_equal_the_ones_computed_in_the_stage(tmp_path, tok_dir, corpus_dir):
+    """The GPU plan computes the baselines in a spawned process while pretraining runs; the stage
+    then returns that process's figures, the same as computing them in place."""
+    import shutil
+    from dataclasses import replace
+
+    import torch
+
+    from codechat.speedrun import Speedrun, validation_baselines
+    from codechat.speedrun_plan import plan
+    run = tmp_path / "run"
+    shutil.copytree(tok_dir, run / "tokenizer")
+    shutil.copytree(corpus_dir, run / "data")
+    p = plan(torch.device("cpu"), "tiny", 1.0)
+    assert not p.background_baselines and list(p.stages).index("baseline") == list(p.stages).index("pretrain") + 1
+    s = Speedrun(replace(p, background_baselines=True), run, torch.device("cpu"), "cpu", 0, resume=False)
+    s._start_baselines()
+    job = s._background["baseline"]
+    got = s._baseline(1.0, "[4/9]")
+    assert job.done() and "baseline" not in s._background
+    assert got == validation_baselines(run) and 0.5 < got["xz_concat_bpb"] < got["gzip_bpb"] < 8
