@@ -99,7 +99,8 @@ def test_humaneval_shipped_with_codechat(tok):
     first = next(read_rows(path))[1]
     user, assistant = records[0].conversation.messages
     assert user.content == HUMANEVAL_PROMPT.format(prompt=first["prompt"])
-    assert assistant.content == (first["prompt"] + first["canonical_solution"]).rstrip()
+    assert assistant.content == first["canonical_solution"].strip("\n").rstrip()  # the rest of the function
+    assert assistant.content.startswith("    ") and "def has_close_elements" not in assistant.content
     check_spans(tok, records[:20])
 
 

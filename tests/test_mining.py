@@ -44,11 +44,11 @@ def test_mined_pairs_are_docstring_instructions_answered_by_the_function(tmp_pat
 def test_complete_style_asks_the_way_humaneval_does_and_both_gives_each_function_twice():
     head = 'def clamp(x, lo=0, hi=1):\n    """Clamp x into the closed interval [lo, hi].\n\n    Values below lo become lo ' \
            'and values above hi become hi.\n    """\n'
-    complete = [r for r in mine_records([MINE_SRC], style="complete") if "clamp" in r.conversation.messages[1].content]
+    complete = [r for r in mine_records([MINE_SRC], style="complete") if "clamp" in r.conversation.messages[0].content]
     assert len(complete) == 1  # the copy in more.py is a duplicate in this style too
     user, assistant = complete[0].conversation.messages
     assert user.content == HUMANEVAL_PROMPT.format(prompt=head)  # exactly the eval's chat prompt for HumanEval
-    assert assistant.content == head + "    return max(lo, min(hi, x))"  # the whole function, docstring kept
+    assert assistant.content == "    return max(lo, min(hi, x))"  # the rest of the function, as indented
     counts = MiningCounts()
     both = list(mine_records([MINE_SRC], style="both", counts=counts))
     assert len(both) == counts.kept == 6 and counts.skipped["duplicate"] == 1

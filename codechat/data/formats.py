@@ -24,7 +24,8 @@ glaive     ``chat``             glaive-function-calling-v2 raw: ``system`` ("SYS
 mbpp       ``test_list``        ``text`` (or sanitized ``prompt``), ``code``, ``test_list``: the user
                                 asks with :data:`MBPP_PROMPT`, the assistant answers with the code.
 humaneval  ``canonical_solution`` ``prompt`` + ``canonical_solution``: :data:`HUMANEVAL_PROMPT`, the
-                                assistant answers with the whole function.
+                                assistant answers with the rest of the function (the solution, as
+                                indented under the signature), not a copy of the prompt.
 alpaca     ``instruction``      ``instruction``, optional ``input`` (appended after a blank line),
                                 ``output`` or ``response`` (or ``instances[0]``, the seed tasks).
 qa         ``question``         ``question`` -> user, ``answer`` -> assistant (GSM8K, kept verbatim).
@@ -72,7 +73,9 @@ DETECT_BY: tuple[tuple[str, str], ...] = (("messages", "messages"), ("sharegpt",
 FORMATS: tuple[str, ...] = tuple(f for f, _ in DETECT_BY)
 #: The user turn of an MBPP record (as in the MBPP paper's prompt, without its few-shot part).
 MBPP_PROMPT = "{text}\nYour code should pass these tests:\n\n{tests}"
-#: The user turn of a HumanEval record.
+#: The user turn of a HumanEval record; the answer is the rest of the function. (Answering with the
+#: whole function made a d12 model re-type the signature and docstring first: 52% of its HumanEval
+#: samples renamed the function or lost its ``def`` on the way, 2026-12-02, benchmarks/RESULTS.md.)
 HUMANEVAL_PROMPT = "Complete the following Python function:\n\n{prompt}"
 #: Prefix of the raw glaive ``system`` string.
 GLAIVE_SYSTEM_PREFIX = "SYSTEM:"
@@ -231,7 +234,7 @@ def _from_humaneval(rec: Mapping[str, Any]) -> Conversation:
     prompt = record_field(rec, "humaneval record", "prompt")
     solution = record_field(rec, "humaneval record", "canonical_solution")
     return Conversation((Message("user", HUMANEVAL_PROMPT.format(prompt=prompt)),
-                         Message("assistant", (prompt + solution).rstrip())))
+                         Message("assistant", solution.strip("\n").rstrip())))
 
 
 def _from_alpaca(rec: Mapping[str, Any]) -> Conversation:

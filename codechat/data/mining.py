@@ -10,14 +10,14 @@ With ``style="complete"`` the same function is asked for the way HumanEval asks 
 2021; :data:`codechat.data.formats.HUMANEVAL_PROMPT`)::
 
     user:      Complete the following Python function:\n\n<its def line(s) and docstring>
-    assistant: <the whole function, docstring included>
+    assistant: <the rest of the function: its body after the docstring, as indented in the file>
 
 and ``style="both"`` yields both conversations of each function (:data:`MINE_STYLES`).
 
 A function is kept when it is defined at module level without decorators, is not a dunder, has
 a docstring of :data:`MIN_DOC_CHARS`..:data:`MAX_DOC_CHARS` characters, a body beyond the
 docstring that is not only ``pass`` / ``...`` / ``raise NotImplementedError``, at most
-:data:`MAX_FUNCTION_LINES` lines, and an answer not seen before (exact duplicates are dropped).
+:data:`MAX_FUNCTION_LINES` lines, and a source not seen before (exact duplicates are dropped).
 
 Decontamination. :class:`Decontaminator` excludes any SFT example that overlaps a HumanEval
 problem (from the ``HumanEval.jsonl.gz`` shipped with codechat) or an MBPP test
@@ -125,8 +125,8 @@ def _pair(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str], style:
         pairs.append((MINED_PROMPT.format(signature=signature, doc=doc), answer.rstrip()))
     if style in ("complete", "both"):
         head = "\n".join(lines[node.lineno - 1:doc_node.end_lineno])
-        whole = "\n".join(lines[node.lineno - 1:node.end_lineno])
-        pairs.append((HUMANEVAL_PROMPT.format(prompt=head + "\n"), whole.rstrip()))
+        body = "\n".join(lines[doc_node.end_lineno:node.end_lineno])
+        pairs.append((HUMANEVAL_PROMPT.format(prompt=head + "\n"), body.strip("\n").rstrip()))
     return pairs
 
 
@@ -165,7 +165,8 @@ def mine_records(srcs: Sequence[str | os.PathLike], *, max_files: int = 0, max_e
             if isinstance(pairs, str):
                 counts.skip(pairs)
                 continue
-            digest = hashlib.sha256(pairs[-1][1].encode("utf-8")).digest()
+            source = "\n".join(lines[node.lineno - 1:node.end_lineno])
+            digest = hashlib.sha256(source.encode("utf-8")).digest()
             if digest in seen:
                 counts.skip("duplicate")
                 continue
