@@ -372,7 +372,7 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its first unfinished stage (its plan and budget are kept)")
     p.add_argument("--max-files", type=int, default=0, help="read only the first N source files (a smoke run)")
-    p.add_argument("--eval-limit", type=int, help="HumanEval problems to evaluate (default 40 on CPU, all on GPU)")
+    p.add_argument("--eval-limit", type=int, help="HumanEval (and MBPP) problems to evaluate (default 40 on CPU, all on GPU)")
     p.add_argument("--funcall-data", help="conversations with tools (glaive, ShareGPT or OpenAI messages): adds "
                                           "function-calling SFT on FILE@train and its evaluation on FILE@heldout")
     p.add_argument("--mbpp", metavar="PATH", help="MBPP's mbpp.jsonl: its train split (tasks 601-974) joins chat SFT "

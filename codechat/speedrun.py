@@ -8,7 +8,7 @@ is scored on the last code stage (``rl/`` when GRPO ran, else ``sft/``).
 
 Data: the pretraining corpus leaves out every file that overlaps a HumanEval problem (or, with
 ``--mbpp``, an MBPP test problem) by :class:`codechat.data.mining.Decontaminator`'s rule, and
-the report lists them; chat SFT trains on docstring/function pairs mined from the standard
+the report lists them; chat SFT trains on functions mined from the standard
 library (asked for both ways, :data:`codechat.config.MINE_STYLES`), MBPP's train split with
 ``--mbpp`` and the sources of ``--data``, decontaminated by the same rule.
 
@@ -320,9 +320,9 @@ class Speedrun:
         print(f"{tag} {name} on {stage}/ ({limit or 'all'} problems x {n} samples, temperature "
               f"{p.eval_temperature:g}, stopping at {grant:.0f} s)")
         model, tok, state = load_model(self.run / stage, self.dev)
-        res = run_suite(model, tok, out_dir=self.run / "eval" / (name.lower() + ("" if stage == "sft" else f"-{stage}")),
-                        suite=suite,
-                        stage=state["meta"]["stage"], n=n, ks=ks, temperature=p.eval_temperature,
+        out_dir = self.run / "eval" / (name.lower() + ("" if stage == "sft" else f"-{stage}"))
+        res = run_suite(model, tok, out_dir=out_dir, suite=suite, stage=state["meta"]["stage"], n=n, ks=ks,
+                        temperature=p.eval_temperature,
                         max_new_tokens=max_new_tokens, limit=limit, seed=self.seed, progress=False,
                         workers=p.eval_workers or os.cpu_count() or 2, timeout_s=p.eval_timeout_s,
                         model_id=str(self.run / stage), deadline_s=grant)

@@ -35,13 +35,14 @@ EXTRA_SHARES = {"mbpp": 0.07, "funcall": 0.08, "funcall_eval": 0.04}
 #: after them get their time back, so pretraining, which comes before, gets the rest up front.
 #: ``rl`` runs only when HumanEval's verdict allows GRPO (today's small models get "stall" and skip
 #: it at once, so its share is small: its time goes to the stages after it). GPU, 8.5-minute d12
-#: runs with --mbpp (2026-12-02, benchmarks/RESULTS.md): the whole corpus (400 MB) took 40 s and the
-#: baselines 24 s (now overlapped with pretraining); SFT at 0.14 (43 s, ~4 passes over the mixture)
-#: gave HumanEval pass@10 2.2%, at 0.09 (24 s) 1.2% with 29% of samples running to the token limit.
+#: runs with --mbpp (2026-12-02, benchmarks/RESULTS.md): the whole corpus (400 MB) took 40 s, the
+#: baselines 24 s (now overlapped with pretraining), samples 17 s, chat 7 s; SFT at 0.14 (43 s, ~4
+#: passes over the mixture) gave HumanEval pass@10 2.2%, at 0.09 (24 s) 1.2% with 29% of samples
+#: running to the token limit.
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.77, "samples": 0.025,
               "sft": 0.06, "chat": 0.01, "eval": 0.025, "rl": 0.015}
-GPU_SHARES = {"tokenizer": 0.03, "data": 0.06, "baseline": 0.005, "pretrain": 0.62, "samples": 0.025,
-              "sft": 0.13, "chat": 0.01, "eval": 0.1, "rl": 0.02}
+GPU_SHARES = {"tokenizer": 0.025, "data": 0.075, "baseline": 0.005, "pretrain": 0.6, "samples": 0.035,
+              "sft": 0.13, "chat": 0.013, "eval": 0.097, "rl": 0.02}
 
 
 @dataclass(frozen=True)
