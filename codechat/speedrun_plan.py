@@ -92,7 +92,7 @@ class SpeedrunPlan:
     # the model's own answer (benchmarks/RESULTS.md: +0 to +7 of 15 completions parse).
     sample_best_of: int = 8
     # Mined functions are asked for both ways (codechat.data.mining): by docstring, and with
-    # HumanEval's own completion prompt (signature + docstring -> the whole function).
+    # HumanEval's own completion prompt (signature + docstring -> the rest of the function).
     sft_mine_style: str = "both"
     # An MBPP file (--mbpp): its train split (tasks 601-974) joins SFT, repeated this many times
     # per epoch of the mixture (mix mode "epoch"; the mined pairs count once), and its test split
@@ -117,8 +117,9 @@ class SpeedrunPlan:
     eval_n: int = 2  # samples per problem
     eval_tokens: int = 128
     # Sampling temperature of the code evaluations: 0.8, where Codex's pass@10..100 peak (Chen et
-    # al. 2021, "Evaluating Large Language Models Trained on Code", fig. 5). At 0.6 a d12 run's
-    # samples ran to the token limit twice as often (repetition loops) and solved fewer problems.
+    # al. 2021, "Evaluating Large Language Models Trained on Code", fig. 5). A d12 run at 0.6 (with
+    # a shorter SFT too, so not a clean comparison) had twice the samples run to the token limit
+    # and solved fewer problems.
     eval_temperature: float = 0.8
     eval_ks: tuple[int, ...] = (1, 10)  # pass@k reported (those <= the samples per problem)
     # Sandbox judging of the code evaluations: programs at once (0: one per CPU core) and the

@@ -32,15 +32,16 @@ import multiprocessing as mp
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from multiprocessing.pool import AsyncResult
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO
 
 import numpy as np
 from tqdm import tqdm
 
 from codechat.atomic import write_text
-from codechat.config import ConfigError, DataConfig
+from codechat.config import ConfigError, DataConfig, SFTConfig
 from codechat.data.sources import (SPLITS, HubSource, SourceFile, Skipped, add_source_args, check_split,
                                    collect_sources, split_documents, split_of)
 from codechat.tokenizer import Tokenizer
@@ -77,22 +78,25 @@ def _encode_batch(texts: list[str]) -> list[np.ndarray | tuple[str, str, float]]
             else np.concatenate([np.asarray(next(encoded), dtype=dtype), end]) for h in hits]
 
 
-class _Batch(NamedTuple):
+@dataclass
+class _Batch:
     split: str
-    names: list[str]
-    texts: list[str]
-    sizes: list[int]  # UTF-8 bytes of each text
+    names: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # UTF-8 bytes of each text
+    total: int = 0  # their sum
 
 
 def _batches(docs: Iterable[tuple[str, str, str, int]], batch_bytes: int) -> Iterator[_Batch]:
     """Consecutive documents of each split grouped to about ``batch_bytes`` UTF-8 bytes."""
     open_batches: dict[str, _Batch] = {}
     for split, name, text, n_bytes in docs:
-        batch = open_batches.setdefault(split, _Batch(split, [], [], []))
+        batch = open_batches.setdefault(split, _Batch(split))
         batch.names.append(name)
         batch.texts.append(text)
         batch.sizes.append(n_bytes)
-        if sum(batch.sizes) >= batch_bytes:
+        batch.total += n_bytes
+        if batch.total >= batch_bytes:
             yield open_batches.pop(split)
     for batch in open_batches.values():
         if batch.texts:
@@ -321,7 +325,6 @@ def read_split(data_dir: str | os.PathLike, split: str) -> list[np.memmap]:
 def benchmark_decontaminator(mbpp_file: str | os.PathLike | None = None) -> Any:
     """The check a corpus gets: HumanEval's 164 problems, plus MBPP's test split from ``mbpp_file``
     (:meth:`codechat.data.mining.Decontaminator.from_config`; warns when MBPP is not checked)."""
-    from codechat.config import SFTConfig
     from codechat.data.mining import Decontaminator
     return Decontaminator.from_config(SFTConfig(decontam_mbpp=str(mbpp_file or "")))
 
@@ -360,8 +363,9 @@ def add_cli(subparsers: Any) -> Any:
     p.add_argument("--workers", type=int, default=DataConfig.workers, metavar="N",
                    help="tokenising processes (0: one per CPU core)")
     p.add_argument("--decontaminate", action="store_true",
-                   help="leave out documents that overlap a HumanEval problem (prompt, tests or solution: half of its "
-                        "distinct 10-grams of normalised tokens), listed in index.json")
+                   help="leave out documents that overlap a HumanEval problem (its prompt, tests or solution: a share "
+                        f"of {SFTConfig.decontam_threshold:g} of its distinct {SFTConfig.decontam_ngram}-grams of "
+                        "normalised tokens), listed in index.json")
     p.add_argument("--decontam-mbpp", metavar="PATH",
                    help="MBPP's mbpp.jsonl: check its test split (tasks 11-510) too (implies --decontaminate)")
     p.set_defaults(func=_cmd_corpus)
