@@ -29,7 +29,8 @@ from codechat import checkpoint as ckpt
 from codechat.cli import main
 from codechat.config import ConfigError, ModelConfig, SFTConfig, to_dict
 from codechat.data.mixture import Mixture
-from codechat.data.prompts import read_answers
+from codechat.data.formats import FormatError
+from codechat.data.prompts import jsonl_rows, read_answers
 from codechat.data.teacher import DistillConfig, TeacherGenConfig, judge, retry_after, run_distill
 from codechat.data.teacher_store import AnswerStore, repair_tail
 from codechat.model import build_model
@@ -337,6 +338,10 @@ def test_an_unfinished_last_line_is_completed_or_removed_and_one_run_holds_a_dir
     f.write_text('{"id": "a"}\n{"id": "b", "ans')
     repair_tail(f)
     assert f.read_text() == '{"id": "a"}\n'
+    # a line nested past the JSON decoder's depth is a bad line named by file and line, not a RecursionError
+    f.write_text('{"id": "a"}\n' + "[" * 200_000 + "\n")
+    with pytest.raises(FormatError, match=r"c.jsonl:2: not valid JSON \(RecursionError"):
+        list(jsonl_rows(f))
 
 
 # ----------------------------------------------------------------------------- sft --teacher-completions

@@ -65,11 +65,11 @@ def jsonl_rows(path: str | os.PathLike) -> Iterator[tuple[int, str, dict[str, An
                 continue
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError as e:
+            except (ValueError, RecursionError) as e:  # not JSON, or nested past what the decoder takes
                 if not line.endswith("\n"):  # only the last line can lack its newline
                     yield n, line, None
                     continue
-                raise FormatError(f"{path}:{n}: not valid JSON ({e})") from None
+                raise FormatError(f"{path}:{n}: not valid JSON ({type(e).__name__}: {e})") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("id"), str):
                 raise FormatError(f"{path}:{n}: expected a JSON object with a string 'id'")
             yield n, line, obj
