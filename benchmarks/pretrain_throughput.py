@@ -5,11 +5,14 @@ tokens, after warm-up steps, and prints one line per figure.
 
     python benchmarks/pretrain_throughput.py --preset d20 [--steps 20] [--compile] [--vs-transformers]
     python benchmarks/pretrain_throughput.py --preset 1b --compile --profile 2 --trace-dir /tmp/traces
+    python benchmarks/pretrain_throughput.py --preset d12 --compile --compile-scope blocks
     torchrun --standalone --nproc_per_node=1 benchmarks/pretrain_throughput.py --preset 1b --compile --parallel fsdp
 
 Under ``torchrun`` the model is wrapped for ``--parallel`` even in a world of one (NCCL on CUDA),
 so the DDP / FSDP paths can be timed against the plain one on a single GPU; ``--ac full``
-recomputes every block in the backward pass. Figures: ``tokens_per_s`` (all ranks), ``mfu``,
+recomputes every block in the backward pass; ``--compile-scope blocks`` compiles each block on its
+own instead of the whole model (regional compilation, ``train.compile_scope``). Figures:
+``first_step_s`` (the first warm-up step: the compile included), ``tokens_per_s`` (all ranks), ``mfu``,
 ``peak_memory_gib`` (``torch.cuda.max_memory_allocated`` over the timed steps, rank 0) and
 ``plan_tensors_gib`` (the memory planner's peak of tensors for the same settings, margin left out,
 :mod:`codechat.train.plan`) with their ratio ``plan_over_measured``.
@@ -40,7 +43,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from codechat.config import PARALLEL_STRATEGIES, OptimConfig, RunConfig, TrainConfig, pretrain_recipe, replace
+from codechat.config import COMPILE_SCOPES, PARALLEL_STRATEGIES, OptimConfig, RunConfig, TrainConfig, pretrain_recipe, replace
 from codechat.device import peak_flops
 from codechat.model import IGNORE_INDEX, build_model
 from codechat.parallel import init_world
@@ -63,12 +66,19 @@ class RandomTokens:
         pass
 
 
-def timed(step: Callable[[int], None], warmup: int, steps: int, device: torch.device) -> tuple[float, float]:
+def timed(step: Callable[[int], None], warmup: int, steps: int, device: torch.device
+          ) -> tuple[float, float, float]:
     """(seconds for ``steps`` calls of ``step(i)`` after ``warmup`` untimed ones, peak GiB allocated
-    over the timed ones: 0 off CUDA)."""
+    over the timed ones: 0 off CUDA, seconds of the first warmup call: ``torch.compile``'s compile
+    included)."""
+    cuda = device.type == "cuda"
+    t0, first = time.perf_counter(), 0.0
     for i in range(warmup):
         step(i)
-    cuda = device.type == "cuda"
+        if i == 0:
+            if cuda:
+                torch.cuda.synchronize()
+            first = time.perf_counter() - t0
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -77,7 +87,7 @@ def timed(step: Callable[[int], None], warmup: int, steps: int, device: torch.de
         step(i)
     if cuda:
         torch.cuda.synchronize()
-    return time.perf_counter() - t0, (torch.cuda.max_memory_allocated() / GIB if cuda else 0.0)
+    return time.perf_counter() - t0, (torch.cuda.max_memory_allocated() / GIB if cuda else 0.0), first
 
 
 def transformers_step(model: torch.nn.Module, optim: OptimConfig, compile: bool, device: torch.device
@@ -116,6 +126,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--compile-scope", choices=COMPILE_SCOPES, default="model",
+                    help="with --compile: the whole model, or each block on its own (train.compile_scope)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--parallel", default="ddp", choices=PARALLEL_STRATEGIES, help="layout under torchrun")
     ap.add_argument("--ac", default="none", choices=["none", "selective", "full"], help="activation checkpointing")
@@ -133,7 +145,7 @@ def main() -> None:
     cfg = replace(recipe.model, vocab_size=args.vocab_size)
     model = build_model(cfg, device)
     train = TrainConfig(micro_batch_size=mbs, batch_size=mbs * world.size, max_steps=1, compile=args.compile,
-                        parallel=args.parallel, ac=args.ac)
+                        compile_scope=args.compile_scope, parallel=args.parallel, ac=args.ac)
     optim = OptimConfig(warmup_steps=0)
     fpt, peak = model.flops_per_token(seq), peak_flops(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -144,7 +156,7 @@ def main() -> None:
         keep = args.vs_transformers or args.numerics_steps
         # on the host, so that the peak memory measured below is the training step's alone
         initial = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()} if keep else None
-        dt, measured = timed(lambda i: trainer.train_step([batches[i % 4]]), args.warmup, args.steps, device)
+        dt, measured, first = timed(lambda i: trainer.train_step([batches[i % 4]]), args.warmup, args.steps, device)
         if args.profile and world.main:
             from pretrain_profile import profile_steps
             profile_steps(lambda i: trainer.train_step([batches[i % 4]]), args.profile, device, args.trace_dir,
@@ -155,7 +167,9 @@ def main() -> None:
     if not world.main:
         return
     print(f"device: {name}; torch {torch.__version__}; preset {args.preset}: {model.num_params() / 1e6:.1f}M params, "
-          f"batch {mbs}x{seq}, compile={args.compile}, {layout}, --ac {args.ac}")
+          f"batch {mbs}x{seq}, compile={args.compile}{f' ({args.compile_scope})' if args.compile else ''}, "
+          f"{layout}, --ac {args.ac}")
+    print(f"first_step_s: {first:.1f}")
     print(f"tokens_per_s: {tps:,.0f}")
     print(f"achieved_tflops: {tps * fpt / 1e12:.1f}")
     print(f"mfu: {tps * fpt / peak:.1%}" if peak else "mfu: n/a (no known peak for this device)")
@@ -187,7 +201,7 @@ def main() -> None:
         torch.cuda.empty_cache() if device.type == "cuda" else None
         step, hf = transformers_step(model, optim, args.compile, device)
         del model, initial
-        dt_hf, measured_hf = timed(lambda i: step(batches[i % 4]), args.warmup, args.steps, device)
+        dt_hf, measured_hf, first_hf = timed(lambda i: step(batches[i % 4]), args.warmup, args.steps, device)
         if args.profile:
             from pretrain_profile import profile_steps
             profile_steps(lambda i: step(batches[i % 4]), args.profile, device, args.trace_dir,
@@ -195,6 +209,7 @@ def main() -> None:
         tps_hf = args.steps * mbs * seq / dt_hf
         import transformers
         print(f"transformers {transformers.__version__} {type(hf).__name__}, same shape, weights and batches")
+        print(f"transformers_first_step_s: {first_hf:.1f}")
         print(f"transformers_tokens_per_s: {tps_hf:,.0f}")
         print(f"transformers_mfu: {tps_hf * fpt / peak:.1%}" if peak else "transformers_mfu: n/a")
         if device.type == "cuda":

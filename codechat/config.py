@@ -190,6 +190,12 @@ class OptimConfig:
 PARALLEL_STRATEGIES = ("ddp", "fsdp", "hsdp")
 #: ``train.pp_schedule`` values: ``torch.distributed.pipelining``'s ScheduleGPipe and Schedule1F1B.
 PP_SCHEDULES = ("gpipe", "1f1b")
+#: ``train.compile_scope`` values. ``model``: one ``torch.compile`` of the whole model (Inductor
+#: fuses across blocks and into the loss). ``blocks``: each transformer block compiled on its own
+#: (regional compilation: the identical blocks reuse one compiled graph, so the compile costs about
+#: one block's; the embedding, final norm, head and loss run eager). With ``--pp`` the blocks are
+#: always compiled on their own (the pipeline schedule calls each stage).
+COMPILE_SCOPES = ("model", "blocks")
 
 
 @dataclass(frozen=True)
@@ -216,6 +222,7 @@ class TrainConfig:
     keep_last: int = 2
     dtype: str = "auto"  # auto -> bf16 autocast on CUDA, fp32 elsewhere
     compile: bool = False
+    compile_scope: str = "model"  # what train.compile compiles: COMPILE_SCOPES
     parallel: str = "ddp"  # ddp | fsdp | hsdp: how a torchrun world shares the model (codechat.parallel)
     ac: str = "none"  # activation checkpointing: none | selective (attention + every other matmul kept) | full (every
     # block recomputed from its input in the backward pass); codechat.parallel.selective_contexts
@@ -236,6 +243,8 @@ class TrainConfig:
         _check(self.pp_schedule != "1f1b" or n_mb >= self.pp,
                f"train.pp_schedule=1f1b needs train.pp_microbatches >= --pp {self.pp}, got {n_mb}: raise it or use "
                "--train.pp_schedule gpipe")
+        _check(self.compile_scope in COMPILE_SCOPES,
+               f"train.compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got {self.compile_scope!r}")
         _check(self.parallel in PARALLEL_STRATEGIES,
                f"train.parallel must be one of {', '.join(PARALLEL_STRATEGIES)}, got {self.parallel!r}")
         _check(self.micro_batch_size > 0, f"train.micro_batch_size must be > 0, got {self.micro_batch_size}")

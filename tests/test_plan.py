@@ -215,3 +215,21 @@ def test_training_check_prints_one_line_on_cuda_and_nothing_on_cpu(monkeypatch):
         est = check_training_memory(preset("8b"), train, OptimConfig(), 2048, torch.device("cuda"), lines.append)
     assert len(lines) == 1 and lines[0].startswith("memory plan: ~")
     assert est == estimate(PlanConfig(model=preset("8b"), micro_batch_size=2, seq_len=2048))  # the run's settings
+
+
+def test_blocks_only_compilation_plans_the_head_and_the_peak_as_eager():
+    """``train.compile_scope blocks`` compiles the blocks but not the head: the plan counts the
+    blocks' compiled activations, the eager fp32 logits copies, and the eager peak (grads held)."""
+    from codechat.config import TrainConfig
+    from codechat.train.plan import FP32, LOGITS_FP32_COPIES, plan_config
+    m = preset("d20", vocab_size=32768)
+    whole, blocks = (estimate(plan_config(m, TrainConfig(max_steps=1, micro_batch_size=16, compile=True,
+                                                         compile_scope=scope), OptimConfig(), 2048))
+                     for scope in ("model", "blocks"))
+    tokens = 16 * 2048
+    assert whole.compiled and not blocks.compiled
+    assert whole.logits == 2 * tokens * 32768 and blocks.logits == LOGITS_FP32_COPIES * FP32 * tokens * 32768
+    # the blocks' activations are the compiled ones in both; only the final norm's input differs
+    assert 0 < blocks.activations - whole.activations <= tokens * m.n_embd * 2
+    assert blocks.tensors == blocks.weights + blocks.optimizer + blocks.grads + max(
+        blocks.activations + blocks.logits + blocks.buffers, blocks.step)

@@ -382,6 +382,32 @@ def test_activation_checkpointing_under_torch_compile_trains_as_without_it(tmp_p
     assert np.allclose(runs["full"][0], runs["none"][0], rtol=1e-5, atol=1e-6)
 
 
+def test_compile_scope_blocks_compiles_each_block_and_trains_as_eager(tmp_path, monkeypatch):
+    """``train.compile_scope blocks`` (regional compilation) wraps every transformer block in its
+    own compiled call and leaves the model itself uncompiled; the losses are the eager ones
+    (``aot_eager`` backend, as above, to keep Inductor's C++ builds out of the suite)."""
+    from codechat.config import ConfigError
+    compile_ = torch.compile
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda f: compiled.append(f) or compile_(f, backend="aot_eager"))
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 64, (2, 32), generator=g), torch.randint(0, 64, (2, 32), generator=g))
+               for _ in range(3)]
+    losses = {}
+    for scope, on in (("model", False), ("blocks", True)):
+        compiled.clear()
+        t = make_trainer(tmp_path / scope, ListBatches(batches),
+                         train=TrainConfig(max_steps=3, compile=on, compile_scope=scope))
+        losses[scope] = [float(t.train_step([b])["loss"]) for b in batches]
+        if on:
+            assert t.forward is t.par.module  # the model itself is not compiled
+            assert len(compiled) == len(t.model.layers) and all(b._compiled_call_impl is not None
+                                                               for b in t.model.layers)
+    assert np.allclose(losses["blocks"], losses["model"], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match="train.compile_scope must be one of model, blocks"):
+        TrainConfig(max_steps=1, compile_scope="layers")
+
+
 def test_activation_checkpointing_recomputes_what_it_says_and_changes_no_number(tmp_path):
     """``--ac selective`` recomputes 3 of a block's 7 matmuls (k, o, up; q, v, gate, down and the
     attention are kept), ``--ac full`` 6 (all but down, whose output no backward reads: the

@@ -41,8 +41,8 @@ Peak = weights + grads + optimizer + master + max(activations + logits + buffers
 a conservative upper bound for an eager step, since with ``zero_grad(set_to_none=True)`` gradients
 are allocated as activations are freed. A compiled step (``train.compile``) peaks as its backward
 starts, before any gradient exists: weights + optimizer + master + max(activations + logits +
-buffers, grads + step) + margin (with ``--pp`` stages only the blocks are compiled: their
-activations are the compiled ones, the rest is counted as eager). Measured on an H200 (``benchmarks/RESULTS.md``), that is within
+buffers, grads + step) + margin (with ``--pp`` stages, or ``train.compile_scope`` ``blocks``, only
+the blocks are compiled: their activations are the compiled ones, the rest is counted as eager). Measured on an H200 (``benchmarks/RESULTS.md``), that is within
 1% of ``torch.cuda.max_memory_allocated`` for d20 and 1b at micro-batches 8-32 x 2048.
 
 Dtypes: the defaults are codechat's trainer (``Trainer``, :func:`codechat.device.autocast_for`):
@@ -123,6 +123,7 @@ class PlanConfig:
     state_bytes: int = 4  # each optimizer state element (fp32)
     compute_bytes: int = 2  # activations and matmul inputs: bf16 autocast on CUDA (train.dtype auto)
     compiled: bool = False  # the step runs under torch.compile (train.compile): see activation_bytes
+    compiled_blocks_only: bool = False  # train.compile_scope "blocks": the head and loss run eager
     gpu_mem_gib: float = DEFAULT_GPU_MEM_GIB
     context_gib: float = 1.0  # CUDA context + cuBLAS workspaces + NCCL buffers per GPU
     fragmentation: float = 0.1  # allocator reserve, as a share of the tensors' bytes
@@ -286,7 +287,8 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
     if cfg.ac != "none":  # the one block recomputed during its backward
         acts += tokens * activation_bytes(m, "none", r, c, cfg.compiled)
     logits = 0.0
-    whole = cfg.compiled and cfg.pp == 1  # with stages the trainer compiles each block, the head runs eager
+    # with stages (or compile_scope "blocks") the trainer compiles each block and the head runs eager
+    whole = cfg.compiled and cfg.pp == 1 and not cfg.compiled_blocks_only
     if last:  # final norm input (eager: and its cast output), fp32 statistics, the (B, T, V) logits
         # (compiled: the norm's rstd and the loss's two per-token statistics)
         acts += tokens * (m.n_embd * r + FP32 * 3 if whole else m.n_embd * (r + c) + FP32)
@@ -405,6 +407,7 @@ def plan_config(model: ModelConfig, train: TrainConfig, optim: OptimConfig, seq_
                 ) -> PlanConfig:
     """The :class:`PlanConfig` of a training run's settings; ``layout`` sets the other fields."""
     layout.setdefault("compiled", train.compile)
+    layout.setdefault("compiled_blocks_only", train.compile and train.compile_scope == "blocks")
     return PlanConfig(model=model, micro_batch_size=train.micro_batch_size, seq_len=seq_len, optim=optim.name,
                       compute_bytes=DTYPE_BYTES["fp32" if train.dtype == "fp32" else "bf16"], **layout)
 

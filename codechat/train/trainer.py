@@ -121,10 +121,12 @@ class Trainer:
         self.par = Parallel(model, self.world, train.parallel, train.ac, train.pp_schedule, train.pipeline_microbatches,
                             param_dtype=compute_dtype(self.device, train.dtype))
         self.optimizer = build_optimizer(self.par.model, optim, self.device)
-        compile_whole = train.compile and self.par.pipeline is None
+        # a pipeline's schedule calls its stage, so there the blocks are compiled on their own
+        compile_whole = train.compile and train.compile_scope == "model" and self.par.pipeline is None
         self.forward = torch.compile(self.par.module) if compile_whole else self.par.module
-        if train.compile and self.par.pipeline is not None:  # the schedule calls the stage: compile its blocks
-            for block in self.par.model.layers.values():
+        if train.compile and not compile_whole:  # regional compilation (config.COMPILE_SCOPES)
+            layers = self.par.model.layers  # a pipeline stage keeps its blocks by their model index
+            for block in (layers.values() if isinstance(layers, torch.nn.ModuleDict) else layers):
                 block.compile()
         self.step, self.elapsed_s = 0, 0.0
         self.last: dict[str, Any] = {}
