@@ -415,6 +415,7 @@ class SFTConfig:
     mine_max_files: int = 0  # 0 -> every file
     mine_max_examples: int = 0  # 0 -> every mined pair
     mine_style: str = "docstring"  # MINE_STYLES: docstring, complete (HumanEval's prompt) or both
+    mine_workers: int = 1  # processes parsing the mined files (0: one per CPU core); same records for any number
     teacher_completions: str = ""  # DIR/completions.jsonl of codechat distill: each record's prompt gets its answer
 
     #: Fields derived from others when 0 (see :func:`load`: setting an input re-derives them).
@@ -445,8 +446,8 @@ class SFTConfig:
                f"sft.decontam_threshold must be in (0, 1], got {self.decontam_threshold}")
         _check(self.mine_style in MINE_STYLES,
                f"sft.mine_style must be one of {', '.join(MINE_STYLES)}, got {self.mine_style!r}")
-        _check(self.mine_max_files >= 0 and self.mine_max_examples >= 0,
-               "sft.mine_max_files and sft.mine_max_examples must be >= 0 (0: all)")
+        _check(self.mine_max_files >= 0 and self.mine_max_examples >= 0 and self.mine_workers >= 0,
+               "sft.mine_max_files, sft.mine_max_examples and sft.mine_workers must be >= 0 (0: all / one per core)")
         _check(not self.teacher_completions or Path(self.teacher_completions).is_file(),
                f"sft.teacher_completions {self.teacher_completions!r} is not a file; give the completions.jsonl "
                "that codechat distill wrote")

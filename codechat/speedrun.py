@@ -275,7 +275,7 @@ class Speedrun:
         print(f"{tag} SFT for {train_s:.0f} s of {grant:.0f} s on {spec}{' (compiled)' if compile_on else ' (eager)'}")
         sft = run_sft(self._sft_stage("pretrain", "sft", SFTConfig(
             data=spec, mix_mode="epoch", max_length=p.sft_max_length, max_prompt_length=p.sft_max_prompt_length,
-            packing=True, mine_max_files=p.max_files, mine_style=p.sft_mine_style, decontam_mbpp=p.mbpp,
+            packing=True, mine_max_files=p.max_files, mine_style=p.sft_mine_style, mine_workers=0, decontam_mbpp=p.mbpp,
             seed=self.seed), train_s, compile_on))
         rows = read_metrics(self.run / "sft" / "metrics.jsonl")
         evals = [r["eval_loss"] for r in rows if "eval_loss" in r]

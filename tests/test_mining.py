@@ -60,6 +60,18 @@ def test_complete_style_asks_the_way_humaneval_does_and_both_gives_each_function
         next(mine_records([MINE_SRC], style="humaneval"))
 
 
+def test_mining_in_worker_processes_gives_the_same_records_in_the_same_order():
+    one, two = MiningCounts(), MiningCounts()
+    a = list(mine_records(default_corpus_dirs(), max_files=80, style="both", counts=one))
+    b = list(mine_records(default_corpus_dirs(), max_files=80, style="both", counts=two, workers=2))
+    assert len(a) > 40 and [(r.source, r.line, r.conversation) for r in a] == \
+        [(r.source, r.line, r.conversation) for r in b]
+    assert one.as_dict() == two.as_dict()
+    assert len(list(mine_records(default_corpus_dirs(), max_files=80, max_examples=7, workers=2))) == 7
+    with pytest.raises(ValueError, match="workers must be >= 0"):
+        next(mine_records(default_corpus_dirs(), workers=-1))
+
+
 def test_mining_the_standard_library_gives_valid_functions():
     records = list(mine_records(default_corpus_dirs(), max_files=60, max_examples=40))
     assert len(records) == 40

@@ -42,12 +42,15 @@ import ast
 import gzip
 import hashlib
 import json
+import multiprocessing as mp
 import os
 import re
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -130,53 +133,84 @@ def _pair(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str], style:
     return pairs
 
 
+#: One function of a mined file: its ``def`` line, the digest of its source and its pairs, or the
+#: reason it is skipped.
+_Mined = tuple[int, bytes, list[tuple[str, str]]] | str
+
+
+def _mine_file(path: str, style: str) -> list[_Mined] | None:
+    """What one file holds (:func:`_pair` per module-level function), or ``None`` if it does not parse."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escapes in old code
+            tree = ast.parse(text)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    lines = text.splitlines()
+    out: list[_Mined] = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            pairs = _pair(node, lines, style)
+            if isinstance(pairs, str):
+                out.append(pairs)
+            else:
+                source = "\n".join(lines[node.lineno - 1:node.end_lineno])
+                out.append((node.lineno, hashlib.sha256(source.encode("utf-8")).digest(), pairs))
+    return out
+
+
 def mine_records(srcs: Sequence[str | os.PathLike], *, max_files: int = 0, max_examples: int = 0,
-                 counts: MiningCounts | None = None, style: str = "docstring") -> Iterator[Record]:
+                 counts: MiningCounts | None = None, style: str = "docstring", workers: int = 1) -> Iterator[Record]:
     """(docstring -> function) conversations from the ``.py`` files under ``srcs``, in file order.
 
     Each :class:`Record` has the file as ``source``, the ``def`` line as ``line`` and format
     ``"mined"``. ``style`` is one of :data:`MINE_STYLES` (``both``: two records per function).
     ``max_files`` / ``max_examples`` > 0 stop early (``max_examples`` counts records).
+    ``workers`` > 1 parses files in that many spawned processes (0: one per CPU core); the
+    records are the same, in the same order, for any number (a script calling this with
+    ``workers`` != 1 must do so under ``if __name__ == "__main__":``).
 
     Raises:
         ConfigError: a source does not exist or holds no ``.py`` file.
-        ValueError: an unknown ``style``.
+        ValueError: an unknown ``style`` or a negative ``workers``.
     """
     if style not in MINE_STYLES:
         raise ValueError(f"mining style must be one of {', '.join(MINE_STYLES)}, got {style!r}")
+    if workers < 0:
+        raise ValueError(f"mining workers must be >= 0 (0: one per CPU core), got {workers}")
     counts = counts if counts is not None else MiningCounts()
-    seen: set[bytes] = set()
-    for f in collect_files(srcs, (".py",), max_files):
-        counts.files += 1
-        try:
-            text = f.path.read_text(encoding="utf-8")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # invalid escapes in old code
-                tree = ast.parse(text)
-        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
-            counts.unparsable_files += 1
-            continue
-        lines = text.splitlines()
-        for node in tree.body:
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    files = collect_files(srcs, (".py",), max_files)
+    paths = [str(f.path) for f in files]
+    n = workers or os.cpu_count() or 1
+    with ExitStack() as stack:
+        if n > 1 and len(paths) > 1:
+            pool = stack.enter_context(mp.get_context("spawn").Pool(min(n, len(paths))))
+            results = pool.imap(partial(_mine_file, style=style), paths, chunksize=8)
+        else:
+            results = (_mine_file(p, style) for p in paths)
+        seen: set[bytes] = set()
+        for path, mined in zip(paths, results):
+            counts.files += 1
+            if mined is None:
+                counts.unparsable_files += 1
                 continue
-            counts.functions += 1
-            pairs = _pair(node, lines, style)
-            if isinstance(pairs, str):
-                counts.skip(pairs)
-                continue
-            source = "\n".join(lines[node.lineno - 1:node.end_lineno])
-            digest = hashlib.sha256(source.encode("utf-8")).digest()
-            if digest in seen:
-                counts.skip("duplicate")
-                continue
-            seen.add(digest)
-            for prompt, answer in pairs:
-                counts.kept += 1
-                conv = Conversation((Message("user", prompt), Message("assistant", answer)))
-                yield Record(conv, str(f.path), node.lineno, MINED_FORMAT)
-                if max_examples and counts.kept >= max_examples:
-                    return
+            for item in mined:
+                counts.functions += 1
+                if isinstance(item, str):
+                    counts.skip(item)
+                    continue
+                line, digest, pairs = item
+                if digest in seen:
+                    counts.skip("duplicate")
+                    continue
+                seen.add(digest)
+                for prompt, answer in pairs:
+                    counts.kept += 1
+                    yield Record(Conversation((Message("user", prompt), Message("assistant", answer))), path, line,
+                                 MINED_FORMAT)
+                    if max_examples and counts.kept >= max_examples:
+                        return
 
 
 # ----------------------------------------------------------------------------- benchmarks

@@ -135,7 +135,7 @@ def load_source(spec: SourceSpec, cfg: SFTConfig, *, base_dir: str | os.PathLike
         where = spec.source[len("mine:"):]
         srcs = [_resolve(where, base_dir)] if where else list(cfg.mine_src or default_corpus_dirs())
         records = list(mine_records(srcs, max_files=cfg.mine_max_files, max_examples=cfg.mine_max_examples,
-                                    style=cfg.mine_style))
+                                    style=cfg.mine_style, workers=cfg.mine_workers))
         counts.records += len(records)
         return records
     try:
