@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 import time
 import traceback
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -104,7 +103,7 @@ class Speedrun:
                                 "funcall_data", "mbpp", "sft_data")},
                       "stages": {s: {"status": "pending", "planned_s": t} for s, t in p.planned_s().items()}}
         self.resume = resume
-        self._background: dict[str, Future] = {}  # stage -> its result being computed in another process
+        self._baselines: Future | None = None  # the baselines being computed in another process
 
     # ------------------------------------------------------------------ the loop
     def execute(self) -> dict[str, Any]:
@@ -198,11 +197,11 @@ class Speedrun:
     def _start_baselines(self) -> None:
         """Compute the baselines in a spawned process; the ``baseline`` stage collects them."""
         pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
-        self._background["baseline"] = pool.submit(validation_baselines, self.run)
+        self._baselines = pool.submit(validation_baselines, self.run)
         pool.shutdown(wait=False)  # the process ends after its one job
 
     def _baseline(self, grant: float, tag: str) -> dict[str, Any]:
-        job = self._background.pop("baseline", None)
+        job, self._baselines = self._baselines, None
         print(f"{tag} compression baselines on the validation split"
               + (" (computed in the background during pretraining)" if job else ""))
         return job.result() if job else validation_baselines(self.run)
@@ -324,7 +323,7 @@ class Speedrun:
         res = run_suite(model, tok, out_dir=out_dir, suite=suite, stage=state["meta"]["stage"], n=n, ks=ks,
                         temperature=p.eval_temperature,
                         max_new_tokens=max_new_tokens, limit=limit, seed=self.seed, progress=False,
-                        workers=p.eval_workers or os.cpu_count() or 2, timeout_s=p.eval_timeout_s,
+                        workers=p.judge_workers, timeout_s=p.eval_timeout_s,
                         model_id=str(self.run / stage), deadline_s=grant)
         print(format_summary(res))
         solved = {t: v["c"] for t, v in res["per_task"].items() if v["c"]}
@@ -370,7 +369,7 @@ class Speedrun:
             init=str(self.run / "sft"),
             rl=RLConfig(tasks=p.rl_tasks, reward="tiered", group_size=p.rl_group_size,
                         prompts_per_step=p.rl_prompts_per_step, max_new_tokens=p.rl_tokens,
-                        judge_workers=p.eval_workers or os.cpu_count() or 2, judge_timeout_s=p.eval_timeout_s),
+                        judge_workers=p.judge_workers, judge_timeout_s=p.eval_timeout_s),
             train=TrainConfig(max_steps=0, time_budget_s=train_s, micro_batch_size=8, log_every=1, eval_every=10**9,
                               save_every=10**9, save_every_s=p.checkpoint_every_s),
             run=RunConfig(out=str(self.run / "rl"), seed=self.seed, device=self.device_arg, resume=self.resume))

@@ -2,6 +2,7 @@
 and corpus (:func:`plan`). :mod:`codechat.speedrun` runs the plan."""
 from __future__ import annotations
 
+import os
 import site
 import sysconfig
 from dataclasses import dataclass, replace
@@ -142,6 +143,11 @@ class SpeedrunPlan:
     rl_train_share: float = 0.6  # of the RL stage's grant spent training; the rest scores HumanEval on rl/
     funcall_tokens: int = 64  # max new tokens per evaluated assistant turn
     funcall_eval_limit: int = 10  # held-out conversations evaluated (0: all)
+
+    @property
+    def judge_workers(self) -> int:
+        """Sandbox programs the code evaluations and RL run at once (``eval_workers``, 0: every core)."""
+        return self.eval_workers or os.cpu_count() or 2
 
     @property
     def stages(self) -> tuple[str, ...]:

@@ -52,8 +52,8 @@ def test_complete_style_asks_the_way_humaneval_does_and_both_gives_each_function
     counts = MiningCounts()
     both = list(mine_records([MINE_SRC], style="both", counts=counts))
     assert len(both) == counts.kept == 6 and counts.skipped["duplicate"] == 1
-    assert [r.conversation.messages[0].content.split(":")[0] for r in both[:2]] == [
-        both[0].conversation.messages[0].content.split(":")[0], "Complete the following Python function"]
+    assert both[0].conversation.messages[0].content.startswith("Write a Python function `")
+    assert both[1].conversation.messages[0].content.startswith("Complete the following Python function:")
     assert both[0].line == both[1].line and both[0].source == both[1].source
     assert len(list(mine_records([MINE_SRC], style="both", max_examples=3))) == 3
     with pytest.raises(ValueError, match="docstring, complete, both"):

@@ -231,5 +231,6 @@ def test_blocks_only_compilation_plans_the_head_and_the_peak_as_eager():
     assert whole.logits == 2 * tokens * 32768 and blocks.logits == LOGITS_FP32_COPIES * FP32 * tokens * 32768
     # the blocks' activations are the compiled ones in both; only the final norm's input differs
     assert 0 < blocks.activations - whole.activations <= tokens * m.n_embd * 2
-    assert blocks.tensors == blocks.weights + blocks.optimizer + blocks.grads + max(
-        blocks.activations + blocks.logits + blocks.buffers, blocks.step)
+    # the eager peak holds the gradients beside the backward's working set; the compiled one does not
+    assert blocks.tensors >= blocks.weights + blocks.optimizer + blocks.grads + blocks.activations + blocks.logits
+    assert whole.tensors < whole.weights + whole.optimizer + whole.grads + whole.activations + whole.logits

@@ -193,7 +193,7 @@ def test_background_baselines_equal_the_ones_computed_in_the_stage(tmp_path, tok
     assert not p.background_baselines and list(p.stages).index("baseline") == list(p.stages).index("pretrain") + 1
     s = Speedrun(replace(p, background_baselines=True), run, torch.device("cpu"), "cpu", 0, resume=False)
     s._start_baselines()
-    job = s._background["baseline"]
+    job = s._baselines
     got = s._baseline(1.0, "[4/9]")
-    assert job.done() and "baseline" not in s._background
+    assert job.done() and s._baselines is None
     assert got == validation_baselines(run) and 0.5 < got["xz_concat_bpb"] < got["gzip_bpb"] < 8
