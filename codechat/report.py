@@ -180,6 +180,9 @@ def speedrun_report(m: dict[str, Any]) -> str:
         t = m["sft"]
         lines += ["## Chat SFT", markdown_table([
             ("data (mixture spec, copies per epoch)", f"`{t['data']}`" if t.get("data") else "mined pairs"),
+            *([("pairs mined in the background during pretraining",
+                f"{mined['kept']:,} from {mined['functions']:,} functions in {mined['files']:,} files; the stage "
+                f"waited {t['mining_wait_s']:.1f} s for them")] if (mined := t.get("mined_in_background")) else []),
             ("examples seen / kept (preflight)", f"{t['examples_seen']:,} / {t['examples_kept']:,}"),
             ("prompt- / completion-truncated", f"{t['examples_prompt_truncated']} / {t['examples_completion_truncated']}"),
             ("dropped", t["examples_dropped"]), ("excluded as overlapping HumanEval/MBPP", t["examples_decontaminated"]),

@@ -8,9 +8,11 @@ is scored on the last code stage (``rl/`` when GRPO ran, else ``sft/``).
 
 Data: the pretraining corpus leaves out every file that overlaps a HumanEval problem (or, with
 ``--mbpp``, an MBPP test problem) by :class:`codechat.data.mining.Decontaminator`'s rule, and
-the report lists them; chat SFT trains on functions mined from the standard
-library (asked for both ways, :data:`codechat.config.MINE_STYLES`), MBPP's train split with
-``--mbpp`` and the sources of ``--data``, decontaminated by the same rule.
+the report lists them; chat SFT trains on functions mined from the corpus (the standard library,
+and on a GPU the installed packages at a lower weight; asked for both ways,
+:data:`codechat.config.MINE_STYLES`), MBPP's train split with ``--mbpp`` and the sources of
+``--data``, decontaminated by the same rule. On a GPU the CPU work that can wait (the compression
+baselines, the mining) runs in background processes while pretraining trains.
 
 Writes ``metrics.json`` and ``report.md`` into the run directory after every stage, so a run that
 fails or is killed keeps what finished: the report shows the finished stages, the failing one
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import time
 import traceback
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -104,6 +107,7 @@ class Speedrun:
                       "stages": {s: {"status": "pending", "planned_s": t} for s, t in p.planned_s().items()}}
         self.resume = resume
         self._baselines: Future | None = None  # the baselines being computed in another process
+        self._mining: Future | None = None  # the SFT pairs being mined in another process
 
     # ------------------------------------------------------------------ the loop
     def execute(self) -> dict[str, Any]:
@@ -185,8 +189,8 @@ class Speedrun:
         build_corpus(self.p.sources, self.run / "tokenizer", data_dir, extensions=d.extensions,
                      val_fraction=d.val_fraction, max_files=self.p.max_files,
                      decontaminator=benchmark_decontaminator(self.p.mbpp))
-        if self.p.background_baselines:
-            self._start_baselines()
+        if self.p.background_cpu_work:
+            self._start_background()
         index = load_index(data_dir)
         sp = index["splits"]
         return {"files_seen": index["files_seen"], "skipped": index["skipped"],
@@ -194,11 +198,21 @@ class Speedrun:
                 "val_bytes_per_token": sp["val"]["bytes"] / max(1, sp["val"]["tokens"] - sp["val"]["documents"]),
                 **{f"{s}_{k}": sp[s][k] for s in ("train", "val") for k in ("documents", "tokens", "bytes")}}
 
-    def _start_baselines(self) -> None:
-        """Compute the baselines in a spawned process; the ``baseline`` stage collects them."""
-        pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
+    def _start_background(self) -> None:
+        """Compute the baselines and mine the SFT pairs (into :meth:`_mined_files`) in two spawned
+        processes; the ``baseline`` and ``sft`` stages collect them."""
+        from .data.mining import write_mined
+        p = self.p
+        pool = ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"))
         self._baselines = pool.submit(validation_baselines, self.run)
-        pool.shutdown(wait=False)  # the process ends after its one job
+        self._mining = pool.submit(write_mined, [src for src, _ in p.mine_parts], self._mined_files(),
+                                   max_files=p.max_files, style=p.sft_mine_style,
+                                   workers=p.background_mine_workers or max(1, (os.cpu_count() or 2) // 2))
+        pool.shutdown(wait=False)  # the processes end after their jobs
+
+    def _mined_files(self) -> list[Path]:
+        """Where the background job writes the pairs mined from each of ``plan.mine_parts``."""
+        return [self.run / "sft_mined" / f"{i}.jsonl" for i in range(len(self.p.mine_parts))]
 
     def _baseline(self, grant: float, tag: str) -> dict[str, Any]:
         job, self._baselines = self._baselines, None
@@ -258,19 +272,30 @@ class Speedrun:
                 "temperature": p.sample_temperature, "top_p": p.sample_top_p, "max_new_tokens": p.sample_tokens,
                 "completions": out}
 
-    def _sft_data(self) -> str:
-        """The SFT mixture spec: mined pairs, MBPP's train split (``--mbpp``) and ``--data``."""
-        p = self.p
-        parts = [f"mine:{p.sources[0]}:1"] + ([f"{p.mbpp}#mbpp:{p.mbpp_weight:g}"] if p.mbpp else []) \
-            + ([p.sft_data] if p.sft_data else [])
-        return ",".join(parts)
+    def _sft_data(self) -> tuple[str, dict[str, Any] | None]:
+        """The SFT mixture spec (mined pairs, MBPP's train split with ``--mbpp``, then ``--data``) and
+        the background miner's counts. The pairs come from the background job's files when they
+        exist (also after a resume); otherwise the SFT stage mines them itself (``mine:``)."""
+        p, counts = self.p, None
+        if self._mining is not None:
+            job, self._mining = self._mining, None
+            counts = job.result()
+        files = self._mined_files()
+        if all(f.is_file() for f in files):
+            mined = [f"{f}#completion:{w:g}" for f, (_, w) in zip(files, p.mine_parts) if f.stat().st_size]
+        else:
+            mined = [f"mine:{src}:{w:g}" for src, w in p.mine_parts]
+        parts = mined + ([f"{p.mbpp}#mbpp:{p.mbpp_weight:g}"] if p.mbpp else []) + ([p.sft_data] if p.sft_data else [])
+        return ",".join(parts), counts
 
     def _sft(self, grant: float, tag: str) -> dict[str, Any]:
         pre, p = self.m["pretrain"], self.p
         measured = pre.get("first_step_s") if pre.get("compiled") else None
         train_s = max(p.min_train_s, p.sft_train_share * grant)
         compile_on = self._compile_for(train_s, measured or p.compile_estimate_s)
-        spec = self._sft_data()
+        t0 = time.perf_counter()
+        spec, mined = self._sft_data()
+        wait_s = time.perf_counter() - t0
         print(f"{tag} SFT for {train_s:.0f} s of {grant:.0f} s on {spec}{' (compiled)' if compile_on else ' (eager)'}")
         sft = run_sft(self._sft_stage("pretrain", "sft", SFTConfig(
             data=spec, mix_mode="epoch", max_length=p.sft_max_length, max_prompt_length=p.sft_max_prompt_length,
@@ -281,7 +306,7 @@ class Speedrun:
         plot_loss(rows, self.run / "sft_loss.png", f"{p.preset} chat SFT on {self.dev.type}")
         pre_c, dec = sft["data"]["preflight"], sft["data"]["decontamination"] or {}
         return {"steps": sft["step"], "train_budget_s": train_s, "compiled": compile_on, "data": spec,
-                "sources": sft["data"].get("sources"),
+                "sources": sft["data"].get("sources"), "mined_in_background": mined, "mining_wait_s": wait_s,
                 "examples_seen": pre_c["seen"], "examples_kept": pre_c["kept"],
                 "examples_prompt_truncated": pre_c["prompt_truncated"],
                 "examples_completion_truncated": pre_c["completion_truncated"],

@@ -25,7 +25,7 @@ MBPP_STAGES = ("mbpp",)
 #: chat SFT checkpoint), then the function-calling evaluation on its held-out split.
 FUNCALL_STAGES = ("funcall", "funcall_eval")
 #: Shares of the whole budget of the optional stages; the other stages' shares shrink to make room.
-EXTRA_SHARES = {"mbpp": 0.07, "funcall": 0.08, "funcall_eval": 0.04}
+EXTRA_SHARES = {"mbpp": 0.06, "funcall": 0.08, "funcall_eval": 0.04}
 
 #: Shares of the whole budget per stage. CPU: 12 minutes with today's 9 of pretraining; the
 #: stages before pretraining and the generation stages end early on a fast machine (2026-12-01,
@@ -39,11 +39,13 @@ EXTRA_SHARES = {"mbpp": 0.07, "funcall": 0.08, "funcall_eval": 0.04}
 #: runs with --mbpp (2026-12-02, benchmarks/RESULTS.md): the whole corpus (400 MB) took 40 s, the
 #: baselines 24 s (now overlapped with pretraining), samples 17 s, chat 7 s; SFT at 0.14 (43 s, ~4
 #: passes over the mixture) gave HumanEval pass@10 2.2%, at 0.09 (24 s) 1.2% with 29% of samples
-#: running to the token limit.
+#: running to the token limit. Two 8.5- and 7.2-minute runs (2026-12-02, session 12) ended 55 and 48 s
+#: early: HumanEval took 18 and 16 s of its 46 and 39, MBPP 25 and 20 of 36 and 30, RL (skipped) 0 of
+#: 9, the baselines 0 of 2; that time now goes to pretraining, before them (+22 s at 8.5 minutes).
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.77, "samples": 0.025,
               "sft": 0.06, "chat": 0.01, "eval": 0.025, "rl": 0.015}
-GPU_SHARES = {"tokenizer": 0.025, "data": 0.075, "baseline": 0.005, "pretrain": 0.6, "samples": 0.035,
-              "sft": 0.13, "chat": 0.013, "eval": 0.097, "rl": 0.02}
+GPU_SHARES = {"tokenizer": 0.025, "data": 0.075, "baseline": 0.002, "pretrain": 0.64, "samples": 0.035,
+              "sft": 0.13, "chat": 0.013, "eval": 0.07, "rl": 0.01}
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,12 @@ class SpeedrunPlan:
     # pays back when it costs under ~45% of the stage's training time.
     compile_max_share: float = 0.45
     min_train_s: float = 5.0  # a training stage's time budget never goes below this
-    # Compute the compression baselines (CPU only) in another process while pretraining runs: on a
-    # GPU machine that hides them; on a CPU they would take cores from training.
-    background_baselines: bool = False
+    # Compute the compression baselines and mine the SFT pairs (CPU work) in other processes while
+    # pretraining runs: on a GPU machine that hides them; on a CPU they would take cores from training.
+    background_cpu_work: bool = False
+    # Mining processes of the background job (0: half the cores; the rest stay with the training
+    # process and torch.compile's workers, which compile while mining runs).
+    background_mine_workers: int = 0
     # Shares of a training stage's grant spent in its steps; the rest goes to loading, mining and
     # evaluations (2026-12-01: pretraining 27 s of 593 on the 2-core CPU, 14 s of 130 on an H200;
     # SFT 18 s of 76 and 9 s of 38). The GPU plan's own: 2026-12-02, d12 on an H200, pretraining
@@ -95,6 +100,11 @@ class SpeedrunPlan:
     # Mined functions are asked for both ways (codechat.data.mining): by docstring, and with
     # HumanEval's own completion prompt (signature + docstring -> the rest of the function).
     sft_mine_style: str = "both"
+    # Functions are mined from every corpus source: the standard library (the first) at weight 1,
+    # each other source (installed packages, on a GPU) at this weight, epoch units; 0 mines only the
+    # standard library. The H200's site-packages hold ~30k minable functions (59,514 pairs) to the
+    # stdlib's 1,542: at 0.1 they are ~2/3 of an epoch and each is seen about once in a 9-minute run.
+    sft_mine_other_weight: float = 0.0
     # An MBPP file (--mbpp): its train split (tasks 601-974) joins SFT, repeated this many times
     # per epoch of the mixture (mix mode "epoch"; the mined pairs count once), and its test split
     # is the `mbpp` stage.
@@ -150,6 +160,13 @@ class SpeedrunPlan:
         return self.eval_workers or os.cpu_count() or 2
 
     @property
+    def mine_parts(self) -> tuple[tuple[str, float], ...]:
+        """``(source, weight)`` of the mined SFT pairs: the first corpus source at weight 1, the
+        others at ``sft_mine_other_weight`` (left out at 0)."""
+        return tuple((src, 1.0 if i == 0 else self.sft_mine_other_weight) for i, src in enumerate(self.sources)
+                     if i == 0 or self.sft_mine_other_weight > 0)
+
+    @property
     def stages(self) -> tuple[str, ...]:
         """The stages this plan runs, in order."""
         return STAGES + (MBPP_STAGES if self.mbpp else ()) + (FUNCALL_STAGES if self.funcall_data else ())
@@ -163,6 +180,9 @@ class SpeedrunPlan:
             raise ConfigError(f"--time-budget-min must be > 0, got {self.time_budget_min}")
         if self.mbpp_weight <= 0:
             raise ConfigError(f"mbpp_weight must be > 0, got {self.mbpp_weight}")
+        if self.sft_mine_other_weight < 0 or self.background_mine_workers < 0:
+            raise ConfigError(f"sft_mine_other_weight and background_mine_workers must be >= 0, got "
+                              f"{self.sft_mine_other_weight} and {self.background_mine_workers}")
         if self.checkpoint_every_s <= 0:
             raise ConfigError(f"--checkpoint-every-s must be > 0, got {self.checkpoint_every_s}")
 
@@ -178,7 +198,8 @@ GPU_TIME_BUDGET_MIN = 30.0
 #: Where the speedrun's data comes from, for the report.
 LICENSES = {"pretraining corpus": "this Python's standard library (PSF License)"
                                   " [+ installed site-packages on GPU: each package's own licence]",
-            "SFT data": "docstring -> function pairs mined from the same standard library (PSF License)",
+            "SFT data": "docstring -> function pairs mined from the same corpus (PSF License; on GPU also "
+                        "installed packages: each package's own licence)",
             "HumanEval (evaluation only)": "OpenAI's HumanEval, MIT License, shipped in codechat/data/shipped"}
 
 
@@ -209,9 +230,9 @@ def plan(device: torch.device, preset: str | None, time_budget_min: float | None
         chosen = preset or next(p for limit, p in GPU_PRESET_BY_BUDGET if budget <= limit)
         packages = tuple(d for d in site.getsitepackages() if Path(d).is_dir())
         return SpeedrunPlan(chosen, budget, (stdlib, *packages), dict(GPU_SHARES), max_files,
-                            compile=pretrain_recipe(chosen).train.compile, background_baselines=True,
+                            compile=pretrain_recipe(chosen).train.compile, background_cpu_work=True,
                             pretrain_train_share=0.82, sft_train_share=0.78, sft_max_length=1024,
-                            sft_max_prompt_length=512, sft_micro_batch_size=8, eval_limit=0, eval_n=20,
+                            sft_max_prompt_length=512, sft_micro_batch_size=8, sft_mine_other_weight=0.1, eval_limit=0, eval_n=20,
                             eval_tokens=512, funcall_tokens=256, funcall_eval_limit=0)
     chosen = preset or "tiny"
     return SpeedrunPlan(chosen, time_budget_min or CPU_TIME_BUDGET_MIN, (stdlib,), dict(CPU_SHARES), max_files,

@@ -176,24 +176,55 @@ def test_a_second_speedrun_into_the_same_directory_is_refused(tmp_path):
     assert q.returncode == 2 and "does not exist" in q.stderr
 
 
-def test_background_baselines_equal_the_ones_computed_in_the_stage(tmp_path, tok_dir, corpus_dir):
-    """The GPU plan computes the baselines in a spawned process while pretraining runs; the stage
-    then returns that process's figures, the same as computing them in place."""
+def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_path, tok_dir, corpus_dir):
+    """The GPU plan computes the baselines and mines the SFT pairs in spawned processes while
+    pretraining runs. The baseline stage then returns the same figures as computing them in place;
+    the SFT mixture reads the mined files, which hold the same pairs as mining in the stage
+    (each function once, under the innermost source that holds it, with the plan's weights)."""
     import shutil
     from dataclasses import replace
 
     import torch
 
+    from codechat.config import SFTConfig
+    from codechat.data.mining import mine_records
+    from codechat.data.mixture import Mixture
     from codechat.speedrun import Speedrun, validation_baselines
     from codechat.speedrun_plan import plan
     run = tmp_path / "run"
     shutil.copytree(tok_dir, run / "tokenizer")
     shutil.copytree(corpus_dir, run / "data")
+    src = tmp_path / "src"
+    inner = src / "pkg"  # a second source inside the first: its files go to its own part
+    inner.mkdir(parents=True)
+    (src / "a.py").write_text('def double(x):\n    """Return twice the number x given."""\n    return 2 * x\n')
+    (inner / "b.py").write_text('def halve(x):\n    """Return half of the number x given."""\n    return x / 2\n')
+    (inner / "c.py").write_text((src / "a.py").read_text())  # the same function again: kept once
     p = plan(torch.device("cpu"), "tiny", 1.0)
-    assert not p.background_baselines and list(p.stages).index("baseline") == list(p.stages).index("pretrain") + 1
-    s = Speedrun(replace(p, background_baselines=True), run, torch.device("cpu"), "cpu", 0, resume=False)
-    s._start_baselines()
+    assert not p.background_cpu_work and list(p.stages).index("baseline") == list(p.stages).index("pretrain") + 1
+    assert p.mine_parts == ((p.sources[0], 1.0),)
+    g = plan(torch.device("cuda"), None, 8.5)  # planning only: nothing runs on the device
+    assert g.background_cpu_work and g.mine_parts == ((g.sources[0], 1.0),) + tuple((d, 0.1) for d in g.sources[1:])
+    p = replace(p, background_cpu_work=True, background_mine_workers=2, sources=(str(src), str(inner)),
+                sft_mine_other_weight=0.25)
+    s = Speedrun(p, run, torch.device("cpu"), "cpu", 0, resume=False)
+    s._start_background()
     job = s._baselines
     got = s._baseline(1.0, "[4/9]")
     assert job.done() and s._baselines is None
     assert got == validation_baselines(run) and 0.5 < got["xz_concat_bpb"] < got["gzip_bpb"] < 8
+    spec, counts = s._sft_data()
+    files = s._mined_files()
+    assert spec == f"{files[0]}#completion:1,{files[1]}#completion:0.25" and s._mining is None
+    assert counts["kept"] == 4 and counts["skipped"] == {"duplicate": 1}
+    assert counts["records"] == {str(files[0]): 2, str(files[1]): 2}
+    mix = Mixture.from_config(SFTConfig(data=spec, mix_mode="epoch", decontaminate=False))
+    want = {(r.conversation.messages[0].content, r.conversation.messages[1].content)
+            for r in mine_records([src], style="both")}
+    assert {(r.conversation.messages[0].content, r.conversation.messages[1].content)
+            for src_ in mix.sources for r in src_.records} == want
+    assert [len(x.records) for x in mix.sources] == [2, 2] and "    return x / 2" in {
+        r.conversation.messages[1].content for r in mix.sources[1].records}
+    assert s._sft_data() == (spec, None)  # a resumed run reads the files the first attempt wrote
+    shutil.rmtree(run / "sft_mined")
+    assert s._sft_data() == (f"mine:{src}:1,mine:{inner}:0.25", None)  # no files: the stage mines them itself

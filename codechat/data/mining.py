@@ -213,6 +213,47 @@ def mine_records(srcs: Sequence[str | os.PathLike], *, max_files: int = 0, max_e
                         return
 
 
+def write_mined(srcs: Sequence[str | os.PathLike], paths: Sequence[str | os.PathLike], *, max_files: int = 0,
+                style: str = "docstring", workers: int = 1) -> dict[str, Any]:
+    """Mine ``srcs`` once (:func:`mine_records`, so a function found under two of them is kept once)
+    into ``paths[i]`` for the files under ``srcs[i]`` (the innermost when they nest): JSON-lines
+    files of ``completion`` records (``prompt``, ``completion``, ``id`` = ``FILE:LINE`` of the
+    function) that an SFT mixture reads like any data file. Each file is written under a
+    temporary name and renamed, so it is whole or absent.
+
+    Lets the speedrun mine in a background process while the GPU pretrains: its SFT stage then
+    reads the files instead of parsing the corpus itself.
+
+    Returns:
+        The :class:`MiningCounts` (``as_dict``) plus ``records`` per path (every path gets a file,
+        possibly empty).
+
+    Raises:
+        ValueError: ``srcs`` and ``paths`` differ in length; the errors of :func:`mine_records`.
+    """
+    if len(srcs) != len(paths):
+        raise ValueError(f"write_mined needs one path per source, got {len(srcs)} sources and {len(paths)} paths")
+    roots = [Path(s).resolve() for s in srcs]
+    by_depth = sorted(range(len(roots)), key=lambda i: -len(roots[i].parts))
+    counts, outs = MiningCounts(), [Path(p) for p in paths]
+    tmps = [p.with_name(f"{p.name}.tmp{os.getpid()}") for p in outs]
+    n = [0] * len(outs)
+    with ExitStack() as stack:
+        for p in outs:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        files = [stack.enter_context(open(t, "w", encoding="utf-8")) for t in tmps]
+        for rec in mine_records(srcs, max_files=max_files, counts=counts, style=style, workers=workers):
+            where = Path(rec.source).resolve()
+            k = next((i for i in by_depth if where.is_relative_to(roots[i])), by_depth[-1])
+            user, answer = rec.conversation.messages
+            files[k].write(json.dumps({"prompt": user.content, "completion": answer.content,
+                                       "id": f"{rec.source}:{rec.line}"}) + "\n")
+            n[k] += 1
+    for t, p in zip(tmps, outs):
+        os.replace(t, p)
+    return {**counts.as_dict(), "records": {str(p): k for p, k in zip(outs, n)}}
+
+
 # ----------------------------------------------------------------------------- benchmarks
 @dataclass(frozen=True)
 class BenchmarkProblem:
@@ -418,6 +459,6 @@ class Decontaminator:
                 f"by {self.ngram}-gram overlap {r['by_rule'].get('ngram', 0)})")
 
 
-__all__ = ["MINED_PROMPT", "MINE_STYLES", "MiningCounts", "mine_records", "BenchmarkProblem", "humaneval_file", "humaneval_problems",
+__all__ = ["MINED_PROMPT", "MINE_STYLES", "MiningCounts", "mine_records", "write_mined", "BenchmarkProblem", "humaneval_file", "humaneval_problems",
            "mbpp_problems", "mbpp_held_out_task", "MBPP_SFT_SPLITS", "normalized_tokens", "ngrams",
            "conversation_text", "Overlap", "Decontaminator"]
