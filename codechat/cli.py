@@ -381,16 +381,24 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", metavar="SPEC", help="more chat-SFT sources, a mixture spec SOURCE[#FORMAT][:WEIGHT],... "
                                                   "(weight: copies per epoch), e.g. code_alpaca_2k.json:1")
     _add_common(p)
-    p.set_defaults(func=_cmd_speedrun)
+    p.epilog = ("Pretraining settings of the preset's recipe: --pretrain.SECTION.FIELD VALUE (sections model, "
+                "data, optim, train), e.g. --pretrain.optim.name muon --pretrain.optim.lr 2e-3; the data section "
+                "reaches the tokenizer and corpus too. SFT keeps half the preset's own learning rate.")
+    p.set_defaults(func=_cmd_speedrun, accepts_overrides=True)
 
 
-def _cmd_speedrun(args: argparse.Namespace) -> int:
+def _cmd_speedrun(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     from .speedrun import SpeedrunFailed, run_speedrun
+    other = [k for k in overrides if not k.startswith("pretrain.")]
+    if other:
+        raise ConfigError(f"unrecognised argument --{other[0]}: the speedrun takes settings of its pretraining "
+                          "stage only, as --pretrain.SECTION.FIELD VALUE (e.g. --pretrain.optim.lr 2e-3)")
     try:
         run_speedrun(preset=args.preset, out=args.out, time_budget_min=args.time_budget_min, seed=args.seed,
                      device=args.device or "auto", max_files=args.max_files, eval_limit=args.eval_limit,
                      checkpoint_every_s=args.checkpoint_every_s, resume=args.resume,
-                     funcall_data=args.funcall_data or "", mbpp=args.mbpp or "", sft_data=args.data or "")
+                     funcall_data=args.funcall_data or "", mbpp=args.mbpp or "", sft_data=args.data or "",
+                     pretrain_overrides={k[len("pretrain."):]: v for k, v in overrides.items()})
     except SpeedrunFailed as e:
         print(f"codechat speedrun: error: {e}", file=sys.stderr)
         return 1

@@ -76,8 +76,6 @@ class Speedrun:
     def __init__(self, p: SpeedrunPlan, run: Path, device: torch.device, device_arg: str, seed: int,
                  resume: bool) -> None:
         self.p, self.run, self.dev, self.device_arg, self.seed = p, run, device, device_arg, seed
-        self.base = pretrain_recipe(p.preset)
-        self.data_cfg = replace(self.base.data, src=p.sources, max_files=p.max_files)
         path = run / "metrics.json"
         if resume:
             if not path.is_file():
@@ -89,7 +87,7 @@ class Speedrun:
                                   "the same --preset and --device, or use a new --out")
             self.p = p = replace(p, **{k: v for k, v in self.m["plan"].items()
                                        if k in ("time_budget_min", "shares", "eval_limit", "funcall_data", "mbpp",
-                                                "sft_data")})
+                                                "sft_data", "pretrain_overrides")})
         else:
             if path.is_file():
                 raise ConfigError(f"{run} already holds a speedrun (metrics.json): add --resume to continue it, "
@@ -103,8 +101,11 @@ class Speedrun:
                       "time_budget_min": p.time_budget_min, "licenses": licenses,
                       "plan": {k: v for k, v in asdict(p).items() if k in
                                ("time_budget_min", "shares", "eval_limit", "max_files", "compile", "sources",
-                                "funcall_data", "mbpp", "sft_data")},
+                                "funcall_data", "mbpp", "sft_data", "pretrain_overrides")},
                       "stages": {s: {"status": "pending", "planned_s": t} for s, t in p.planned_s().items()}}
+        # the preset's recipe under --pretrain.* (checked here, before any stage runs)
+        self.base = p.pretrain_base()
+        self.data_cfg = replace(self.base.data, src=p.sources, max_files=p.max_files)
         self.resume = resume
         self._baselines: Future | None = None  # the baselines being computed in another process
         self._mining: Future | None = None  # the SFT pairs being mined in another process
@@ -367,8 +368,9 @@ class Speedrun:
                            max_new_tokens=self.p.mbpp_tokens, limit=self.p.eval_limit or None)
 
     def _sft_stage(self, init: str, out: str, sft: SFTConfig, train_s: float, compile_on: bool) -> SFTStageConfig:
-        """An SFT stage from stage ``init`` into ``out`` of this run, with the pretraining recipe's
-        micro-batch and half its learning rate, decaying linearly to 0 over ``train_s`` seconds."""
+        """An SFT stage from stage ``init`` into ``out`` of this run, with the pretraining micro-batch and
+        half the preset recipe's learning rate (whatever ``--pretrain.optim.lr`` says, so that a
+        pretraining sweep leaves SFT as it was), decaying linearly to 0 over ``train_s`` seconds."""
         cfg = self.m["pretrain"]["config"]
         return SFTStageConfig(
             init=str(self.run / init), sft=sft,
@@ -376,7 +378,7 @@ class Speedrun:
                               micro_batch_size=self.p.sft_micro_batch_size or cfg["train"]["micro_batch_size"],
                               log_every=10, eval_every=10**9, save_every=10**9,
                               save_every_s=self.p.checkpoint_every_s, compile=compile_on),
-            optim=OptimConfig(lr=cfg["optim"]["lr"] / 2, warmup_steps=10, schedule="linear", min_lr_ratio=0.0,
+            optim=OptimConfig(lr=pretrain_recipe(self.p.preset).optim.lr / 2, warmup_steps=10, schedule="linear", min_lr_ratio=0.0,
                               weight_decay=0.0),
             run=RunConfig(out=str(self.run / out), seed=self.seed, device=self.device_arg, resume=self.resume))
 
@@ -439,8 +441,12 @@ class Speedrun:
 def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_min: float | None = None,
                  seed: int | None = None, device: str = "auto", max_files: int = 0,
                  eval_limit: int | None = None, checkpoint_every_s: float | None = None,
-                 resume: bool = False, funcall_data: str = "", mbpp: str = "", sft_data: str = "") -> dict[str, Any]:
+                 resume: bool = False, funcall_data: str = "", mbpp: str = "", sft_data: str = "",
+                 pretrain_overrides: dict[str, str] | None = None) -> dict[str, Any]:
     """Run every stage into ``out`` (``report.md``, ``metrics.json`` after each); returns the metrics.
+
+    ``pretrain_overrides`` are dotted settings of the pretraining recipe (``{"optim.name": "muon"}``,
+    :attr:`SpeedrunPlan.pretrain_overrides <codechat.speedrun_plan.SpeedrunPlan.pretrain_overrides>`).
 
     Raises:
         ConfigError: a bad setting, ``--resume`` without a run to resume, or a new run over an old one.
@@ -452,6 +458,9 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
         p = replace(p, eval_limit=eval_limit)
     if checkpoint_every_s is not None:
         p = replace(p, checkpoint_every_s=checkpoint_every_s)
+    if pretrain_overrides:
+        p = replace(p, pretrain_overrides=dict(pretrain_overrides))
+        p.pretrain_base()  # a bad setting stops here, before the run directory exists
     run = Path(out or f"runs/speedrun-{p.preset}")
     run.mkdir(parents=True, exist_ok=True)
     seed = seed if seed is not None else pretrain_recipe(p.preset).run.seed

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import site
 import sysconfig
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from .config import ConfigError, pretrain_recipe
+from .config import ConfigError, PretrainConfig, load, pretrain_recipe
 
 #: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``). On a GPU
 #: the compression baselines (CPU work) are computed in a background process started when the
@@ -57,6 +57,10 @@ class SpeedrunPlan:
     sources: tuple[str, ...]
     shares: dict[str, float]  # fraction of the budget per stage (STAGES), summing to 1
     max_files: int = 0
+    # Settings of the pretraining recipe (--pretrain.SECTION.FIELD VALUE, e.g. {"optim.name": "muon"}),
+    # applied over the preset's; the data section's reach the tokenizer and corpus too. The keys the
+    # speedrun sets itself (PRETRAIN_OWN_KEYS) are refused.
+    pretrain_overrides: dict[str, str] = field(default_factory=dict)
     compile: bool = False  # the preset's recipe; a stage still runs eager under compile_max_share
     # Seconds torch.compile adds to a stage's first step (H200, d12: 37 s; CPU tiny: 46 s); the SFT
     # stage uses the figure measured in pretraining instead when there is one.
@@ -159,6 +163,17 @@ class SpeedrunPlan:
         """Sandbox programs the code evaluations and RL run at once (``eval_workers``, 0: every core)."""
         return self.eval_workers or os.cpu_count() or 2
 
+    def pretrain_base(self) -> PretrainConfig:
+        """The preset's pretraining recipe under :attr:`pretrain_overrides`.
+
+        Raises:
+            ConfigError: an unknown or invalid setting, named as ``--pretrain.KEY``.
+        """
+        try:
+            return load(PretrainConfig, None, self.pretrain_overrides, base=pretrain_recipe(self.preset))
+        except ConfigError as e:
+            raise ConfigError(str(e).replace(" --", " --pretrain.")) from None
+
     @property
     def mine_parts(self) -> tuple[tuple[str, float], ...]:
         """``(source, weight)`` of the mined SFT pairs: the first corpus source at weight 1, the
@@ -180,6 +195,10 @@ class SpeedrunPlan:
             raise ConfigError(f"--time-budget-min must be > 0, got {self.time_budget_min}")
         if self.mbpp_weight <= 0:
             raise ConfigError(f"mbpp_weight must be > 0, got {self.mbpp_weight}")
+        own = sorted(k for k in self.pretrain_overrides if k in PRETRAIN_OWN_KEYS or k.startswith("run."))
+        if own:
+            raise ConfigError(f"--pretrain.{own[0]}: the speedrun sets this itself (from its budget, stages and "
+                              f"--out, --seed, --device, --checkpoint-every-s); leave it out")
         if self.sft_mine_other_weight < 0 or self.background_mine_workers < 0:
             raise ConfigError(f"sft_mine_other_weight and background_mine_workers must be >= 0, got "
                               f"{self.sft_mine_other_weight} and {self.background_mine_workers}")
@@ -191,6 +210,9 @@ class SpeedrunPlan:
         return {s: self.shares[s] * self.time_budget_min * 60 for s in self.stages}
 
 
+#: Pretraining settings the speedrun sets itself: ``--pretrain.KEY`` may not name them (nor ``run.*``).
+PRETRAIN_OWN_KEYS = frozenset({"train.max_steps", "train.time_budget_s", "train.compile", "train.save_every_s",
+                               "data.data_dir", "data.tokenizer_dir", "data.src", "data.max_files"})
 #: Presets a GPU speedrun picks by whole-run budget: (minutes at most, preset).
 GPU_PRESET_BY_BUDGET = ((60.0, "d12"), (300.0, "d20"), (float("inf"), "1b"))
 CPU_TIME_BUDGET_MIN = 12.0

@@ -75,7 +75,8 @@ def _assert_complete(out: Path) -> dict:
 
 def test_speedrun_killed_during_sft_keeps_finished_stages_and_resumes_from_its_checkpoint(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen(_cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    # a pretraining setting over the preset's recipe, kept by the resumed plan (SFT keeps the recipe's lr / 2)
+    proc = subprocess.Popen(_cmd(out, "--pretrain.optim.lr", "0.008"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and proc.poll() is None:
@@ -109,6 +110,9 @@ def test_speedrun_killed_during_sft_keeps_finished_stages_and_resumes_from_its_c
     sft_rows = [json.loads(r) for r in (out / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert sft_rows[0]["step"] == 0  # the first attempt's step-0 evaluation is kept, not redone
     assert m["sft"]["steps"] >= max(sft_saved) >= 1  # continued from its newest checkpoint
+    assert m["plan"]["pretrain_overrides"] == {"optim.lr": "0.008"} and m["pretrain"]["config"]["optim"]["lr"] == 0.008
+    assert "lr: 0.005" in (out / "sft" / "config.yaml").read_text()  # tiny's recipe lr 0.01, halved
+    assert "muon, 0.008, cosine" in (out / "report.md").read_text()
 
 
 def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_that_stage(tmp_path, shared_dir):
@@ -171,6 +175,13 @@ def test_a_second_speedrun_into_the_same_directory_is_refused(tmp_path):
     p = subprocess.run([sys.executable, "-m", "codechat", "speedrun", "--out", str(out), "--device", "cpu"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "add --resume" in p.stderr
+    for arg, why in (("--pretrain.optim.nme", "unknown setting --pretrain.optim.nme"),
+                     ("--pretrain.train.max_steps", "the speedrun sets this itself"),
+                     ("--optim.lr", "as --pretrain.SECTION.FIELD VALUE")):
+        r = subprocess.run([sys.executable, "-m", "codechat", "speedrun", "--out", str(tmp_path / "bad"), arg, "3",
+                            "--device", "cpu"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and why in r.stderr, (arg, r.stderr[-500:])
+    assert not (tmp_path / "bad").exists()
     q = subprocess.run([sys.executable, "-m", "codechat", "speedrun", "--out", str(tmp_path / "none"), "--resume",
                         "--device", "cpu"], capture_output=True, text=True, timeout=120)
     assert q.returncode == 2 and "does not exist" in q.stderr
