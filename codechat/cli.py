@@ -383,7 +383,8 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
     _add_common(p)
     p.epilog = ("Pretraining settings of the preset's recipe: --pretrain.SECTION.FIELD VALUE (sections model, "
                 "data, optim, train), e.g. --pretrain.optim.name muon --pretrain.optim.lr 2e-3; the data section "
-                "reaches the tokenizer and corpus too. SFT keeps half the preset's own learning rate.")
+                "reaches the tokenizer and corpus too. On a GPU, d12 pretrains with --pretrain.optim.name muon "
+                "--pretrain.optim.lr 2e-3 unless told otherwise. SFT keeps half the preset's own learning rate.")
     p.set_defaults(func=_cmd_speedrun, accepts_overrides=True)
 
 

@@ -163,7 +163,7 @@ def speedrun_report(m: dict[str, Any]) -> str:
             ("batch (rows x accum)", f"{c['train']['micro_batch_size']} x {c['train']['grad_accum']}"),
             ("optimizer, peak learning rate, schedule", f"{c['optim']['name']}, {c['optim']['lr']:g}, "
                                                         f"{c['optim']['schedule']}"),
-            *([("settings over the preset's recipe (--pretrain.*)",
+            *([("settings over the preset's recipe (the plan's, then --pretrain.*)",
                 ", ".join(f"{k}={v}" for k, v in m["plan"]["pretrain_overrides"].items()))]
               if m.get("plan", {}).get("pretrain_overrides") else []),
             ("training time budget", f"{pre['train_budget_s']:.0f} s ({'compiled' if pre['compiled'] else 'eager'})"),

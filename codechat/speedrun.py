@@ -459,7 +459,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
     if checkpoint_every_s is not None:
         p = replace(p, checkpoint_every_s=checkpoint_every_s)
     if pretrain_overrides:
-        p = replace(p, pretrain_overrides=dict(pretrain_overrides))
+        p = replace(p, pretrain_overrides={**p.pretrain_overrides, **pretrain_overrides})
         p.pretrain_base()  # a bad setting stops here, before the run directory exists
     run = Path(out or f"runs/speedrun-{p.preset}")
     run.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,8 @@ EXTRA_SHARES = {"mbpp": 0.06, "funcall": 0.08, "funcall_eval": 0.04}
 #: running to the token limit. Two 8.5- and 7.2-minute runs (2026-12-02, session 12) ended 55 and 48 s
 #: early: HumanEval took 18 and 16 s of its 46 and 39, MBPP 25 and 20 of 36 and 30, RL (skipped) 0 of
 #: 9, the baselines 0 of 2; that time now goes to pretraining, before them (+22 s at 8.5 minutes).
+#: With these shares a 6.8-minute run used 403 of its 408 s; its SFT took 63 s of 50 planned (~20 s
+#: outside training: reading and decontaminating the 65k mined pairs) and HumanEval 22 of 27.
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.77, "samples": 0.025,
               "sft": 0.06, "chat": 0.01, "eval": 0.025, "rl": 0.015}
 GPU_SHARES = {"tokenizer": 0.025, "data": 0.075, "baseline": 0.002, "pretrain": 0.64, "samples": 0.035,
@@ -57,9 +59,9 @@ class SpeedrunPlan:
     sources: tuple[str, ...]
     shares: dict[str, float]  # fraction of the budget per stage (STAGES), summing to 1
     max_files: int = 0
-    # Settings of the pretraining recipe (--pretrain.SECTION.FIELD VALUE, e.g. {"optim.name": "muon"}),
-    # applied over the preset's; the data section's reach the tokenizer and corpus too. The keys the
-    # speedrun sets itself (PRETRAIN_OWN_KEYS) are refused.
+    # Settings of the pretraining recipe applied over the preset's: the GPU plan's measured choices
+    # (GPU_RECIPE_OVERRIDES) under --pretrain.SECTION.FIELD VALUE; the data section's reach the
+    # tokenizer and corpus too. The keys the speedrun sets itself (PRETRAIN_OWN_KEYS) are refused.
     pretrain_overrides: dict[str, str] = field(default_factory=dict)
     compile: bool = False  # the preset's recipe; a stage still runs eager under compile_max_share
     # Seconds torch.compile adds to a stage's first step (H200, d12: 37 s; CPU tiny: 46 s); the SFT
@@ -213,6 +215,11 @@ class SpeedrunPlan:
 #: Pretraining settings the speedrun sets itself: ``--pretrain.KEY`` may not name them (nor ``run.*``).
 PRETRAIN_OWN_KEYS = frozenset({"train.max_steps", "train.time_budget_s", "train.compile", "train.save_every_s",
                                "data.data_dir", "data.tokenizer_dir", "data.src", "data.max_files"})
+#: Settings a GPU speedrun applies over a preset's recipe (``--pretrain.*`` wins over them). d12: Muon
+#: (hidden matrices; AdamW on the rest) at lr 2e-3 against the recipe's AdamW at 1e-3, H200, one
+#: speedrun each (2026-12-02, benchmarks/RESULTS.md): whole-split val 0.659 bits/byte after 194 s of
+#: training against 0.709 after 196 s (0.678 after 232 s), at 486k tokens/s against 547k.
+GPU_RECIPE_OVERRIDES: dict[str, dict[str, str]] = {"d12": {"optim.name": "muon", "optim.lr": "2e-3"}}
 #: Presets a GPU speedrun picks by whole-run budget: (minutes at most, preset).
 GPU_PRESET_BY_BUDGET = ((60.0, "d12"), (300.0, "d20"), (float("inf"), "1b"))
 CPU_TIME_BUDGET_MIN = 12.0
@@ -252,6 +259,7 @@ def plan(device: torch.device, preset: str | None, time_budget_min: float | None
         chosen = preset or next(p for limit, p in GPU_PRESET_BY_BUDGET if budget <= limit)
         packages = tuple(d for d in site.getsitepackages() if Path(d).is_dir())
         return SpeedrunPlan(chosen, budget, (stdlib, *packages), dict(GPU_SHARES), max_files,
+                            pretrain_overrides=dict(GPU_RECIPE_OVERRIDES.get(chosen, {})),
                             compile=pretrain_recipe(chosen).train.compile, background_cpu_work=True,
                             pretrain_train_share=0.82, sft_train_share=0.78, sft_max_length=1024,
                             sft_max_prompt_length=512, sft_micro_batch_size=8, sft_mine_other_weight=0.1, eval_limit=0, eval_n=20,

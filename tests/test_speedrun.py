@@ -215,6 +215,7 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
     assert not p.background_cpu_work and list(p.stages).index("baseline") == list(p.stages).index("pretrain") + 1
     assert p.mine_parts == ((p.sources[0], 1.0),)
     g = plan(torch.device("cuda"), None, 8.5)  # planning only: nothing runs on the device
+    assert g.preset == "d12" and g.pretrain_base().optim.name == "muon" and g.pretrain_base().optim.lr == 2e-3
     assert g.background_cpu_work and g.mine_parts == ((g.sources[0], 1.0),) + tuple((d, 0.1) for d in g.sources[1:])
     p = replace(p, background_cpu_work=True, background_mine_workers=2, sources=(str(src), str(inner)),
                 sft_mine_other_weight=0.25)
