@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     r.add_argument("--batch-size", type=int, default=0, help="samples decoded at once, across problems (the "
                                                              "engine's KV-cache slots; default 0: 256 on CUDA, 16 "
                                                              "elsewhere); samples do not depend on it")
-    r.add_argument("--workers", type=int, default=2, help="programs judged in parallel (default 2)")
+    r.add_argument("--workers", type=int, default=0, help="programs judged in parallel (default 0: one per CPU core)")
     r.add_argument("--timeout", type=float, default=10.0, help="seconds per program (default 10)")
     r.add_argument("--memory-mb", type=int, default=1024, help="address-space limit per program (default 1024)")
     r.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"], help="default auto")
@@ -123,7 +124,8 @@ def _cli_run(args: argparse.Namespace) -> int:
     results = run_suite(model, tok, out_dir=args.out, suite=args.suite, split=args.split, stage=stage, mode=mode,
                         n=args.n, ks=args.k, limit=args.limit, temperature=args.temperature, top_p=args.top_p,
                         top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed, shots=args.shots,
-                        batch_size=args.batch_size, workers=args.workers, timeout_s=args.timeout,
+                        batch_size=args.batch_size, workers=args.workers or os.cpu_count() or 2,
+                        timeout_s=args.timeout,
                         memory_mb=args.memory_mb, model_id=f"{ckpt.resolve()}@{state.get('step')}",
                         progress=not args.quiet)
     print(format_summary(results))
