@@ -378,8 +378,8 @@ class Speedrun:
                               micro_batch_size=self.p.sft_micro_batch_size or cfg["train"]["micro_batch_size"],
                               log_every=10, eval_every=10**9, save_every=10**9,
                               save_every_s=self.p.checkpoint_every_s, compile=compile_on),
-            optim=OptimConfig(lr=pretrain_recipe(self.p.preset).optim.lr / 2, warmup_steps=10, schedule="linear", min_lr_ratio=0.0,
-                              weight_decay=0.0),
+            optim=OptimConfig(lr=pretrain_recipe(self.p.preset).optim.lr / 2, warmup_steps=10, schedule="linear",
+                              min_lr_ratio=0.0, weight_decay=0.0),
             run=RunConfig(out=str(self.run / out), seed=self.seed, device=self.device_arg, resume=self.resume))
 
     def _rl(self, grant: float, tag: str) -> dict[str, Any]:

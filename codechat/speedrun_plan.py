@@ -13,8 +13,8 @@ import torch
 from .config import ConfigError, PretrainConfig, load, pretrain_recipe
 
 #: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``). On a GPU
-#: the compression baselines (CPU work) are computed in a background process started when the
-#: corpus is built, so the ``baseline`` stage after pretraining only collects them. ``rl``
+#: the compression baselines and the SFT pairs' mining (CPU work) run in background processes started
+#: when the corpus is built, so the ``baseline`` stage after pretraining only collects them. ``rl``
 #: runs GRPO only when HumanEval's pass@k verdict on ``sft/`` (``eval``) allows it, and then scores
 #: HumanEval again on ``rl/``.
 STAGES = ("tokenizer", "data", "pretrain", "baseline", "samples", "sft", "chat", "eval", "rl")
@@ -262,8 +262,8 @@ def plan(device: torch.device, preset: str | None, time_budget_min: float | None
                             pretrain_overrides=dict(GPU_RECIPE_OVERRIDES.get(chosen, {})),
                             compile=pretrain_recipe(chosen).train.compile, background_cpu_work=True,
                             pretrain_train_share=0.82, sft_train_share=0.78, sft_max_length=1024,
-                            sft_max_prompt_length=512, sft_micro_batch_size=8, sft_mine_other_weight=0.1, eval_limit=0, eval_n=20,
-                            eval_tokens=512, funcall_tokens=256, funcall_eval_limit=0)
+                            sft_max_prompt_length=512, sft_micro_batch_size=8, sft_mine_other_weight=0.1,
+                            eval_limit=0, eval_n=20, eval_tokens=512, funcall_tokens=256, funcall_eval_limit=0)
     chosen = preset or "tiny"
     return SpeedrunPlan(chosen, time_budget_min or CPU_TIME_BUDGET_MIN, (stdlib,), dict(CPU_SHARES), max_files,
                         compile=pretrain_recipe(chosen).train.compile, compile_estimate_s=46.0)

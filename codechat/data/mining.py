@@ -459,6 +459,6 @@ class Decontaminator:
                 f"by {self.ngram}-gram overlap {r['by_rule'].get('ngram', 0)})")
 
 
-__all__ = ["MINED_PROMPT", "MINE_STYLES", "MiningCounts", "mine_records", "write_mined", "BenchmarkProblem", "humaneval_file", "humaneval_problems",
-           "mbpp_problems", "mbpp_held_out_task", "MBPP_SFT_SPLITS", "normalized_tokens", "ngrams",
+__all__ = ["MINED_PROMPT", "MINE_STYLES", "MiningCounts", "mine_records", "write_mined", "BenchmarkProblem",
+           "humaneval_file", "humaneval_problems", "mbpp_problems", "mbpp_held_out_task", "MBPP_SFT_SPLITS", "normalized_tokens", "ngrams",
            "conversation_text", "Overlap", "Decontaminator"]
