@@ -238,13 +238,15 @@ def write_mined(srcs: Sequence[str | os.PathLike], paths: Sequence[str | os.Path
     counts, outs = MiningCounts(), [Path(p) for p in paths]
     tmps = [p.with_name(f"{p.name}.tmp{os.getpid()}") for p in outs]
     n = [0] * len(outs)
+    part_of: dict[str, int] = {}  # a file's part, found once per file (its records come together)
     with ExitStack() as stack:
         for p in outs:
             p.parent.mkdir(parents=True, exist_ok=True)
         files = [stack.enter_context(open(t, "w", encoding="utf-8")) for t in tmps]
         for rec in mine_records(srcs, max_files=max_files, counts=counts, style=style, workers=workers):
-            where = Path(rec.source).resolve()
-            k = next((i for i in by_depth if where.is_relative_to(roots[i])), by_depth[-1])
+            if (k := part_of.get(rec.source)) is None:
+                where = Path(rec.source).resolve()
+                k = part_of[rec.source] = next((i for i in by_depth if where.is_relative_to(roots[i])), by_depth[-1])
             user, answer = rec.conversation.messages
             files[k].write(json.dumps({"prompt": user.content, "completion": answer.content,
                                        "id": f"{rec.source}:{rec.line}"}) + "\n")
@@ -460,5 +462,5 @@ class Decontaminator:
 
 
 __all__ = ["MINED_PROMPT", "MINE_STYLES", "MiningCounts", "mine_records", "write_mined", "BenchmarkProblem",
-           "humaneval_file", "humaneval_problems", "mbpp_problems", "mbpp_held_out_task", "MBPP_SFT_SPLITS", "normalized_tokens", "ngrams",
-           "conversation_text", "Overlap", "Decontaminator"]
+           "humaneval_file", "humaneval_problems", "mbpp_problems", "mbpp_held_out_task", "MBPP_SFT_SPLITS",
+           "normalized_tokens", "ngrams", "conversation_text", "Overlap", "Decontaminator"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -124,8 +123,7 @@ def _cli_run(args: argparse.Namespace) -> int:
     results = run_suite(model, tok, out_dir=args.out, suite=args.suite, split=args.split, stage=stage, mode=mode,
                         n=args.n, ks=args.k, limit=args.limit, temperature=args.temperature, top_p=args.top_p,
                         top_k=args.top_k, max_new_tokens=args.max_new_tokens, seed=args.seed, shots=args.shots,
-                        batch_size=args.batch_size, workers=args.workers or os.cpu_count() or 2,
-                        timeout_s=args.timeout,
+                        batch_size=args.batch_size, workers=args.workers, timeout_s=args.timeout,
                         memory_mb=args.memory_mb, model_id=f"{ckpt.resolve()}@{state.get('step')}",
                         progress=not args.quiet)
     print(format_summary(results))

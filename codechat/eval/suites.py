@@ -48,6 +48,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import textwrap
 import threading
 import time
@@ -327,7 +328,8 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
         limit: only the first ``limit`` problems. seed: base of every problem's seed (:func:`derive_seed`).
         shots: MBPP base-mode examples (0-3). batch_size: rows decoded at once, across problems
             (the engine's KV-cache slots; 0: the engine's default). Samples do not depend on it.
-        workers, timeout_s, memory_mb: sandbox judging (parallel programs, limits per program).
+        workers, timeout_s, memory_mb: sandbox judging (parallel programs, 0: one per CPU core;
+            limits per program).
         model_id: recorded, and compared on resume (e.g. the checkpoint path and step).
         sampler: replaces the model (tests feed known completions through the same path).
         box: a sandbox pool to reuse (default: one of ``workers`` fork servers, closed after).
@@ -341,8 +343,9 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
     """
     ks = check_ks(ks, n)
     mode = resolve_mode(mode, stage)
-    if batch_size < 0:
-        raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+    if batch_size < 0 or workers < 0:
+        raise ValueError(f"batch_size and workers must be >= 0, got {batch_size} and {workers}")
+    workers = workers or os.cpu_count() or 2
     if isinstance(suite, str):
         spec, problems = suite, load_problems(suite, split, limit=limit, shots=shots)
     else:
