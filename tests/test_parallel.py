@@ -93,48 +93,55 @@ from codechat.model import build_model
 from codechat.parallel import RankSlice, init_world
 from codechat.train.trainer import Trainer
 
-world = init_world("cpu")
-g = torch.Generator().manual_seed(1)
-# four sequences, 5 + 20 supervised tokens for rank 0 and 11 + 101 for rank 1 (shared/cases/05), in two micro-steps
-x = torch.randint(0, 64, (4, 128), generator=g)
-y = torch.randint(0, 64, (4, 128), generator=g)
-for row, n in enumerate((5, 11, 20, 101)):
-    y[row, n:] = -100
 
-class Global:  # global micro-batches of 2 rows: (5, 11) then (20, 101); rank r takes row r of each
-    i = 0
-    def next_batch(self):
-        b = Batch(x[self.i % 2 * 2: self.i % 2 * 2 + 2], y[self.i % 2 * 2: self.i % 2 * 2 + 2])
-        self.i += 1
-        return b
-    def state_dict(self): return {"i": self.i}
-    def load_state_dict(self, s): self.i = s["i"]
+# in a function, not module globals: the FSDP model (which holds the process group) is freed
+# before the interpreter shuts down
+def main():
+    world = init_world("cpu")
+    g = torch.Generator().manual_seed(1)
+    # four sequences, 5 + 20 supervised tokens for rank 0 and 11 + 101 for rank 1 (shared/cases/05), in two micro-steps
+    x = torch.randint(0, 64, (4, 128), generator=g)
+    y = torch.randint(0, 64, (4, 128), generator=g)
+    for row, n in enumerate((5, 11, 20, 101)):
+        y[row, n:] = -100
 
-cfg = ModelConfig(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_kv_head=2, max_seq_len=128)
-torch.manual_seed(0)
-model = build_model(cfg)
-strategy, _, dtype = sys.argv[1].partition("-")  # fsdp-bf16: FSDP gathering bf16 parameters
-seen = set()  # the dtype of a block's weight as its forward sees it
-model.layers[0].mlp.down_proj.register_forward_pre_hook(lambda m, a: seen.add(str(m.weight.dtype)))
-trainer = Trainer(model, train=TrainConfig(max_steps=3, micro_batch_size=1, grad_accum=2, parallel=strategy,
-                                           dtype=dtype or "auto"),
-                  optim=OptimConfig(lr=1e-2, warmup_steps=0), run=RunConfig(out=sys.argv[2]),
-                  batches=RankSlice(Global(), world), out_dir=sys.argv[2], show_progress=False, world=world)
-out = []
-for step in range(3):
-    stats = trainer.train_step([trainer.batches.next_batch() for _ in range(2)])
-    digest = hashlib.sha256(b"".join(p.detach().full_tensor().numpy().tobytes() if hasattr(p, "full_tensor")
-                                     else p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
-    digests = [None] * world.size
-    dist.all_gather_object(digests, digest)
-    out.append({"loss": float(stats["loss"]), "supervised": stats["supervised"], "same": len(set(digests)) == 1})
-shards = trainer.par.shards(trainer.optimizer)  # what this rank writes of a checkpoint
-held = [None] * world.size
-dist.all_gather_object(held, sum((t.to_local() if hasattr(t, "to_local") else t).numel()
-                                 for t in shards["model"].values()))
-if world.main:
-    print(json.dumps({"steps": out, "held": held, "seen": sorted(seen),
-                      "params": sorted({str(p.dtype) for p in model.parameters()})}))
+    class Global:  # global micro-batches of 2 rows: (5, 11) then (20, 101); rank r takes row r of each
+        i = 0
+        def next_batch(self):
+            b = Batch(x[self.i % 2 * 2: self.i % 2 * 2 + 2], y[self.i % 2 * 2: self.i % 2 * 2 + 2])
+            self.i += 1
+            return b
+        def state_dict(self): return {"i": self.i}
+        def load_state_dict(self, s): self.i = s["i"]
+
+    cfg = ModelConfig(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_kv_head=2, max_seq_len=128)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    strategy, _, dtype = sys.argv[1].partition("-")  # fsdp-bf16: FSDP gathering bf16 parameters
+    seen = set()  # the dtype of a block's weight as its forward sees it
+    model.layers[0].mlp.down_proj.register_forward_pre_hook(lambda m, a: seen.add(str(m.weight.dtype)))
+    trainer = Trainer(model, train=TrainConfig(max_steps=3, micro_batch_size=1, grad_accum=2, parallel=strategy,
+                                               dtype=dtype or "auto"),
+                      optim=OptimConfig(lr=1e-2, warmup_steps=0), run=RunConfig(out=sys.argv[2]),
+                      batches=RankSlice(Global(), world), out_dir=sys.argv[2], show_progress=False, world=world)
+    out = []
+    for step in range(3):
+        stats = trainer.train_step([trainer.batches.next_batch() for _ in range(2)])
+        digest = hashlib.sha256(b"".join(p.detach().full_tensor().numpy().tobytes() if hasattr(p, "full_tensor")
+                                         else p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+        digests = [None] * world.size
+        dist.all_gather_object(digests, digest)
+        out.append({"loss": float(stats["loss"]), "supervised": stats["supervised"], "same": len(set(digests)) == 1})
+    shards = trainer.par.shards(trainer.optimizer)  # what this rank writes of a checkpoint
+    held = [None] * world.size
+    dist.all_gather_object(held, sum((t.to_local() if hasattr(t, "to_local") else t).numel()
+                                     for t in shards["model"].values()))
+    if world.main:
+        print(json.dumps({"steps": out, "held": held, "seen": sorted(seen),
+                          "params": sorted({str(p.dtype) for p in model.parameters()})}))
+
+
+main()
 '''
 
 
