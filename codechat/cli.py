@@ -412,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .data import teacher, tokenizer_cli
     from .eval import cli as eval_cli
     from .serve import cli as serve_cli
-    from .train import plan
+    from .train import plan_cli
     parser = argparse.ArgumentParser(prog="codechat", description="Train your own code-chat model end to end.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_speedrun(sub)
@@ -422,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sft(sub)
     _add_rl(sub)
     _add_export(sub)
-    plan.add_cli(sub)
+    plan_cli.add_cli(sub)
     _add_sample(sub)
     _add_chat(sub)
     _add_funcall(sub)

@@ -226,6 +226,8 @@ class TrainConfig:
     parallel: str = "ddp"  # ddp | fsdp | hsdp: how a torchrun world shares the model (codechat.parallel)
     ac: str = "none"  # activation checkpointing: none | selective (attention + every other matmul kept) | full (every
     # block recomputed from its input in the backward pass); codechat.parallel.selective_contexts
+    cpu_offload: bool = False  # fsdp/hsdp: the parameter, gradient and optimizer shards live in host memory and AdamW
+    # steps on the CPU; each block is copied to the GPU for its forward and backward (FSDP2 CPUOffloadPolicy)
     pp: int = 1  # pipeline stages (--pp); the world's other factor, world_size / pp, is data parallel
     pp_schedule: str = "1f1b"  # gpipe | 1f1b (codechat.pipeline); only with pp > 1
     pp_microbatches: int = 0  # pipeline micro-batches each micro-batch is cut into; 0 -> pp. Divides micro_batch_size
@@ -247,6 +249,8 @@ class TrainConfig:
                f"train.compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got {self.compile_scope!r}")
         _check(self.parallel in PARALLEL_STRATEGIES,
                f"train.parallel must be one of {', '.join(PARALLEL_STRATEGIES)}, got {self.parallel!r}")
+        _check(not self.cpu_offload or (self.parallel in ("fsdp", "hsdp") and self.pp == 1),
+               "train.cpu_offload keeps FSDP's shards in host memory: it needs --parallel fsdp or hsdp, without --pp")
         _check(self.micro_batch_size > 0, f"train.micro_batch_size must be > 0, got {self.micro_batch_size}")
         _check(self.grad_accum > 0, f"train.grad_accum must be > 0, got {self.grad_accum}")
         _check(self.batch_size >= 0, f"train.batch_size must be >= 0, got {self.batch_size}")

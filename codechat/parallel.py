@@ -13,6 +13,7 @@ process group (NCCL on CUDA, gloo on CPU) and pins each rank to its GPU; :class:
   gradients reduce-scattered on the last micro-step only (``set_requires_gradient_sync``); in bf16
   training (``train.dtype`` auto on CUDA) each block's parameters are gathered in bf16 and its
   gradients reduce-scattered in fp32 (``MixedPrecisionPolicy``), the sharded copies staying fp32;
+  ``train.cpu_offload`` keeps the shards in host memory (``CPUOffloadPolicy``), AdamW stepping there;
 - ``hsdp``: the same, sharded within a node (``LOCAL_WORLD_SIZE`` ranks) and replicated across
   nodes, on a 2-D :class:`~torch.distributed.device_mesh.DeviceMesh` (``replicate``, ``shard``);
 - ``--pp N`` (``train.pp``): N pipeline stages x ``world_size / N`` data-parallel replicas of each
@@ -88,9 +89,11 @@ class World:
         return self.rank // self.dp_size
 
 
-def init_world(device: str = "auto", pp: int = 1) -> World:
+def init_world(device: str = "auto", pp: int = 1, cpu_collectives: bool = False) -> World:
     """The world of this process from ``torchrun``'s environment (one process without it), cut
-    into ``pp`` pipeline stages x ``size / pp`` data-parallel ranks.
+    into ``pp`` pipeline stages x ``size / pp`` data-parallel ranks. On GPUs the process group is
+    NCCL's; ``cpu_collectives`` adds gloo for tensors in host memory (``train.cpu_offload``:
+    the gradient norm over offloaded shards is reduced on the CPU).
 
     Raises:
         ConfigError: an inconsistent environment (``RANK`` outside ``WORLD_SIZE``, a node size
@@ -113,7 +116,8 @@ def init_world(device: str = "auto", pp: int = 1) -> World:
         dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", device_id=dev if dev.type == "cuda" else None)
+        backend = ("cuda:nccl,cpu:gloo" if cpu_collectives else "nccl") if dev.type == "cuda" else "gloo"
+        dist.init_process_group(backend, device_id=dev if dev.type == "cuda" else None)
         atexit.register(_close_world)
     return World(rank, size, local, local_size, dev, pp, distributed=True)
 
@@ -173,17 +177,25 @@ class Parallel:
     ``pp_microbatches`` (:class:`codechat.pipeline.Pipeline`): :attr:`model` is then this rank's
     stage (train and optimise it) and :attr:`eval_model` the whole model's forward through the stages.
     ``param_dtype`` (bf16 or None): what FSDP/HSDP gather the parameters in, gradients then reduced
-    in fp32 (None: the parameters' own fp32).
+    in fp32 (None: the parameters' own fp32). ``cpu_offload``: FSDP/HSDP keep the shards (and so
+    the gradients and the optimizer state built on them) in host memory, pinned on CUDA
+    (``CPUOffloadPolicy``); :attr:`offloaded` tells the trainer to build its optimizer there.
 
     Raises:
         ConfigError: an unknown strategy, HSDP in a world of one node, fewer layers than ``--pp``
-            stages, or ``--pp`` with sharded data parallelism.
+            stages, ``--pp`` with sharded data parallelism, or ``cpu_offload`` without FSDP/HSDP
+            under ``torchrun``.
     """
 
     def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp", ac: str = "none",
-                 pp_schedule: str = "1f1b", pp_microbatches: int = 1, param_dtype: torch.dtype | None = None) -> None:
+                 pp_schedule: str = "1f1b", pp_microbatches: int = 1, param_dtype: torch.dtype | None = None,
+                 cpu_offload: bool = False) -> None:
         if strategy not in STRATEGIES:
             raise ConfigError(f"--parallel must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        if cpu_offload and (strategy == "ddp" or not world.distributed or world.pp > 1):
+            raise ConfigError("train.cpu_offload keeps FSDP's shards in host memory: run under torchrun (even "
+                              "--nproc_per_node 1) with --parallel fsdp or hsdp and no --pp")
+        self.offloaded = cpu_offload
         self.model, self.world = model, world
         self.tied_head = bool(getattr(getattr(model, "cfg", None), "tie_embeddings", False))
         self.pipeline = None
@@ -214,7 +226,7 @@ class Parallel:
             self.module = DistributedDataParallel(model, device_ids=ids)
             return
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
         if self.strategy == "hsdp":
             if world.size == world.local_size:
                 raise ConfigError("--parallel hsdp replicates across nodes and shards within one; this world is a "
@@ -225,9 +237,10 @@ class Parallel:
             mesh = init_device_mesh(world.device.type, (world.size,))
         # bf16 training: gather the parameters in bf16, reduce-scatter the gradients in fp32
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+        off = CPUOffloadPolicy(pin_memory=world.device.type == "cuda") if cpu_offload else OffloadPolicy()
         for block in model.layers:
-            fully_shard(block, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+            fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=off)
+        fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=off)
 
     @property
     def sharded(self) -> bool:
@@ -289,11 +302,13 @@ class Parallel:
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip the gradients to total norm ``max_norm`` (over the whole model: every shard and
-        stage); returns the norm before clipping, a 0-d float32 tensor (no host sync)."""
+        stage); returns the norm before clipping, a 0-d float32 tensor on ``world.device`` (no
+        host sync, except to bring it from offloaded shards)."""
         if self.pipeline is not None:
             return self.pipeline.clip_grad_norm(max_norm)
         total = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        return total.full_tensor() if hasattr(total, "full_tensor") else total  # a DTensor under FSDP
+        total = total.full_tensor() if hasattr(total, "full_tensor") else total  # a DTensor under FSDP
+        return total.to(self.world.device)
 
     def barrier(self) -> None:
         if self.world.size > 1:

@@ -117,11 +117,12 @@ def main():
     cfg = ModelConfig(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_kv_head=2, max_seq_len=128)
     torch.manual_seed(0)
     model = build_model(cfg)
-    strategy, _, dtype = sys.argv[1].partition("-")  # fsdp-bf16: FSDP gathering bf16 parameters
+    strategy, _, variant = sys.argv[1].partition("-")  # fsdp-bf16: FSDP gathering bf16 parameters; fsdp-offload
     seen = set()  # the dtype of a block's weight as its forward sees it
     model.layers[0].mlp.down_proj.register_forward_pre_hook(lambda m, a: seen.add(str(m.weight.dtype)))
     trainer = Trainer(model, train=TrainConfig(max_steps=3, micro_batch_size=1, grad_accum=2, parallel=strategy,
-                                               dtype=dtype or "auto"),
+                                               dtype="bf16" if variant == "bf16" else "auto",
+                                               cpu_offload=variant == "offload"),
                       optim=OptimConfig(lr=1e-2, warmup_steps=0), run=RunConfig(out=sys.argv[2]),
                       batches=RankSlice(Global(), world), out_dir=sys.argv[2], show_progress=False, world=world)
     out = []
@@ -136,9 +137,11 @@ def main():
     held = [None] * world.size
     dist.all_gather_object(held, sum((t.to_local() if hasattr(t, "to_local") else t).numel()
                                      for t in shards["model"].values()))
+    state = model._get_fsdp_state()._fsdp_param_group if strategy == "fsdp" else None  # FSDP2's own record
     if world.main:
         print(json.dumps({"steps": out, "held": held, "seen": sorted(seen),
-                          "params": sorted({str(p.dtype) for p in model.parameters()})}))
+                          "params": sorted({str(p.dtype) for p in model.parameters()}),
+                          "offloaded": sorted({f.offload_to_cpu for f in state.fsdp_params}) if state else None}))
 
 
 main()
@@ -176,8 +179,33 @@ def test_steps_keep_ranks_identical_and_normalise_unequal_token_counts_globally(
     whole = sum(t.numel() for t in m.state_dict().values())
     if strategy.startswith("fsdp"):  # each rank writes its shard of the parameters
         assert sum(report["held"]) == whole and 0 < report["held"][0] < whole
+        assert report["offloaded"] == [False]
     else:  # replicas: each holds all (the checkpoint writes one copy)
         assert report["held"] == [whole, whole]
+
+
+def test_fsdp_with_cpu_offload_trains_like_fsdp_and_refuses_what_it_cannot_do(tmp_path, pretrain_args):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    reports = {}
+    for variant in ("fsdp", "fsdp-offload"):
+        p = subprocess.run(TORCHRUN + [str(script), variant, str(tmp_path / variant)], capture_output=True, text=True,
+                           timeout=240, env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        assert p.returncode == 0, p.stderr[-3000:]
+        reports[variant] = json.loads(p.stdout.strip().splitlines()[-1])
+    off = reports["fsdp-offload"]
+    assert off["offloaded"] == [True]  # every parameter's shard lives in host memory
+    assert [s["same"] for s in off["steps"]] == [True] * 3
+    # the optimizer steps on the host copies: the same losses as FSDP on the device, step after step
+    assert [s["loss"] for s in off["steps"]] == pytest.approx([s["loss"] for s in reports["fsdp"]["steps"]],
+                                                              rel=1e-6)
+    assert off["held"] == reports["fsdp"]["held"]
+    # what offload cannot do is said before step 0: Muon (the tiny recipe's optimizer), DDP, one process
+    for extra, message in ((["--parallel", "fsdp"], "use --optim.name adamw with offload"),
+                           (["--parallel", "ddp"], "it needs --parallel fsdp or hsdp"),
+                           (["--parallel", "fsdp", "--optim.name", "adamw"], "run under torchrun")):
+        bad = run(pretrain_args(tmp_path / "bad", 2, "--train.cpu_offload", "true", *extra))
+        assert bad.returncode != 0 and message in bad.stderr, bad.stderr[-2000:]
 
 
 @pytest.mark.parametrize("extra, message", [

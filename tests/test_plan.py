@@ -234,3 +234,26 @@ def test_blocks_only_compilation_plans_the_head_and_the_peak_as_eager():
     # the eager peak holds the gradients beside the backward's working set; the compiled one does not
     assert blocks.tensors >= blocks.weights + blocks.optimizer + blocks.grads + blocks.activations + blocks.logits
     assert whole.tensors < whole.weights + whole.optimizer + whole.grads + whole.activations + whole.logits
+
+
+def test_cpu_offload_moves_the_model_states_to_host_memory(capsys):
+    from dataclasses import replace
+    fsdp = PlanConfig(model=preset("8b"), gpus=8, parallel="fsdp", **SEED)
+    on_gpu, off = estimate(fsdp), estimate(replace(fsdp, cpu_offload=True))
+    assert states(off) == 0 and off.host == pytest.approx(states(on_gpu))  # 16 bytes per parameter / 8 ranks
+    assert off.host == pytest.approx(16 * param_counts(preset("8b")).total / 8)
+    assert (off.activations, off.logits, off.buffers) == (on_gpu.activations, on_gpu.logits, on_gpu.buffers)
+    assert off.total < on_gpu.total / 2
+    # 8b on one 80 GB GPU fits nowhere without offload; offloaded, it fits and the recommendation says so
+    one = PlanConfig(model=preset("8b"), **SEED)
+    assert "needs about 2 GPUs of 80 GiB; or, at AdamW's speed on the CPU, --parallel fsdp --ac full " \
+           "--train.cpu_offload true at micro-batch 1 fits now" in recommend(one)
+    with pytest.raises(ConfigError, match="train.cpu_offload needs --parallel fsdp or hsdp"):
+        PlanConfig(model=preset("8b"), cpu_offload=True)
+    with pytest.raises(ConfigError, match="optim.name adamw"):
+        PlanConfig(model=preset("8b"), gpus=8, parallel="fsdp", optim="muon", cpu_offload=True)
+    args = ["plan", "--preset", "8b", "--gpus", "8", "--parallel", "fsdp", "--gpu-mem-gb", "80",
+            "--train.cpu_offload", "true", "--optim.name", "adamw"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "host memory per rank (--train.cpu_offload): " in out and "\n  ddp " in out  # DDP's row, unoffloaded

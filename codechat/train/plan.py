@@ -36,6 +36,8 @@ parallel ranks for FSDP, the ranks of one node for HSDP), ``tokens = micro_batch
   Nesterov update and its stack in ``grad_bytes``, three bf16 iterates);
 - margin: ``context_gib`` (CUDA context, cuBLAS workspaces, NCCL buffers) plus ``fragmentation``
   of the tensors (the caching allocator's reserved-over-allocated share).
+- ``cpu_offload`` (FSDP/HSDP, AdamW): weights, grads, optimizer and master shards move to host
+  memory (``Estimate.host``, per rank); the GPU keeps the activations, logits and FSDP's buffers.
 
 Peak = weights + grads + optimizer + master + max(activations + logits + buffers, step) + margin:
 a conservative upper bound for an eager step, since with ``zero_grad(set_to_none=True)`` gradients
@@ -65,7 +67,6 @@ this planner models; the GPU runs of the parallel layer are the check that matte
 """
 from __future__ import annotations
 
-import argparse
 import warnings
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -124,6 +125,7 @@ class PlanConfig:
     compute_bytes: int = 2  # activations and matmul inputs: bf16 autocast on CUDA (train.dtype auto)
     compiled: bool = False  # the step runs under torch.compile (train.compile): see activation_bytes
     compiled_blocks_only: bool = False  # train.compile_scope "blocks": the head and loss run eager
+    cpu_offload: bool = False  # train.cpu_offload: FSDP/HSDP shards in host memory (AdamW only)
     gpu_mem_gib: float = DEFAULT_GPU_MEM_GIB
     context_gib: float = 1.0  # CUDA context + cuBLAS workspaces + NCCL buffers per GPU
     fragmentation: float = 0.1  # allocator reserve, as a share of the tensors' bytes
@@ -150,6 +152,8 @@ class PlanConfig:
         _check(self.master_bytes in (0, 4), f"master_bytes must be 0 (none) or 4 (fp32), got {self.master_bytes}")
         _check(not (self.master_bytes and self.param_bytes == 4),
                "an fp32 master copy of fp32 weights holds nothing new: use --master-weights with --param-dtype bf16")
+        _check(not self.cpu_offload or (self.parallel != "ddp" and self.pp == 1 and self.optim == "adamw"),
+               "train.cpu_offload needs --parallel fsdp or hsdp, no --pp, and optim.name adamw")
         _check(self.gpu_mem_gib > 0 and self.context_gib >= 0 and 0 <= self.fragmentation < 1,
                "gpu_mem_gib must be > 0, context_gib >= 0 and fragmentation in [0, 1)")
 
@@ -245,6 +249,7 @@ class Estimate:
     step: float
     margin: float
     compiled: bool = False  # peak before any gradient exists (see the module docstring)
+    host: float = 0.0  # bytes of model states offloaded to host memory (cpu_offload), per rank
 
     @property
     def layout(self) -> str:
@@ -299,9 +304,12 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
         buffers = (matrices + (counts.head_matrix if last else 0)) * c
     else:
         buffers = 0
-    est = Estimate(cfg.parallel, cfg.pp, params * cfg.param_bytes / shard,
-                   params * cfg.grad_bytes / shard, optimizer / shard, params * cfg.master_bytes / shard,
-                   float(acts), logits, float(buffers), step, 0.0, whole)
+    states = (params * cfg.param_bytes / shard, params * cfg.grad_bytes / shard, optimizer / shard,
+              params * cfg.master_bytes / shard)
+    host = sum(states) if cfg.cpu_offload else 0.0
+    if cfg.cpu_offload:
+        states = (0.0,) * 4
+    est = Estimate(cfg.parallel, cfg.pp, *states, float(acts), logits, float(buffers), step, 0.0, whole, host)
     return replace(est, margin=cfg.context_gib * GIB + cfg.fragmentation * est.tensors)
 
 
@@ -358,11 +366,19 @@ def recommend(cfg: PlanConfig) -> str:
             lead = "a cheaper layout fits too" if asked_fits else "use"
             return f"{lead}: {_flags(cand, cfg)} (about {est.total / GIB:.1f} GiB per GPU)."
     floor = replace(cfg, parallel="fsdp", ac="full", pp=1, micro_batch_size=1)
+    offload = ""
+    if cfg.optim == "adamw" and not cfg.cpu_offload:
+        off = replace(floor, cpu_offload=True)
+        est = estimate(off)
+        if fits(off, est):
+            offload = (f"; or, at AdamW's speed on the CPU, --parallel fsdp --ac full --train.cpu_offload true "
+                       f"at micro-batch 1 fits now (about {est.total / GIB:.1f} GiB per GPU, "
+                       f"{est.host / GIB:.1f} GiB of host memory per rank)")
     for k in range(1, 15):
         big = replace(floor, gpus=cfg.gpus * 2 ** k)
         if fits(big, estimate(big)):
             return (f"nothing fits on {cfg.gpus} GPU(s): --parallel fsdp --ac full at micro-batch 1 needs about "
-                    f"{big.gpus} GPUs of {cfg.gpu_mem_gib:.0f} GiB.")
+                    f"{big.gpus} GPUs of {cfg.gpu_mem_gib:.0f} GiB{offload}.")
     return "nothing fits: the LM head and the logits alone exceed one GPU; lower data.seq_len."
 
 
@@ -381,8 +397,8 @@ def format_plan(cfg: PlanConfig) -> str:
              f"{'GiB per GPU':<19}" + "".join(f"{n:>8}" for n in COLUMNS.values()) + "   total"]
     for pp in sorted({1, cfg.pp}):
         for strategy in STRATEGIES:
-            try:
-                alt = replace(cfg, parallel=strategy, pp=pp)
+            try:  # offload is FSDP's: the DDP and pipeline rows are without it
+                alt = replace(cfg, parallel=strategy, pp=pp, cpu_offload=cfg.cpu_offload and strategy != "ddp" and pp == 1)
             except ConfigError:
                 continue
             if strategy == "hsdp" and alt.shard == alt.dp and cfg.parallel != "hsdp":
@@ -391,6 +407,8 @@ def format_plan(cfg: PlanConfig) -> str:
             mark = "*" if (strategy, pp) == (cfg.parallel, cfg.pp) else " "
             lines.append(f"{mark} {e.layout:<17}" + "".join(f"{getattr(e, n) / GIB:8.1f}" for n in COLUMNS)
                          + f"{e.total / GIB:8.1f}" + ("  fits" if fits(alt, e) else "  too big"))
+    if cfg.cpu_offload:
+        lines.append(f"host memory per rank (--train.cpu_offload): {estimate(cfg).host / GIB:.1f} GiB of model states")
     lines += [verdict(cfg), f"recommendation: {recommend(cfg)}"]
     return "\n".join(lines)
 
@@ -408,6 +426,7 @@ def plan_config(model: ModelConfig, train: TrainConfig, optim: OptimConfig, seq_
     """The :class:`PlanConfig` of a training run's settings; ``layout`` sets the other fields."""
     layout.setdefault("compiled", train.compile)
     layout.setdefault("compiled_blocks_only", train.compile and train.compile_scope == "blocks")
+    layout.setdefault("cpu_offload", train.cpu_offload)
     return PlanConfig(model=model, micro_batch_size=train.micro_batch_size, seq_len=seq_len, optim=optim.name,
                       compute_bytes=DTYPE_BYTES["fp32" if train.dtype == "fp32" else "bf16"], **layout)
 
@@ -419,8 +438,9 @@ def print_plan(cfg: PlanConfig, echo: Callable[[str], None] = print) -> Estimate
         ("weights", e.weights), ("grads", e.grads), ("optimizer", e.optimizer + e.master),
         ("activations", e.activations), ("logits", e.logits), ("buffers", max(e.buffers, e.step)),
         ("margin", e.margin)))
+    host = f"; {e.host / GIB:.1f} GiB offloaded to host memory" if cfg.cpu_offload else ""
     echo(f"memory plan: ~{e.total / GIB:.1f} GiB per GPU of {cfg.gpu_mem_gib:.1f} GiB ({e.layout}, --ac {cfg.ac}; "
-         f"{parts}); see `codechat plan`")
+         f"{parts}{host}); see `codechat plan`")
     return e
 
 
@@ -466,52 +486,6 @@ def check_training_memory(model: ModelConfig, train: TrainConfig, optim: OptimCo
     return est
 
 
-def add_cli(sub: Any) -> None:
-    """Register ``codechat plan`` on the ``codechat`` subparsers."""
-    from ..config import PRESETS
-    p = sub.add_parser("plan", help="estimate per-GPU memory of a training layout (no GPU needed)",
-                       description="Per-GPU memory (weights, grads, optimizer, master copy, activations, logits, "
-                                   "buffers, margin) of pretraining --preset under DDP, FSDP, HSDP and --pp stages, "
-                                   "a verdict against --gpu-mem-gb and a recommendation. Training settings are spelled "
-                                   "as in `codechat pretrain` (--train.micro_batch_size 1 --data.seq_len 2048 "
-                                   "--optim.name muon). The vocabulary is the tokenizer's (--data.tokenizer_dir) or "
-                                   "the one pretraining would train (--data.vocab_size), unless --model.vocab_size "
-                                   "is given. Exit code 0: fits, 1: does not.")
-    p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model shape and its recipe (default tiny)")
-    p.add_argument("--config", help="YAML file of settings, applied over the preset")
-    p.add_argument("--gpus", type=int, default=1, help="world size (default 1)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs of one node, HSDP's shard group (default 8)")
-    p.add_argument("--parallel", choices=STRATEGIES, default="ddp", help="data-parallel strategy (default ddp)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
-    p.add_argument("--ac", choices=AC_MODES, default="none", help="activation checkpointing (default none)")
-    p.add_argument("--gpu-mem-gb", type=float,
-                   help="memory of one GPU in GiB (default: this machine's CUDA device, else "
-                        f"{DEFAULT_GPU_MEM_GIB:.0f})")
-    p.add_argument("--param-dtype", choices=list(DTYPE_BYTES), default="fp32", help="stored weights (default fp32, "
-                   "codechat's trainer; the seed: bf16)")
-    p.add_argument("--grad-dtype", choices=list(DTYPE_BYTES), help="stored gradients (default: the weights' dtype)")
-    p.add_argument("--master-weights", action="store_true", help="an fp32 master copy of bf16 weights (the seed's)")
-    p.set_defaults(func=_cmd_plan, accepts_overrides=True)
-
-
-def _cmd_plan(args: argparse.Namespace, overrides: dict[str, str]) -> int:
-    from ..config import PretrainConfig, load, pretrain_recipe
-    run = load(PretrainConfig, args.config, overrides, base=pretrain_recipe(args.preset))
-    model = run.model
-    if "model.vocab_size" not in overrides:  # pretraining takes the vocabulary from its tokenizer
-        from ..tokenizer import Tokenizer
-        vocab = Tokenizer.load(run.data.tokenizer_dir).vocab_size if run.data.tokenizer_dir else run.data.vocab_size
-        model = replace(model, vocab_size=vocab)
-    mem = args.gpu_mem_gb if args.gpu_mem_gb is not None else (device_memory_gib() or DEFAULT_GPU_MEM_GIB)
-    cfg = plan_config(model, run.train, run.optim, run.data.seq_len, gpus=args.gpus,
-                      gpus_per_node=args.gpus_per_node, parallel=args.parallel, pp=args.pp, ac=args.ac,
-                      gpu_mem_gib=mem, param_bytes=DTYPE_BYTES[args.param_dtype],
-                      grad_bytes=DTYPE_BYTES[args.grad_dtype or args.param_dtype],
-                      master_bytes=FP32 if args.master_weights else 0)
-    print(format_plan(cfg))
-    return 0 if fits(cfg, estimate(cfg)) else 1
-
-
 __all__ = ["PlanConfig", "ParamCounts", "Estimate", "STRATEGIES", "AC_MODES", "param_counts", "activation_bytes",
            "estimate", "fits", "recommend", "verdict", "format_plan", "plan_config", "print_plan", "warn_if_exceeds",
-           "device_memory_gib", "check_training_memory", "add_cli"]
+           "device_memory_gib", "check_training_memory"]

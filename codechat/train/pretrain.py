@@ -71,7 +71,7 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True) -> dict[str
     """
     out = Path(cfg.run.out)
     out.mkdir(parents=True, exist_ok=True)
-    world = init_world(cfg.run.device, cfg.train.pp)
+    world = init_world(cfg.run.device, cfg.train.pp, cpu_collectives=cfg.train.cpu_offload)
     show_progress = show_progress and world.main
     torch.manual_seed(cfg.run.seed)
     init_dir = None

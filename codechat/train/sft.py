@@ -69,7 +69,7 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
     if missing:
         raise ConfigError("; ".join(missing))
     out = Path(cfg.run.out)
-    world = init_world(cfg.run.device, cfg.train.pp)
+    world = init_world(cfg.run.device, cfg.train.pp, cpu_collectives=cfg.train.cpu_offload)
     device = world.device
     show_progress = show_progress and world.main
     say = print if world.main else (lambda *a, **k: None)

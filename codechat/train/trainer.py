@@ -118,9 +118,12 @@ class Trainer:
         self.device = next(model.parameters()).device
         self.world = world or World(device=self.device)
         # before the optimizer: FSDP swaps parameters, a pipeline keeps this rank's stage
+        if train.cpu_offload and optim.name == "muon":
+            raise ConfigError("train.cpu_offload with optim.name muon: Muon's Newton-Schulz iterations would run on "
+                              "the CPU over every matrix; use --optim.name adamw with offload")
         self.par = Parallel(model, self.world, train.parallel, train.ac, train.pp_schedule, train.pipeline_microbatches,
-                            param_dtype=compute_dtype(self.device, train.dtype))
-        self.optimizer = build_optimizer(self.par.model, optim, self.device)
+                            param_dtype=compute_dtype(self.device, train.dtype), cpu_offload=train.cpu_offload)
+        self.optimizer = build_optimizer(self.par.model, optim, torch.device("cpu") if self.par.offloaded else self.device)
         # a pipeline's schedule calls its stage, so there the blocks are compiled on their own
         compile_whole = train.compile and train.compile_scope == "model" and self.par.pipeline is None
         self.forward = torch.compile(self.par.module) if compile_whole else self.par.module
