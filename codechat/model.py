@@ -240,6 +240,14 @@ class GPT(nn.Module):
         x = self.embed_tokens(idx)
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, cache, i, mask)
+        return self.head(x, labels, reduction)
+
+    def head(self, x: torch.Tensor, labels: torch.Tensor | None, reduction: str = "sum") -> torch.Tensor:
+        """The final norm, the LM head and, with ``labels``, the cross-entropy: :meth:`forward`
+        from the last block's output ``x`` (B, T, n_embd) on. A method of its own so that regional
+        compilation (``train.compile_scope`` ``blocks``) compiles it beside the blocks: Inductor
+        then fuses the fp32 upcast into the loss, as when the whole model is compiled."""
+        B, T = x.shape[:2]
         logits = logits_fp32(self.norm(x), self.lm_head.weight)
         if labels is None:
             return logits

@@ -217,20 +217,22 @@ def test_training_check_prints_one_line_on_cuda_and_nothing_on_cpu(monkeypatch):
     assert est == estimate(PlanConfig(model=preset("8b"), micro_batch_size=2, seq_len=2048))  # the run's settings
 
 
-def test_blocks_only_compilation_plans_the_head_and_the_peak_as_eager():
-    """``train.compile_scope blocks`` compiles the blocks but not the head: the plan counts the
-    blocks' compiled activations, the eager fp32 logits copies, and the eager peak (grads held)."""
+def test_regional_compilation_plans_compiled_activations_and_the_eager_peak():
+    """``train.compile_scope blocks`` compiles each block and the head apart: the plan counts the
+    compiled activations and logits of the whole-model compile, but the eager peak (grads held),
+    since no graph spans the step; with ``--pp`` the head runs eager (fp32 logits copies)."""
     from codechat.config import TrainConfig
-    from codechat.train.plan import FP32, LOGITS_FP32_COPIES, plan_config
+    from codechat.train.plan import FP32, LOGITS_FP32_COPIES, _stage, plan_config
     m = preset("d20", vocab_size=32768)
     whole, blocks = (estimate(plan_config(m, TrainConfig(max_steps=1, micro_batch_size=16, compile=True,
                                                          compile_scope=scope), OptimConfig(), 2048))
                      for scope in ("model", "blocks"))
     tokens = 16 * 2048
     assert whole.compiled and not blocks.compiled
-    assert whole.logits == 2 * tokens * 32768 and blocks.logits == LOGITS_FP32_COPIES * FP32 * tokens * 32768
-    # the blocks' activations are the compiled ones in both; only the final norm's input differs
-    assert 0 < blocks.activations - whole.activations <= tokens * m.n_embd * 2
+    assert whole.logits == blocks.logits == 2 * tokens * 32768 and whole.activations == blocks.activations
+    staged = PlanConfig(model=m, micro_batch_size=16, seq_len=2048, compiled=True, pp=2, gpus=2)
+    last = _stage(staged, param_counts(m), first=False, last=True)  # the stage that holds the head
+    assert last.logits == LOGITS_FP32_COPIES * FP32 * tokens * 32768
     # the eager peak holds the gradients beside the backward's working set; the compiled one does not
     assert blocks.tensors >= blocks.weights + blocks.optimizer + blocks.grads + blocks.activations + blocks.logits
     assert whole.tensors < whole.weights + whole.optimizer + whole.grads + whole.activations + whole.logits

@@ -383,8 +383,8 @@ def test_activation_checkpointing_under_torch_compile_trains_as_without_it(tmp_p
 
 
 def test_compile_scope_blocks_compiles_each_block_and_trains_as_eager(tmp_path, monkeypatch):
-    """``train.compile_scope blocks`` (regional compilation) wraps every transformer block in its
-    own compiled call and leaves the model itself uncompiled; the losses are the eager ones
+    """``train.compile_scope blocks`` (regional compilation) wraps every transformer block, and the
+    head with its loss, in compiled calls of their own and leaves the model itself uncompiled; the losses are the eager ones
     (``aot_eager`` backend, as above, to keep Inductor's C++ builds out of the suite)."""
     from codechat.config import ConfigError
     compile_ = torch.compile
@@ -401,8 +401,9 @@ def test_compile_scope_blocks_compiles_each_block_and_trains_as_eager(tmp_path, 
         losses[scope] = [float(t.train_step([b])["loss"]) for b in batches]
         if on:
             assert t.forward is t.par.module  # the model itself is not compiled
-            assert len(compiled) == len(t.model.layers) and all(b._compiled_call_impl is not None
-                                                               for b in t.model.layers)
+            assert len(compiled) == len(t.model.layers) + 1 and all(b._compiled_call_impl is not None
+                                                                   for b in t.model.layers)
+            assert compiled[-1] == type(t.model).head.__get__(t.model) and t.model.head is not compiled[-1]
     assert np.allclose(losses["blocks"], losses["model"], rtol=1e-5, atol=1e-6)
     with pytest.raises(ConfigError, match="train.compile_scope must be one of model, blocks"):
         TrainConfig(max_steps=1, compile_scope="layers")

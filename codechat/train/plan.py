@@ -43,9 +43,11 @@ Peak = weights + grads + optimizer + master + max(activations + logits + buffers
 a conservative upper bound for an eager step, since with ``zero_grad(set_to_none=True)`` gradients
 are allocated as activations are freed. A compiled step (``train.compile``) peaks as its backward
 starts, before any gradient exists: weights + optimizer + master + max(activations + logits +
-buffers, grads + step) + margin (with ``--pp`` stages, or ``train.compile_scope`` ``blocks``, only
-the blocks are compiled: their activations are the compiled ones, the rest is counted as eager). Measured on an H200 (``benchmarks/RESULTS.md``), that is within
-1% of ``torch.cuda.max_memory_allocated`` for d20 and 1b at micro-batches 8-32 x 2048.
+buffers, grads + step) + margin. With ``--pp`` stages only the blocks are compiled (their
+activations are the compiled ones, the head's are eager); ``train.compile_scope`` ``blocks``
+compiles the head too (compiled logits) but has no whole-step graph: the peak is the eager one.
+Measured on an H200 (``benchmarks/RESULTS.md``), the whole-model compiled plan is within 1% of
+``torch.cuda.max_memory_allocated`` for d20 and 1b at micro-batches 8-32 x 2048.
 
 Dtypes: the defaults are codechat's trainer (``Trainer``, :func:`codechat.device.autocast_for`):
 fp32 weights, fp32 gradients, fp32 AdamW state, no master copy, bf16 autocast on CUDA: 4 + 4 + 8 = 16
@@ -124,7 +126,7 @@ class PlanConfig:
     state_bytes: int = 4  # each optimizer state element (fp32)
     compute_bytes: int = 2  # activations and matmul inputs: bf16 autocast on CUDA (train.dtype auto)
     compiled: bool = False  # the step runs under torch.compile (train.compile): see activation_bytes
-    compiled_blocks_only: bool = False  # train.compile_scope "blocks": the head and loss run eager
+    compiled_blocks_only: bool = False  # train.compile_scope "blocks": blocks and head compiled apart (eager peak)
     cpu_offload: bool = False  # train.cpu_offload: FSDP/HSDP shards in host memory (AdamW only)
     gpu_mem_gib: float = DEFAULT_GPU_MEM_GIB
     context_gib: float = 1.0  # CUDA context + cuBLAS workspaces + NCCL buffers per GPU
@@ -292,12 +294,14 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
     if cfg.ac != "none":  # the one block recomputed during its backward
         acts += tokens * activation_bytes(m, "none", r, c, cfg.compiled)
     logits = 0.0
-    # with stages (or compile_scope "blocks") the trainer compiles each block and the head runs eager
-    whole = cfg.compiled and cfg.pp == 1 and not cfg.compiled_blocks_only
+    # with stages the trainer compiles each block and the head runs eager; compile_scope "blocks"
+    # compiles the head (GPT.head) as a region of its own, but no graph spans the whole step
+    head_compiled = cfg.compiled and cfg.pp == 1
+    whole = head_compiled and not cfg.compiled_blocks_only
     if last:  # final norm input (eager: and its cast output), fp32 statistics, the (B, T, V) logits
         # (compiled: the norm's rstd and the loss's two per-token statistics)
-        acts += tokens * (m.n_embd * r + FP32 * 3 if whole else m.n_embd * (r + c) + FP32)
-        logits = float((c if whole else LOGITS_FP32_COPIES * FP32) * tokens * m.vocab_size)
+        acts += tokens * (m.n_embd * r + FP32 * 3 if head_compiled else m.n_embd * (r + c) + FP32)
+        logits = float((c if head_compiled else LOGITS_FP32_COPIES * FP32) * tokens * m.vocab_size)
     if sharded:
         buffers = 2 * counts.block * c + counts.block * (c + cfg.grad_bytes) + root * 2 * c
     elif c < cfg.param_bytes:

@@ -131,6 +131,8 @@ class Trainer:
             layers = self.par.model.layers  # a pipeline stage keeps its blocks by their model index
             for block in (layers.values() if isinstance(layers, torch.nn.ModuleDict) else layers):
                 block.compile()
+            if self.par.pipeline is None:  # and the final norm, head and loss (GPT.head) on their own
+                self.par.model.head = torch.compile(self.par.model.head)
         self.step, self.elapsed_s = 0, 0.0
         self.last: dict[str, Any] = {}
         self.peak = peak_flops(self.device)
