@@ -329,7 +329,7 @@ def normalized_tokens(text: str) -> list[str]:
 
 def ngrams(tokens: Sequence[str], n: int) -> set[tuple[str, ...]]:
     """The distinct ``n``-grams of ``tokens`` (empty when there are fewer than ``n`` tokens)."""
-    return {tuple(tokens[k:k + n]) for k in range(len(tokens) - n + 1)}
+    return set(zip(*(tokens[k:] for k in range(n))))  # the tuples built in C, not sliced one by one
 
 
 def conversation_text(conv: Conversation) -> str:
@@ -421,8 +421,8 @@ class Decontaminator:
         (of equal shares, the first problem's first part: prompt, tests, solution)."""
         text = conv if isinstance(conv, str) else conversation_text(conv)
         hits: Counter[int] = Counter()
-        for g in ngrams(normalized_tokens(text), self.ngram):
-            for pid in self._index.get(g, ()):
+        for g in ngrams(normalized_tokens(text), self.ngram) & self._index.keys():  # the shared few, found in C
+            for pid in self._index[g]:
                 hits[pid] += 1
         best: Overlap | None = None
         for pid, n in sorted(hits.items()):  # ties go to the first part, whatever the set's hash order
