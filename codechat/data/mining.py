@@ -381,6 +381,7 @@ class Decontaminator:
                 self.parts.append((p.id, part, len(grams)))
                 for g in grams:
                     self._index.setdefault(g, []).append(pid)
+        self._grams = frozenset(self._index)  # a set's intersection with a set runs in C (with dict keys it copies)
         self.mbpp_sources = [str(f) for f in mbpp_sources]
         self.counts: Counter[str] = Counter()
         self.by_rule: Counter[str] = Counter()
@@ -421,7 +422,7 @@ class Decontaminator:
         (of equal shares, the first problem's first part: prompt, tests, solution)."""
         text = conv if isinstance(conv, str) else conversation_text(conv)
         hits: Counter[int] = Counter()
-        for g in ngrams(normalized_tokens(text), self.ngram) & self._index.keys():  # the shared few, found in C
+        for g in ngrams(normalized_tokens(text), self.ngram) & self._grams:  # the shared few
             for pid in self._index[g]:
                 hits[pid] += 1
         best: Overlap | None = None
