@@ -8,6 +8,9 @@ import lzma
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from .data.corpus import read_split
+from .tokenizer import Tokenizer
+
 
 def compression_baselines(docs: Sequence[bytes]) -> dict[str, float]:
     """Bits per byte of classic compressors on the validation documents.
@@ -26,6 +29,24 @@ def compression_baselines(docs: Sequence[bytes]) -> dict[str, float]:
             "gzip_concat_bpb": 8 * len(gzip.compress(joined, compresslevel=9, mtime=0)) / total,
             "xz_concat_bpb": 8 * len(lzma.compress(joined, preset=9)) / total,
             "val_bytes": total, "val_documents": len(docs)}
+
+
+def validation_baselines(run: Path) -> dict[str, float]:
+    """:func:`compression_baselines` of run directory ``run``'s validation documents."""
+    return compression_baselines(_val_documents(Tokenizer.load(run / "tokenizer"), run / "data"))
+
+
+def _val_documents(tok: Tokenizer, data_dir: Path) -> list[bytes]:
+    """The validation documents as UTF-8 bytes, decoded back from the shards (split on ``<|end|>``)."""
+    docs: list[bytes] = []
+    for shard in read_split(data_dir, "val"):
+        ids = shard.tolist()
+        start = 0
+        for i, t in enumerate(ids):
+            if t == tok.end_id:
+                docs.append(tok.decode(ids[start:i]).encode("utf-8"))
+                start = i + 1
+    return docs
 
 
 def parses_after_dropping_last_line(code: str) -> bool:

@@ -51,9 +51,8 @@ from .data.sources import iter_split_texts
 from .completion import best_completion, sample_completions
 from .engine import Engine, EngineConfig, SamplingConfig
 from .atomic import write_text
-from .report import (compression_baselines, parses_after_dropping_last_line, plot_loss, read_metrics,
-                     speedrun_report)
-from .tokenizer import Tokenizer, train_tokenizer
+from .report import parses_after_dropping_last_line, plot_loss, read_metrics, speedrun_report, validation_baselines
+from .tokenizer import train_tokenizer
 from .data.windows import eval_windows
 from .train.pretrain import bpb_evaluator, run_pretrain
 from .train.sft import run_sft
@@ -486,21 +485,3 @@ def _full_split_bpb(stage: Path, data_dir: Path, cfg: PretrainConfig, device: to
 def _median(xs: list[float]) -> float | None:
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else None
-
-
-def validation_baselines(run: Path) -> dict[str, float]:
-    """:func:`~codechat.report.compression_baselines` of run directory ``run``'s validation documents."""
-    return compression_baselines(_val_documents(Tokenizer.load(run / "tokenizer"), run / "data"))
-
-
-def _val_documents(tok: Tokenizer, data_dir: Path) -> list[bytes]:
-    """The validation documents as UTF-8 bytes, decoded back from the shards (split on ``<|end|>``)."""
-    docs: list[bytes] = []
-    for shard in read_split(data_dir, "val"):
-        ids = shard.tolist()
-        start = 0
-        for i, t in enumerate(ids):
-            if t == tok.end_id:
-                docs.append(tok.decode(ids[start:i]).encode("utf-8"))
-                start = i + 1
-    return docs

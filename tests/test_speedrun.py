@@ -200,7 +200,8 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
     from codechat.config import SFTConfig
     from codechat.data.mining import mine_records
     from codechat.data.mixture import Mixture
-    from codechat.speedrun import Speedrun, validation_baselines
+    from codechat.report import validation_baselines
+    from codechat.speedrun import Speedrun
     from codechat.speedrun_plan import plan
     run = tmp_path / "run"
     shutil.copytree(tok_dir, run / "tokenizer")
