@@ -10,9 +10,11 @@ tokens, after warm-up steps, and prints one line per figure.
 
 Under ``torchrun`` the model is wrapped for ``--parallel`` even in a world of one (NCCL on CUDA),
 so the DDP / FSDP paths can be timed against the plain one on a single GPU; ``--ac full``
-recomputes every block in the backward pass; ``--compile-scope blocks`` compiles each block on its
-own instead of the whole model (regional compilation, ``train.compile_scope``). Figures:
-``first_step_s`` (the first warm-up step: the compile included), ``tokens_per_s`` (all ranks), ``mfu``,
+recomputes every block in the backward pass; ``--compile-scope blocks`` compiles each block, and
+the head with its loss, on its own instead of the whole model (regional compilation,
+``train.compile_scope``). Figures: ``first_step_s`` (the first warm-up step: the compile included;
+to compare scopes, run each with ``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``, or the second finds the
+first's kernels in Inductor's cache), ``tokens_per_s`` (all ranks), ``mfu``,
 ``peak_memory_gib`` (``torch.cuda.max_memory_allocated`` over the timed steps, rank 0) and
 ``plan_tensors_gib`` (the memory planner's peak of tensors for the same settings, margin left out,
 :mod:`codechat.train.plan`) with their ratio ``plan_over_measured``.
