@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from codechat.budget import render_with_budget
-from codechat.config import OptimConfig, RunConfig, SFTConfig, TrainConfig, pretrain_recipe, replace
+from codechat.config import OptimConfig, RunConfig, TrainConfig, pretrain_recipe, replace
+from codechat.config_sft import SFTConfig
 from codechat.data.mixture import Mixture
 from codechat.data.sft import SFTLoader, collate, pack_best_fit
 from codechat.device import resolve_device

@@ -16,7 +16,7 @@ from codechat.tokenizer import Tokenizer
 
 
 class BudgetConfig(Protocol):
-    """What :func:`render_with_budget` reads (an :class:`~codechat.config.SFTConfig`)."""
+    """What :func:`render_with_budget` reads (an :class:`~codechat.config_sft.SFTConfig`)."""
 
     max_length: int
     max_prompt_length: int
@@ -178,7 +178,7 @@ def render_with_budget(tok: Tokenizer, conv: Conversation, cfg: BudgetConfig, co
         ``no_assistant_turn``, ``no_supervised_tokens``).
 
     Raises:
-        ValueError: ``cfg.max_length`` is 0, i.e. not yet resolved by :meth:`~codechat.config.SFTConfig.for_model`.
+        ValueError: ``cfg.max_length`` is 0, i.e. not yet resolved by :meth:`~codechat.config_sft.SFTConfig.for_model`.
     """
     if cfg.max_length <= 0:
         raise ValueError("max_length is 0 (follow the model) and was never resolved: use SFTConfig.for_model()")

@@ -143,7 +143,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_sft(args: argparse.Namespace, overrides: dict[str, str]) -> int:
-    from .config import SFTStageConfig
+    from .config_sft import SFTStageConfig
     from .train.sft import run_sft
     flags = {**_stage_flags(args), "sft.data": args.data, "train.max_steps": args.max_steps,
              "train.epochs": args.epochs, "sft.packing": args.packing or None, "sft.max_examples": args.max_examples,

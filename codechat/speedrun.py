@@ -10,7 +10,7 @@ Data: the pretraining corpus leaves out every file that overlaps a HumanEval pro
 ``--mbpp``, an MBPP test problem) by :class:`codechat.data.mining.Decontaminator`'s rule, and
 the report lists them; chat SFT trains on functions mined from the corpus (the standard library,
 and on a GPU the installed packages at a lower weight; asked for both ways,
-:data:`codechat.config.MINE_STYLES`), MBPP's train split with ``--mbpp`` and the sources of
+:data:`codechat.config_sft.MINE_STYLES`), MBPP's train split with ``--mbpp`` and the sources of
 ``--data``, decontaminated by the same rule. On a GPU the CPU work that can wait (the compression
 baselines, the mining) runs in background processes while pretraining trains.
 
@@ -44,8 +44,9 @@ from typing import Any
 
 import torch
 
-from .config import (ConfigError, OptimConfig, PretrainConfig, RunConfig, SFTConfig, SFTStageConfig, TrainConfig,
-                     load, pretrain_recipe, replace, to_dict)
+from .config import (ConfigError, OptimConfig, PretrainConfig, RunConfig, TrainConfig, load, pretrain_recipe, replace,
+                     to_dict)
+from .config_sft import SFTConfig, SFTStageConfig
 from .data.corpus import benchmark_decontaminator, build_corpus, load_index, read_split
 from .data.sources import iter_split_texts
 from .completion import best_completion, sample_completions

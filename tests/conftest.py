@@ -95,7 +95,8 @@ def memorise(tok: Tokenizer) -> Callable:
     one conversation ``conv`` for ``steps`` steps (the real renderer, collator and trainer) until it
     reproduces it."""
     from codechat.budget import render_with_budget
-    from codechat.config import OptimConfig, RunConfig, SFTConfig, TrainConfig
+    from codechat.config import OptimConfig, RunConfig, TrainConfig
+    from codechat.config_sft import SFTConfig
     from codechat.data.sft import collate
     from codechat.train.trainer import Trainer
 

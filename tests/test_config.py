@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from codechat.config import (ConfigError, DataConfig, ModelConfig, OptimConfig, PretrainConfig, SFTConfig,
-                             SFTStageConfig, TrainConfig, load, parse_overrides, preset, pretrain_recipe, save_yaml)
+from codechat.config import (ConfigError, DataConfig, ModelConfig, OptimConfig, PretrainConfig, TrainConfig, load,
+                             parse_overrides, preset, pretrain_recipe, save_yaml)
+from codechat.config_sft import SFTConfig, SFTStageConfig
 
 
 @pytest.mark.parametrize("make,match", [

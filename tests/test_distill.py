@@ -27,7 +27,8 @@ import torch
 
 from codechat import checkpoint as ckpt
 from codechat.cli import main
-from codechat.config import ConfigError, ModelConfig, SFTConfig, to_dict
+from codechat.config import ConfigError, ModelConfig, to_dict
+from codechat.config_sft import SFTConfig
 from codechat.data.mixture import Mixture
 from codechat.data.formats import FormatError
 from codechat.data.prompts import jsonl_rows, read_answers

@@ -23,7 +23,7 @@ from codechat.budget import render_with_budget
 from codechat.calls import FUNCTION_CALL_TOKEN, format_call, parse_reply_ids
 from codechat.chat import Conversation, Message, render_for_completion
 from codechat.checkpoint import load_model
-from codechat.config import SFTConfig
+from codechat.config_sft import SFTConfig
 from codechat.data.formats import to_conversation
 from codechat.data.prompts import read_answers
 from codechat.data.teacher import DistillConfig, TeacherGenConfig, run_distill

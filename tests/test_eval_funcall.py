@@ -32,7 +32,7 @@ def test_the_glaive_sample_splits_by_hash_into_238_train_and_62_heldout_conversa
     bad.write_text(json.dumps(records[0]) + "\n{not json\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):  # FormatError names file and line
         load_cases(bad, "heldout")
-    from codechat.config import SFTConfig
+    from codechat.config_sft import SFTConfig
     from codechat.data.mixture import load_source, parse_spec
     [spec] = parse_spec(f"{GLAIVE}@train:2")
     assert (spec.split, spec.weight) == ("train", 2.0)

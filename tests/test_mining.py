@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from codechat.chat import Conversation, Message
-from codechat.config import SFTConfig, default_corpus_dirs
+from codechat.config import default_corpus_dirs
+from codechat.config_sft import SFTConfig
 from codechat.data import mining
 from codechat.data.formats import HUMANEVAL_PROMPT, load_records
 from codechat.data.mining import (BenchmarkProblem, Decontaminator, MiningCounts, humaneval_problems, mbpp_problems,

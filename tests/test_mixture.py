@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from codechat.config import ConfigError, SFTConfig
+from codechat.config import ConfigError
+from codechat.config_sft import SFTConfig
 from codechat.data.mixture import BLOCK, Mixture, SourceSpec, missing_sources, parse_spec
 from codechat.data.benchmarks import mbpp_split
 

@@ -22,7 +22,8 @@ import torch
 
 from codechat import checkpoint as ckpt
 from codechat.cli import main
-from codechat.config import ModelConfig, SFTConfig, SFTStageConfig, TrainConfig, OptimConfig, RunConfig, load, to_dict
+from codechat.config import ModelConfig, TrainConfig, OptimConfig, RunConfig, load, to_dict
+from codechat.config_sft import SFTConfig, SFTStageConfig
 from codechat.model import build_model
 from codechat.train.grpo import RLStageConfig, TaskSchedule, run_rl
 from codechat.train.sft import run_sft

@@ -197,7 +197,7 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
 
     import torch
 
-    from codechat.config import SFTConfig
+    from codechat.config_sft import SFTConfig
     from codechat.data.mining import mine_records
     from codechat.data.mixture import Mixture
     from codechat.report import validation_baselines

@@ -19,7 +19,8 @@ import json
 import sys
 from typing import Any, TextIO
 
-from codechat.config import SFT_FORMATS, SFT_MIX_MODES, ConfigError, SFTConfig
+from codechat.config import ConfigError
+from codechat.config_sft import SFT_FORMATS, SFT_MIX_MODES, SFTConfig
 
 #: ANSI codes around supervised text on a terminal.
 COLOR_ON, COLOR_OFF = "\x1b[1;32m", "\x1b[0m"

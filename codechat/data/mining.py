@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from codechat.chat import Conversation, Message
-from codechat.config import MINE_STYLES, SFTConfig
+from codechat.config_sft import MINE_STYLES, SFTConfig
 from codechat.data.benchmarks import HUMANEVAL_FILE, MBPP_SPLITS, mbpp_split
 from codechat.data.sources import collect_files
 from codechat.data.formats import HUMANEVAL_PROMPT, Record

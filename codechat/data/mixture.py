@@ -19,7 +19,7 @@ Weights must be finite and >= 0, not all 0. A zero-weight source is never loaded
 positive-weight source with no records (empty, or all skipped / decontaminated) is an error
 naming it.
 
-Modes (:data:`~codechat.config.SFT_MIX_MODES`):
+Modes (:data:`~codechat.config_sft.SFT_MIX_MODES`):
 
 - ``sample`` (default): each draw picks a source with probability ``weight / sum(weights)``;
   inside a source, records come in a seeded shuffled order, every record once before any
@@ -43,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from codechat.config import SFT_FORMATS, SFT_MIX_MODES, ConfigError, SFTConfig
+from codechat.config import ConfigError
+from codechat.config_sft import SFT_FORMATS, SFT_MIX_MODES, SFTConfig
 from codechat.data.benchmarks import CONVERSATION_SPLITS, conversation_split
 from codechat.data.formats import FORMATS, Record, iter_records, records_from_rows
 from codechat.data.readers import LoadCounts, data_files, hub_rows, read_rows

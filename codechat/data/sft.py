@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..budget import BudgetCounts, RenderedExample, render_with_budget
-from ..config import SFTConfig
+from ..config_sft import SFTConfig
 from ..model import IGNORE_INDEX
 from ..tokenizer import Tokenizer
 from .batch import Batch

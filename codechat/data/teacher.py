@@ -54,7 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from codechat.chat_openai import openai_tools, to_openai
-from codechat.config import SFT_FORMATS, ConfigError, SFTConfig, to_dict
+from codechat.config import ConfigError, to_dict
+from codechat.config_sft import SFT_FORMATS, SFTConfig
 from codechat.data.formats import FormatError, to_conversation
 from codechat.data.prompts import prompt_id, prompt_of
 from codechat.data.teacher_store import AnswerStore, Prompt

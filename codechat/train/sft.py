@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import checkpoint as ckpt
-from ..config import ConfigError, SFTStageConfig, replace, save_yaml, to_dict
+from ..config import ConfigError, replace, save_yaml, to_dict
+from ..config_sft import SFTStageConfig
 from ..data.mixture import Mixture, missing_sources
 from ..budget import RenderedExample
 from ..data.sft import SFTLoader, collate, preflight
