@@ -183,8 +183,8 @@ class Parallel:
 
     Raises:
         ConfigError: an unknown strategy, HSDP in a world of one node, fewer layers than ``--pp``
-            stages, ``--pp`` with sharded data parallelism, or ``cpu_offload`` without FSDP/HSDP
-            under ``torchrun``.
+            stages, ``--pp`` with sharded data parallelism, or ``cpu_offload`` outside ``torchrun``
+            (``TrainConfig`` refuses it with DDP or ``--pp``).
     """
 
     def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp", ac: str = "none",
@@ -192,9 +192,9 @@ class Parallel:
                  cpu_offload: bool = False) -> None:
         if strategy not in STRATEGIES:
             raise ConfigError(f"--parallel must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-        if cpu_offload and (strategy == "ddp" or not world.distributed or world.pp > 1):
+        if cpu_offload and not world.distributed:
             raise ConfigError("train.cpu_offload keeps FSDP's shards in host memory: run under torchrun (even "
-                              "--nproc_per_node 1) with --parallel fsdp or hsdp and no --pp")
+                              "--nproc_per_node 1)")
         self.offloaded = cpu_offload
         self.model, self.world = model, world
         self.tied_head = bool(getattr(getattr(model, "cfg", None), "tie_embeddings", False))

@@ -148,18 +148,30 @@ main()
 '''
 
 
+@pytest.fixture(scope="module")
+def worker_report(tmp_path_factory):
+    """``worker_report(variant)``: rank 0's report of WORKER on 2 gloo ranks, run once per variant."""
+    reports: dict[str, dict] = {}
+
+    def report(variant: str) -> dict:
+        if variant not in reports:
+            d = tmp_path_factory.mktemp(variant)
+            (d / "worker.py").write_text(WORKER)
+            p = subprocess.run(TORCHRUN + [str(d / "worker.py"), variant, str(d / "w")], capture_output=True, text=True,
+                               timeout=240, env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+            assert p.returncode == 0, p.stderr[-3000:]
+            reports[variant] = json.loads(p.stdout.strip().splitlines()[-1])
+        return reports[variant]
+    return report
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp-bf16"])
-def test_steps_keep_ranks_identical_and_normalise_unequal_token_counts_globally(tmp_path, strategy):
+def test_steps_keep_ranks_identical_and_normalise_unequal_token_counts_globally(worker_report, strategy):
     import torch
 
     from codechat.config import ModelConfig
     from codechat.model import build_model
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    p = subprocess.run(TORCHRUN + [str(script), strategy, str(tmp_path / "w")], capture_output=True, text=True,
-                       timeout=240, env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    assert p.returncode == 0, p.stderr[-3000:]
-    report = json.loads(p.stdout.strip().splitlines()[-1])
+    report = worker_report(strategy)
     steps = report["steps"]
     assert [s["same"] for s in steps] == [True] * 3  # bit-identical parameters after every step
     assert [s["supervised"] for s in steps] == [137] * 3
@@ -184,15 +196,8 @@ def test_steps_keep_ranks_identical_and_normalise_unequal_token_counts_globally(
         assert report["held"] == [whole, whole]
 
 
-def test_fsdp_with_cpu_offload_trains_like_fsdp_and_refuses_what_it_cannot_do(tmp_path, pretrain_args):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    reports = {}
-    for variant in ("fsdp", "fsdp-offload"):
-        p = subprocess.run(TORCHRUN + [str(script), variant, str(tmp_path / variant)], capture_output=True, text=True,
-                           timeout=240, env={**ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-        assert p.returncode == 0, p.stderr[-3000:]
-        reports[variant] = json.loads(p.stdout.strip().splitlines()[-1])
+def test_fsdp_with_cpu_offload_trains_like_fsdp_and_refuses_what_it_cannot_do(worker_report, tmp_path, pretrain_args):
+    reports = {v: worker_report(v) for v in ("fsdp", "fsdp-offload")}  # plain FSDP's run is the test above's
     off = reports["fsdp-offload"]
     assert off["offloaded"] == [True]  # every parameter's shard lives in host memory
     assert [s["same"] for s in off["steps"]] == [True] * 3

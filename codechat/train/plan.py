@@ -310,9 +310,9 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
         buffers = 0
     states = (params * cfg.param_bytes / shard, params * cfg.grad_bytes / shard, optimizer / shard,
               params * cfg.master_bytes / shard)
-    host = sum(states) if cfg.cpu_offload else 0.0
-    if cfg.cpu_offload:
-        states = (0.0,) * 4
+    host = 0.0
+    if cfg.cpu_offload:  # the states live in host memory, the GPU holds none of them
+        host, states = sum(states), (0.0,) * 4
     est = Estimate(cfg.parallel, cfg.pp, *states, float(acts), logits, float(buffers), step, 0.0, whole, host)
     return replace(est, margin=cfg.context_gib * GIB + cfg.fragmentation * est.tensors)
 
@@ -402,7 +402,8 @@ def format_plan(cfg: PlanConfig) -> str:
     for pp in sorted({1, cfg.pp}):
         for strategy in STRATEGIES:
             try:  # offload is FSDP's: the DDP and pipeline rows are without it
-                alt = replace(cfg, parallel=strategy, pp=pp, cpu_offload=cfg.cpu_offload and strategy != "ddp" and pp == 1)
+                alt = replace(cfg, parallel=strategy, pp=pp,
+                              cpu_offload=cfg.cpu_offload and strategy != "ddp" and pp == 1)
             except ConfigError:
                 continue
             if strategy == "hsdp" and alt.shard == alt.dp and cfg.parallel != "hsdp":
