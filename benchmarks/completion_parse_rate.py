@@ -20,13 +20,13 @@ from pathlib import Path
 import torch
 
 from codechat.checkpoint import load_model
+from codechat.config.device import resolve_device
 from codechat.data.corpus import read_split
 from codechat.data.windows import eval_windows
-from codechat.completion import best_completion, sample_completions
-from codechat.device import resolve_device
 from codechat.engine import SamplingConfig
-from codechat.report import parses_after_dropping_last_line
-from codechat.speedrun_plan import SpeedrunPlan
+from codechat.engine.completion import best_completion, sample_completions
+from codechat.speedrun.plan import SpeedrunPlan
+from codechat.speedrun.report import parses_after_dropping_last_line
 from codechat.train.pretrain import bpb_evaluator
 
 EXTRA_PROMPTS = (
@@ -56,7 +56,7 @@ EXTRA_PROMPTS = (
 def parses(model, tok, prompts: list[str], cfg: SamplingConfig, seeds: int, best_of: int = 1
            ) -> tuple[list[list[bool]], list[list[bool]]]:
     """Whether each completion parses, ``[seed][prompt]``: the first of ``best_of`` samples, and the
-    best of them (``codechat.completion.best_completion``, what the speedrun report shows)."""
+    best of them (``codechat.engine.completion.best_completion``, what the speedrun report shows)."""
     first, best = [], []
     for seed in range(seeds):
         row_first, row_best = [], []

@@ -22,7 +22,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from codechat.config import preset
+from codechat.config.stages import preset
 from codechat.engine import attention, skinny
 
 

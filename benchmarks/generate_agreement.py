@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from codechat.config import preset
+from codechat.config.stages import preset
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.model import build_model
 

@@ -24,7 +24,7 @@ from collections import defaultdict
 
 import torch
 
-from codechat.config import preset
+from codechat.config.stages import preset
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.model import build_model
 

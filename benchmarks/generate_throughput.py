@@ -54,8 +54,8 @@ from typing import Callable
 
 import torch
 
-from codechat.config import preset
-from codechat.device import resolve_device
+from codechat.config.device import resolve_device
+from codechat.config.stages import preset
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.model import GPT, build_model
 
@@ -138,7 +138,7 @@ def hf_fn(hf: torch.nn.Module, prompts: list[list[int]], new: int, cache: str | 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="1b", help="model shape (codechat.config.PRESETS): d20, 1b, tiny, ...")
+    ap.add_argument("--preset", default="1b", help="model shape (codechat.config.stages.PRESETS): d20, 1b, tiny, ...")
     ap.add_argument("--vocab-size", type=int, default=32768)
     ap.add_argument("--batches", default="1,8,64", help="comma-separated batch sizes of the fixed-length rows")
     ap.add_argument("--prompt-len", type=int, default=256, help="prompt tokens of the fixed-length rows and TTFT")

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from codechat import checkpoint as ckpt
-from codechat.chat import Conversation, Message, render_for_completion
-from codechat.config import default_corpus_dirs, preset, to_dict
+from codechat.chat.conversation import Conversation, Message, render_for_completion
+from codechat.config.stages import default_corpus_dirs, preset, to_dict
 from codechat.data.sources import iter_split_texts
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.eval.problems import load_humaneval

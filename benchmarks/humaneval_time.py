@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from codechat.config import preset
+from codechat.config.stages import preset
 from codechat.engine import Engine, EngineConfig
 from codechat.eval.suites import format_summary, run_suite
 from codechat.model import build_model

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from codechat.config import RunConfig, TrainConfig, pretrain_recipe, replace
+from codechat.config.device import resolve_device
+from codechat.config.stages import RunConfig, TrainConfig, pretrain_recipe, replace
 from codechat.model import build_model
-from codechat.device import resolve_device
 from codechat.train.trainer import Trainer
 from pretrain_throughput import RandomTokens
 

@@ -45,10 +45,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from codechat.config import COMPILE_SCOPES, PARALLEL_STRATEGIES, OptimConfig, RunConfig, TrainConfig, pretrain_recipe, replace
-from codechat.device import peak_flops
+from codechat.config.device import peak_flops
+from codechat.config.stages import (COMPILE_SCOPES, PARALLEL_STRATEGIES, OptimConfig, RunConfig, TrainConfig,
+                                    pretrain_recipe, replace)
 from codechat.model import IGNORE_INDEX, build_model
-from codechat.parallel import init_world
+from codechat.parallel.world import init_world
 from codechat.train.plan import GIB, estimate, plan_config
 from codechat.train.trainer import Trainer
 

@@ -48,10 +48,10 @@ import numpy as np
 import torch
 
 from codechat import checkpoint as ckpt
-from codechat.chat import Conversation, Message, render_for_completion
-from codechat.config import default_corpus_dirs, preset, to_dict
+from codechat.chat.conversation import Conversation, Message, render_for_completion
+from codechat.config.device import resolve_device
+from codechat.config.stages import default_corpus_dirs, preset, to_dict
 from codechat.data.sources import iter_split_texts
-from codechat.device import resolve_device
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.model import build_model
 from codechat.tokenizer import Tokenizer, train_tokenizer

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from codechat.budget import render_with_budget
-from codechat.config import OptimConfig, RunConfig, TrainConfig, pretrain_recipe, replace
-from codechat.config_sft import SFTConfig
+from codechat.chat.budget import render_with_budget
+from codechat.config.device import resolve_device
+from codechat.config.sft import SFTConfig
+from codechat.config.stages import OptimConfig, RunConfig, TrainConfig, pretrain_recipe, replace
 from codechat.data.mixture import Mixture
 from codechat.data.sft import SFTLoader, collate, pack_best_fit
-from codechat.device import resolve_device
 from codechat.model import build_model
 from codechat.tokenizer import Tokenizer
 from codechat.train.trainer import Trainer

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .atomic import write_dir
+from codechat.config.atomic import write_dir
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 DCP_DIR = "dcp"  # a sharded checkpoint's torch.distributed.checkpoint files
@@ -208,7 +208,7 @@ def load(path: str | os.PathLike, *, map_location: str | torch.device = "cpu", w
 def _load_sharded_model(d: Path, with_optim: bool) -> dict[str, Any]:
     """:func:`load` of a sharded checkpoint: the whole model read into a CPU model built from its config
     (about the model's size in memory); ``"optim"`` is None (the trainer reads it with its optimizer)."""
-    from .config import ModelConfig, build
+    from codechat.config.stages import ModelConfig, build
     from .model import build_model
     f = d / "state.json"
     if not f.is_file():
@@ -286,7 +286,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
     Raises:
         CheckpointError: unreadable checkpoint, or weights that do not fit the saved model config.
     """
-    from .config import ModelConfig, build
+    from codechat.config.stages import ModelConfig, build
     from .model import build_model
     from .tokenizer import Tokenizer
 

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from .config import ConfigError
+from codechat.config.stages import ConfigError
 
 
 def _add_pretrain(sub: argparse._SubParsersAction) -> None:
-    from .config import PRESETS
+    from codechat.config.stages import PRESETS
     p = sub.add_parser("pretrain", help="pretrain a GPT on token shards (default: the Python stdlib)",
                        description="Pretrain on token shards. Without --data/--tokenizer the default tokenizer and "
                                    "corpus (this Python's standard library) are built into --out. Any setting can be "
@@ -46,7 +46,7 @@ def _message(without: str) -> Callable[[str], str]:
 def _stage_config(cls: type, path: str | None, flags: dict, overrides: dict[str, str], base=None):
     """A stage's config: defaults (or ``base``) <- YAML ``path`` <- the named flags given (not None)
     <- dotted overrides."""
-    from .config import load
+    from codechat.config.stages import load
     return load(cls, path, {**{k: v for k, v in flags.items() if v is not None}, **overrides}, base=base)
 
 
@@ -58,7 +58,7 @@ def _say(text: str) -> None:
 
 
 def _add_parallel(p: argparse.ArgumentParser) -> None:
-    from .config import PARALLEL_STRATEGIES
+    from codechat.config.stages import PARALLEL_STRATEGIES
     p.add_argument("--parallel", choices=PARALLEL_STRATEGIES,
                    help="under torchrun: ddp (replicas, default), fsdp (sharded) or hsdp (sharded within a node, "
                         "replicated across nodes); one process ignores it (train.parallel)")
@@ -100,7 +100,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 def pretrain_config(args: argparse.Namespace, overrides: dict[str, str]):
     """Preset recipe <- YAML file <- named flags <- dotted overrides."""
-    from .config import PretrainConfig, pretrain_recipe
+    from codechat.config.stages import PretrainConfig, pretrain_recipe
     flags = {**_stage_flags(args), "data.data_dir": args.data, "data.tokenizer_dir": args.tokenizer,
              "train.max_steps": args.max_steps,
              "train.time_budget_s": args.time_budget_min * 60 if args.time_budget_min else None}
@@ -143,7 +143,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_sft(args: argparse.Namespace, overrides: dict[str, str]) -> int:
-    from .config_sft import SFTStageConfig
+    from codechat.config.sft import SFTStageConfig
     from .train.sft import run_sft
     flags = {**_stage_flags(args), "sft.data": args.data, "train.max_steps": args.max_steps,
              "train.epochs": args.epochs, "sft.packing": args.packing or None, "sft.max_examples": args.max_examples,
@@ -244,7 +244,7 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_sample(args: argparse.Namespace) -> int:
     from .checkpoint import load_model
-    from .device import resolve_device
+    from codechat.config.device import resolve_device
     from .engine import Engine, EngineConfig, Request, SamplingConfig
     device = resolve_device(args.device or "auto")
     model, tok, _ = load_model(args.model, device)
@@ -293,10 +293,10 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from .chat import Conversation, Message
-    from .chat_repl import repl, reply
+    from codechat.chat.conversation import Conversation, Message
+    from codechat.chat.repl import repl, reply
     from .checkpoint import load_model
-    from .device import resolve_device
+    from codechat.config.device import resolve_device
     from .engine import Engine, EngineConfig, SamplingConfig
     model, tok, _ = load_model(args.model, resolve_device(args.device or "auto"))
     engine = Engine(model, EngineConfig(slots=1))
@@ -338,10 +338,10 @@ def _add_funcall(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_funcall(args: argparse.Namespace) -> int:
     from .checkpoint import load_model
-    from .device import resolve_device
+    from codechat.config.device import resolve_device
     from .engine import Engine, EngineConfig, SamplingConfig
     from .eval.cli import resolve_model_path
-    from .funcall import load_tools, run_session
+    from codechat.chat.funcall import load_tools, run_session
     if args.max_tool_calls < 0:
         raise ValueError(f"--max-tool-calls must be >= 0, got {args.max_tool_calls}")
     tools = load_tools(args.executors, args.tools)  # a bad executors file is reported before the model loads
@@ -354,7 +354,7 @@ def _cmd_funcall(args: argparse.Namespace) -> int:
 
 
 def _add_speedrun(sub: argparse._SubParsersAction) -> None:
-    from .config import PRESETS
+    from codechat.config.stages import PRESETS
     p = sub.add_parser("speedrun", help="tokenizer -> corpus -> pretraining -> SFT -> HumanEval -> RL (when the verdict allows) -> report",
                        description="The whole pipeline on the default corpus (this Python's standard library), "
                                    "written to --out with report.md and metrics.json after every stage. A stage "
@@ -389,7 +389,7 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_speedrun(args: argparse.Namespace, overrides: dict[str, str]) -> int:
-    from .speedrun import SpeedrunFailed, run_speedrun
+    from codechat.speedrun.run import SpeedrunFailed, run_speedrun
     other = [k for k in overrides if not k.startswith("pretrain.")]
     if other:
         raise ConfigError(f"unrecognised argument --{other[0]}: the speedrun takes settings of its pretraining "
@@ -442,7 +442,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``codechat`` console script; returns the exit code."""
-    from .config import parse_overrides
+    from codechat.config.stages import parse_overrides
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     try:

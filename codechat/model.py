@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from .config import ModelConfig
+from codechat.config.stages import ModelConfig
 
 IGNORE_INDEX = -100  # label value that is not trained on
 

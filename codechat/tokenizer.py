@@ -26,8 +26,8 @@ from pathlib import Path
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from codechat.atomic import write_text
-from codechat.config import ConfigError
+from codechat.config.atomic import write_text
+from codechat.config.stages import ConfigError
 
 #: Control tokens, in id order after the BPE vocabulary. ``<|end|>`` ends a turn or a
 #: document; ``<|function_call|>`` opens a function call inside an assistant turn.

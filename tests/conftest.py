@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from codechat.config import default_corpus_dirs
+from codechat.config.stages import default_corpus_dirs
 from codechat.data.corpus import build_corpus
 from codechat.data.sources import iter_split_texts, split_of
 from codechat.tokenizer import Tokenizer, train_tokenizer
@@ -94,9 +94,9 @@ def memorise(tok: Tokenizer) -> Callable:
     """``memorise(model, conv, steps, out_dir, max_length, max_prompt_length)``: SFT ``model`` on the
     one conversation ``conv`` for ``steps`` steps (the real renderer, collator and trainer) until it
     reproduces it."""
-    from codechat.budget import render_with_budget
-    from codechat.config import OptimConfig, RunConfig, TrainConfig
-    from codechat.config_sft import SFTConfig
+    from codechat.chat.budget import render_with_budget
+    from codechat.config.sft import SFTConfig
+    from codechat.config.stages import OptimConfig, RunConfig, TrainConfig
     from codechat.data.sft import collate
     from codechat.train.trainer import Trainer
 
@@ -141,8 +141,8 @@ def funcall_stage(tok, tok_dir, tmp_path_factory, memorise):
     import torch
 
     from codechat import checkpoint as ckpt
-    from codechat.chat import Conversation, Message
-    from codechat.config import ModelConfig, to_dict
+    from codechat.chat.conversation import Conversation, Message
+    from codechat.config.stages import ModelConfig, to_dict
     from codechat.model import build_model
     from codechat.tools import load_executors
     tmp = tmp_path_factory.mktemp("funcall")

@@ -13,12 +13,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codechat.budget import BudgetCounts, render_with_budget
-from codechat.calls import FUNCTION_CALL_TOKEN, parse_assistant, parse_assistant_text, parse_call
-from codechat.chat import (ROLE_TOKENS, TOOLS_HEADER, Conversation, Message, parse_conversation, render,
+from codechat.chat.budget import BudgetCounts, render_with_budget
+from codechat.chat.calls import FUNCTION_CALL_TOKEN, parse_assistant, parse_assistant_text, parse_call
+from codechat.chat.conversation import (ROLE_TOKENS, TOOLS_HEADER, Conversation, Message, parse_conversation, render,
                            render_for_completion, render_turns, supervised_spans)
-from codechat.config import ConfigError, ModelConfig
-from codechat.config_sft import SFTConfig
+from codechat.config.sft import SFTConfig
+from codechat.config.stages import ConfigError, ModelConfig
 from codechat.data.formats import load_records
 from codechat.model import GPT, IGNORE_INDEX
 

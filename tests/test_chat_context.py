@@ -5,10 +5,10 @@ import io
 
 import torch
 
-from codechat.budget import render_for_completion_within
-from codechat.chat import ROLE_TOKENS, Conversation, Message, render_for_completion
-from codechat.chat_repl import repl, reply
-from codechat.config import ModelConfig
+from codechat.chat.budget import render_for_completion_within
+from codechat.chat.conversation import ROLE_TOKENS, Conversation, Message, render_for_completion
+from codechat.chat.repl import repl, reply
+from codechat.config.stages import ModelConfig
 from codechat.engine import Engine, EngineConfig, SamplingConfig
 from codechat.model import build_model
 

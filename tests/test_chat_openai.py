@@ -1,4 +1,4 @@
-"""The one OpenAI <-> codechat message mapping (codechat.chat_openai): a conversation survives the
+"""The one OpenAI <-> codechat message mapping (codechat.chat.openai_messages): a conversation survives the
 round trip, tools included, and training data, a served request and a teacher's request render the
 same ids for the same OpenAI messages."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codechat.chat import Conversation, Message, render, render_for_completion
-from codechat.chat_openai import MessageError, from_openai, openai_tools, to_openai
+from codechat.chat.conversation import Conversation, Message, render, render_for_completion
+from codechat.chat.openai_messages import MessageError, from_openai, openai_tools, to_openai
 from codechat.data.formats import FormatError, to_conversation
 from codechat.data.teacher import request_messages
 from codechat.data.teacher_store import Prompt

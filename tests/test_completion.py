@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codechat.completion import Completion, best_completion, end_of_block, sample_completions
-from codechat.config import ModelConfig
-from codechat.engine import Engine, EngineConfig, SamplingConfig, mean_logprob
+from codechat.config.stages import ModelConfig
+from codechat.engine import Engine, EngineConfig, SamplingConfig
+from codechat.engine.completion import Completion, best_completion, end_of_block, mean_logprob, sample_completions
 from codechat.model import build_model
-from codechat.report import parses_after_dropping_last_line
+from codechat.speedrun.report import parses_after_dropping_last_line
 
 
 def test_completions_end_with_the_function_the_prompt_is_in():

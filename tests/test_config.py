@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from codechat.config import (ConfigError, DataConfig, ModelConfig, OptimConfig, PretrainConfig, TrainConfig, load,
-                             parse_overrides, preset, pretrain_recipe, save_yaml)
-from codechat.config_sft import SFTConfig, SFTStageConfig
+from codechat.config.stages import (ConfigError, DataConfig, ModelConfig, OptimConfig, PretrainConfig, TrainConfig,
+                                    load, parse_overrides, preset, pretrain_recipe, save_yaml)
+from codechat.config.sft import SFTConfig, SFTStageConfig
 
 
 @pytest.mark.parametrize("make,match", [
@@ -112,7 +112,7 @@ def test_sft_budgets_follow_the_model_unless_set(tmp_path):
 
 
 def test_pipeline_stages_split_the_blocks_evenly_and_refuse_more_stages_than_blocks():
-    from codechat.pipeline import stage_blocks
+    from codechat.parallel.pipeline import stage_blocks
     assert [list(stage_blocks(10, 4, s)) for s in range(4)] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
     with pytest.raises(ConfigError, match="--pp 5 stages for a model of 4 layers"):
         stage_blocks(4, 5, 0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codechat.config import ConfigError, default_corpus_dirs
+from codechat.config.stages import ConfigError, default_corpus_dirs
 from codechat.data.corpus import _token_dtype, add_cli, build_corpus, load_index, read_split
 from codechat.data.sources import SourceFile, Skipped, collect_files, iter_split_texts, read_documents, split_of
 from codechat.tokenizer import Tokenizer

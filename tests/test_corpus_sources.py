@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from codechat.config import ConfigError
+from codechat.config.stages import ConfigError
 from codechat.data import tokenizer_cli
 from codechat.data.corpus import build_corpus, load_index, read_split
 from codechat.data.readers import read_rows

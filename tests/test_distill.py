@@ -27,10 +27,10 @@ import torch
 
 from codechat import checkpoint as ckpt
 from codechat.cli import main
-from codechat.config import ConfigError, ModelConfig, to_dict
-from codechat.config_sft import SFTConfig
-from codechat.data.mixture import Mixture
+from codechat.config.sft import SFTConfig
+from codechat.config.stages import ConfigError, ModelConfig, to_dict
 from codechat.data.formats import FormatError
+from codechat.data.mixture import Mixture
 from codechat.data.prompts import jsonl_rows, read_answers
 from codechat.data.teacher import DistillConfig, TeacherGenConfig, judge, retry_after, run_distill
 from codechat.data.teacher_store import AnswerStore, repair_tail

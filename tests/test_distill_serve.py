@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from codechat.budget import render_with_budget
-from codechat.calls import FUNCTION_CALL_TOKEN, format_call, parse_reply_ids
-from codechat.chat import Conversation, Message, render_for_completion
+from codechat.chat.budget import render_with_budget
+from codechat.chat.calls import FUNCTION_CALL_TOKEN, format_call, parse_reply_ids
+from codechat.chat.conversation import Conversation, Message, render_for_completion
 from codechat.checkpoint import load_model
-from codechat.config_sft import SFTConfig
+from codechat.config.sft import SFTConfig
 from codechat.data.formats import to_conversation
 from codechat.data.prompts import read_answers
 from codechat.data.teacher import DistillConfig, TeacherGenConfig, run_distill

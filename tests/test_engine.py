@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from codechat.config import preset
+from codechat.config.stages import preset
 from codechat.engine import Engine, EngineConfig, Request, Sample, SamplingConfig, mean_logprob
 from codechat.engine.sampling import RowParams, row_seed, sample
 from codechat.model import GPT, build_model

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from codechat.calls import FUNCTION_CALL_TOKEN
-from codechat.chat import Message
-from codechat.engine import Sample
+from codechat.chat.calls import FUNCTION_CALL_TOKEN
+from codechat.chat.conversation import Message
 from codechat.data.benchmarks import conversation_split as split_of
+from codechat.engine import Sample
 from codechat.eval.funcall import load_cases, normalize_value, run_funcall_suite, score_case
 
 GLAIVE = Path(__file__).resolve().parents[2] / "shared" / "data" / "function_calling_glaive" / "glaive_toolcall_en_demo.json"
@@ -32,7 +32,7 @@ def test_the_glaive_sample_splits_by_hash_into_238_train_and_62_heldout_conversa
     bad.write_text(json.dumps(records[0]) + "\n{not json\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):  # FormatError names file and line
         load_cases(bad, "heldout")
-    from codechat.config_sft import SFTConfig
+    from codechat.config.sft import SFTConfig
     from codechat.data.mixture import load_source, parse_spec
     [spec] = parse_spec(f"{GLAIVE}@train:2")
     assert (spec.split, spec.weight) == ("train", 2.0)

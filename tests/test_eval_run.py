@@ -12,7 +12,8 @@ import torch
 import codechat
 from codechat import checkpoint
 from codechat.cli import main
-from codechat.config import ModelConfig, to_dict
+from codechat.config.stages import ModelConfig, to_dict
+from codechat.data.benchmarks import HUMANEVAL_FILE
 from codechat.data.formats import HUMANEVAL_PROMPT, mbpp_prompt
 from codechat.data.mining import humaneval_file
 from codechat.engine import Engine, EngineConfig, SamplingConfig
@@ -20,7 +21,6 @@ from codechat.eval import sandbox
 from codechat.eval import suites as es
 from codechat.eval.extract import extract_code
 from codechat.eval.passk import mean_pass_at_k
-from codechat.data.benchmarks import HUMANEVAL_FILE
 from codechat.eval.problems import Problem, load_humaneval, load_mbpp, load_problems, mbpp_shot
 from codechat.model import build_model
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from codechat.calls import FUNCTION_CALL_TOKEN
-from codechat.chat import Conversation, Message, render, supervised_spans
+from codechat.chat.calls import FUNCTION_CALL_TOKEN
+from codechat.chat.conversation import Conversation, Message, render, supervised_spans
 from codechat.data.formats import (HUMANEVAL_PROMPT, FormatError, detect_format, load_records, mbpp_prompt,
                                    to_conversation)
-from codechat.data.readers import LoadCounts, read_rows
 from codechat.data.mining import humaneval_file
+from codechat.data.readers import LoadCounts, read_rows
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sft"
 

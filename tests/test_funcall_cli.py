@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from codechat.chat.funcall import load_tools
 from codechat.cli import main
-from codechat.funcall import load_tools
 from codechat.tools import ToolError
 
 def funcall(*args):

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codechat.calls import (FUNCTION_CALL_TOKEN, PARSE_ERROR_REASONS, ParseError, format_call, normalize_call,
+from codechat.chat.calls import (FUNCTION_CALL_TOKEN, PARSE_ERROR_REASONS, ParseError, format_call, normalize_call,
                             parse_assistant, parse_assistant_text, parse_call, parse_reply, parse_reply_ids)
-from codechat.chat import Conversation, Message, parse_conversation, reply_message, render
+from codechat.chat.conversation import Conversation, Message, parse_conversation, reply_message, render
 from codechat.data.formats import load_records
 from codechat.data.readers import read_rows
 from codechat.tools import Tool, validate_arguments

@@ -11,11 +11,11 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from codechat import checkpoint as ckpt
-from codechat.chat import Conversation, Message, render, render_for_completion
+from codechat.chat.conversation import Conversation, Message, render, render_for_completion
 from codechat.cli import main as cli_main
-from codechat.config import (DataConfig, ModelConfig, OptimConfig, PretrainConfig, RunConfig, TrainConfig,
+from codechat.config.stages import (DataConfig, ModelConfig, OptimConfig, PretrainConfig, RunConfig, TrainConfig,
                              default_corpus_dirs)
-from codechat.config_sft import SFTConfig, SFTStageConfig
+from codechat.config.sft import SFTConfig, SFTStageConfig
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.hf import ExportConfig, HFImportError, export_hf, import_hf
 from codechat.hf.config import model_config_from_hf

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from codechat.calls import FUNCTION_CALL_TOKEN
-from codechat.config import ConfigError
+from codechat.chat.calls import FUNCTION_CALL_TOKEN
+from codechat.config.stages import ConfigError
 from codechat.data import corpus
 from codechat.data import inspect as data_inspect
 from codechat.data.formats import load_records

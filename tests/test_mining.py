@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from codechat.chat import Conversation, Message
-from codechat.config import default_corpus_dirs
-from codechat.config_sft import SFTConfig
+from codechat.chat.conversation import Conversation, Message
+from codechat.config.sft import SFTConfig
+from codechat.config.stages import default_corpus_dirs
 from codechat.data import mining
 from codechat.data.formats import HUMANEVAL_PROMPT, load_records
 from codechat.data.mining import (BenchmarkProblem, Decontaminator, MiningCounts, humaneval_problems, mbpp_problems,
                                   mine_records, normalized_tokens)
-from codechat.data.mixture import Mixture
 from codechat.data.benchmarks import mbpp_split
+from codechat.data.mixture import Mixture
 
 MINE_SRC = Path(__file__).parent / "fixtures" / "mine_src"
 

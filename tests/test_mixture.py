@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from codechat.config import ConfigError
-from codechat.config_sft import SFTConfig
-from codechat.data.mixture import BLOCK, Mixture, SourceSpec, missing_sources, parse_spec
+from codechat.config.sft import SFTConfig
+from codechat.config.stages import ConfigError
 from codechat.data.benchmarks import mbpp_split
+from codechat.data.mixture import BLOCK, Mixture, SourceSpec, missing_sources, parse_spec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sft"
 

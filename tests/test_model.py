@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codechat.config import ModelConfig, preset
+from codechat.config.stages import ModelConfig, preset
 from codechat.model import IGNORE_INDEX, build_model
 
 

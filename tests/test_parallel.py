@@ -87,10 +87,10 @@ def test_sft_under_ddp_on_two_ranks_trains_like_one_process(pretrain_args, tmp_p
 WORKER = r'''
 import hashlib, json, sys
 import torch, torch.distributed as dist
-from codechat.config import ModelConfig, OptimConfig, RunConfig, TrainConfig
+from codechat.config.stages import ModelConfig, OptimConfig, RunConfig, TrainConfig
 from codechat.data.batch import Batch
 from codechat.model import build_model
-from codechat.parallel import RankSlice, init_world
+from codechat.parallel.world import RankSlice, init_world
 from codechat.train.trainer import Trainer
 
 
@@ -169,7 +169,7 @@ def worker_report(tmp_path_factory):
 def test_steps_keep_ranks_identical_and_normalise_unequal_token_counts_globally(worker_report, strategy):
     import torch
 
-    from codechat.config import ModelConfig
+    from codechat.config.stages import ModelConfig
     from codechat.model import build_model
     report = worker_report(strategy)
     steps = report["steps"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from codechat.cli import main
-from codechat.config import ConfigError, ModelConfig, OptimConfig, preset
+from codechat.config.stages import ConfigError, ModelConfig, OptimConfig, preset
 from codechat.model import GPT, Block, rope_tables
 from codechat.train.optim import build_optimizer
 from codechat.train.plan import (GIB, PlanConfig, activation_bytes, check_training_memory, estimate, fits,
@@ -204,7 +204,7 @@ def test_training_start_warns_only_when_the_plan_exceeds_the_device():
 
 
 def test_training_check_prints_one_line_on_cuda_and_nothing_on_cpu(monkeypatch):
-    from codechat.config import TrainConfig
+    from codechat.config.stages import TrainConfig
     from codechat.train import plan
     lines: list[str] = []
     train = TrainConfig(max_steps=1, micro_batch_size=2)
@@ -221,7 +221,7 @@ def test_regional_compilation_plans_compiled_activations_and_the_eager_peak():
     """``train.compile_scope blocks`` compiles each block and the head apart: the plan counts the
     compiled activations and logits of the whole-model compile, but the eager peak (grads held),
     since no graph spans the step; with ``--pp`` the head runs eager (fp32 logits copies)."""
-    from codechat.config import TrainConfig
+    from codechat.config.stages import TrainConfig
     from codechat.train.plan import FP32, LOGITS_FP32_COPIES, _stage, plan_config
     m = preset("d20", vocab_size=32768)
     whole, blocks = (estimate(plan_config(m, TrainConfig(max_steps=1, micro_batch_size=16, compile=True,

@@ -74,7 +74,7 @@ def test_stage_flags_reach_the_config_including_checkpoint_every_s(tmp_path):
     """--checkpoint-every-s of pretrain / sft / rl sets train.save_every_s (it was once parsed and
     dropped); the run flags every stage shares land where they belong."""
     from codechat.cli import _stage_config, _stage_flags, build_parser, pretrain_config
-    from codechat.config_sft import SFTStageConfig
+    from codechat.config.sft import SFTStageConfig
     from codechat.train.grpo import RLStageConfig
     common = ["--checkpoint-every-s", "30", "--out", str(tmp_path / "o"), "--resume", "--seed", "7"]
     args, _ = build_parser().parse_known_args(["pretrain", "--preset", "tiny", "--max-steps", "3", *common])

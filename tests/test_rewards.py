@@ -131,8 +131,8 @@ def test_funcall_tiered_ladder(fc_tools, name, reply, expected):
 
 
 def test_funcall_tiered_reads_the_expected_call_like_data_and_agrees_with_the_suite(fc_tools):
-    from codechat.calls import parse_assistant_text
-    from codechat.chat import Message
+    from codechat.chat.calls import parse_assistant_text
+    from codechat.chat.conversation import Message
     from codechat.eval.funcall import score_case
     as_string = {"name": "weather", "arguments": '{"city": "Tokyo", "days": 2}', "id": "call_1"}
     assert rewards.funcall_tiered(EXACT_REPLY, as_string, fc_tools) == 1.0

@@ -22,8 +22,8 @@ import torch
 
 from codechat import checkpoint as ckpt
 from codechat.cli import main
-from codechat.config import ModelConfig, TrainConfig, OptimConfig, RunConfig, load, to_dict
-from codechat.config_sft import SFTConfig, SFTStageConfig
+from codechat.config.sft import SFTConfig, SFTStageConfig
+from codechat.config.stages import ModelConfig, TrainConfig, OptimConfig, RunConfig, load, to_dict
 from codechat.model import build_model
 from codechat.train.grpo import RLStageConfig, TaskSchedule, run_rl
 from codechat.train.sft import run_sft
@@ -178,7 +178,7 @@ def test_the_task_schedule_is_a_function_of_seed_and_step():
     ({"rl.reward": "exact"}, "rl.reward must be auto or one of"),
 ])
 def test_settings_that_cannot_learn_are_refused_when_the_config_is_built(policy, tmp_path, setting, fragment):
-    from codechat.config import ConfigError
+    from codechat.config.stages import ConfigError
     with pytest.raises(ConfigError, match=fragment):
         rl_config(policy, tmp_path / "t.jsonl", tmp_path / "rl", **setting)
 
@@ -225,9 +225,9 @@ def test_the_speedrun_rl_stage_trains_when_the_verdict_allows_and_reports_it(pol
     import shutil
     from dataclasses import replace
 
-    from codechat.report import speedrun_report
-    from codechat.speedrun import Speedrun
-    from codechat.speedrun_plan import plan
+    from codechat.speedrun.plan import plan
+    from codechat.speedrun.report import speedrun_report
+    from codechat.speedrun.run import Speedrun
     tasks = write_tasks(tmp_path / "tasks.jsonl")
     p = replace(plan(torch.device("cpu"), "tiny", 1.0), rl_tasks=f"tasks:{tasks}", rl_tokens=16, rl_prompts_per_step=4,
                 eval_limit=1, eval_tokens=16)

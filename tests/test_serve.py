@@ -15,8 +15,8 @@ import openai
 import pytest
 from conftest import http
 
-from codechat.calls import format_call
-from codechat.chat import Conversation, Message, render_for_completion
+from codechat.chat.calls import format_call
+from codechat.chat.conversation import Conversation, Message, render_for_completion
 from codechat.checkpoint import load_model
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.tools import load_executors

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codechat.calls import FUNCTION_CALL_TOKEN
-from codechat.config import ConfigError
+from codechat.chat.calls import FUNCTION_CALL_TOKEN
+from codechat.config.hosts import is_loopback, is_loopback_url
+from codechat.config.stages import ConfigError
 from codechat.engine import Token
 from codechat.serve.choices import ChoiceStream, merge
-from codechat.hosts import is_loopback, is_loopback_url
 from codechat.serve.cli import bind_warning
 from codechat.serve.config import ServeConfig
 from codechat.serve.protocol import APIError, ChatRequest, parse_chat_request

@@ -17,7 +17,7 @@ import torch
 import uvicorn
 from conftest import free_port, http, wait_healthy
 
-from codechat.config import ModelConfig
+from codechat.config.stages import ModelConfig
 from codechat.engine import Engine, EngineConfig
 from codechat.model import build_model
 from codechat.serve.app import create_app

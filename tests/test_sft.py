@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from codechat import checkpoint as ckpt
-from codechat.budget import render_with_budget
-from codechat.chat import Conversation, Message, render_for_completion
-from codechat.config import ModelConfig, to_dict
-from codechat.config_sft import SFTConfig
+from codechat.chat.budget import render_with_budget
+from codechat.chat.conversation import Conversation, Message, render_for_completion
+from codechat.config.sft import SFTConfig
+from codechat.config.stages import ModelConfig, to_dict
 from codechat.data.mixture import Mixture
 from codechat.data.sft import SFTLoader, collate, pack_best_fit
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig

@@ -197,12 +197,12 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
 
     import torch
 
-    from codechat.config_sft import SFTConfig
+    from codechat.config.sft import SFTConfig
     from codechat.data.mining import mine_records
     from codechat.data.mixture import Mixture
-    from codechat.report import validation_baselines
-    from codechat.speedrun import Speedrun
-    from codechat.speedrun_plan import plan
+    from codechat.speedrun.plan import plan
+    from codechat.speedrun.report import validation_baselines
+    from codechat.speedrun.run import Speedrun
     run = tmp_path / "run"
     shutil.copytree(tok_dir, run / "tokenizer")
     shutil.copytree(corpus_dir, run / "data")

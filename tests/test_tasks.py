@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from codechat.chat import Conversation, Message
+from codechat.chat.conversation import Conversation, Message
 from codechat.data import doctest_tasks as D
 from codechat.data import tasks as T
 from codechat.data.benchmarks import HUMANEVAL_FILE, conversation_split

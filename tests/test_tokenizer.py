@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codechat.config import ConfigError
+from codechat.config.stages import ConfigError
 from codechat.data.corpus import build_corpus, read_split
 from codechat.data.tokenizer_cli import add_cli
 from codechat.tokenizer import SPECIAL_TOKENS, Tokenizer, train_tokenizer

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 import pytest
 
-from codechat.chat import TOOLS_HEADER, Conversation, Message, split_tools, system_text
+from codechat.chat.conversation import TOOLS_HEADER, Conversation, Message, split_tools, system_text
 from codechat.data.formats import load_records
 from codechat.tools import (Tool, ToolError, check_schema, load_callables, load_executors, normalize_schema,
                             parse_docstring, tool, tool_from_function, tool_from_schema, validate_arguments)

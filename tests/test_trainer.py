@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from codechat import checkpoint as ckpt
-from codechat.config import ModelConfig, OptimConfig, RunConfig, TrainConfig
+from codechat.config.stages import ModelConfig, OptimConfig, RunConfig, TrainConfig
 from codechat.data.windows import WindowLoader
 from codechat.model import IGNORE_INDEX, build_model
 from codechat.train.trainer import Trainer, TrainingDiverged, lr_at
@@ -386,7 +386,7 @@ def test_compile_scope_blocks_compiles_each_block_and_trains_as_eager(tmp_path, 
     """``train.compile_scope blocks`` (regional compilation) wraps every transformer block, and the
     head with its loss, in compiled calls of their own and leaves the model itself uncompiled; the losses are the eager ones
     (``aot_eager`` backend, as above, to keep Inductor's C++ builds out of the suite)."""
-    from codechat.config import ConfigError
+    from codechat.config.stages import ConfigError
     compile_ = torch.compile
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda f: compiled.append(f) or compile_(f, backend="aot_eager"))

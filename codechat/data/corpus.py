@@ -40,9 +40,9 @@ from typing import Any, BinaryIO
 import numpy as np
 from tqdm import tqdm
 
-from codechat.atomic import write_text
-from codechat.config import ConfigError, DataConfig
-from codechat.config_sft import SFTConfig
+from codechat.config.atomic import write_text
+from codechat.config.sft import SFTConfig
+from codechat.config.stages import ConfigError, DataConfig
 from codechat.data.sources import (SPLITS, HubSource, SourceFile, Skipped, add_source_args, check_split,
                                    collect_sources, split_documents, split_of)
 from codechat.tokenizer import Tokenizer

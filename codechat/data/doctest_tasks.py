@@ -19,9 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from codechat.data.mining import MAX_DOC_CHARS, MAX_FUNCTION_LINES, MINED_PROMPT, _trivial
-from codechat.data.tasks import DOCTEST_BATCH, DOCTEST_TIMEOUT_S, Task
+from codechat.data.task import Task
 from codechat.eval import sandbox
 from codechat.eval.problems import Problem
+
+
+#: Seconds a doctest reference may run when it is checked.
+DOCTEST_TIMEOUT_S = 5.0
+#: Programs judged per sandbox batch while mining doctests (mining stops early at ``max_tasks``).
+DOCTEST_BATCH = 32
 
 
 # ----------------------------------------------------------------------------- doctests -> tests
@@ -219,9 +225,9 @@ def mine_doctest_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: i
     ``counts`` receives what was seen and dropped (:class:`DoctestCounts`).
 
     Raises:
-        codechat.config.ConfigError: a source does not exist or holds no ``.py`` file.
+        codechat.config.stages.ConfigError: a source does not exist or holds no ``.py`` file.
     """
-    from codechat.config import default_corpus_dirs
+    from codechat.config.stages import default_corpus_dirs
     from codechat.data.sources import collect_files
     counts = counts if counts is not None else DoctestCounts()
     decon = _decontaminator(mbpp_file)

@@ -1,4 +1,4 @@
-"""SFT data formats: records in files -> :class:`~codechat.chat.Conversation` with their source and line.
+"""SFT data formats: records in files -> :class:`~codechat.chat.conversation.Conversation` with their source and line.
 
 A record's format is detected from its fields (``--sft.format`` / ``PATH#FORMAT`` overrides it).
 Detection looks at one distinctive field per format, in this order, so that a record missing a
@@ -7,7 +7,7 @@ required field is reported as such instead of silently matching another format:
 ========== ==================== ===================================================================
 format     detected by          mapping
 ========== ==================== ===================================================================
-messages   ``messages``         OpenAI chat, read by :func:`codechat.chat_openai.from_openai` (as
+messages   ``messages``         OpenAI chat, read by :func:`codechat.chat.openai_messages.from_openai` (as
                                 ``codechat serve`` reads a request): roles system/developer, user,
                                 assistant, tool/function (-> function_response); ``content`` str,
                                 list of text parts or null; ``tool_calls`` / legacy ``function_call``
@@ -39,7 +39,7 @@ text       ``text``             plain text, pretraining-style: ONE assistant tur
 
 In the chat formats (messages, sharegpt, glaive), assistant text that holds a call in the seed
 system's spelling ``<functioncall> {json}`` becomes a structured function call, read by
-:func:`codechat.calls.parse_assistant_text` with ``strict``: a marker not followed by exactly one
+:func:`codechat.chat.calls.parse_assistant_text` with ``strict``: a marker not followed by exactly one
 valid call (text after the call included) makes the record invalid, with the parser's reason and
 character offset in the message (never trained on as text, never cut silently).
 
@@ -59,11 +59,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from codechat.calls import CALL_MARKERS, parse_assistant_text, parse_call
-from codechat.chat import Conversation, Message, normalize_tool
+from codechat.chat.calls import CALL_MARKERS, parse_assistant_text, parse_call
+from codechat.chat.conversation import Conversation, Message, normalize_tool
 from codechat.data.readers import (BadRecordError, BadRow, FormatError, LoadCounts, checked_rows, data_files, read_rows,
                                    record_field)
-from codechat.chat_openai import MessageError, from_openai, message_text
+from codechat.chat.openai_messages import MessageError, from_openai, message_text
 
 #: Formats in detection order, each with the field that identifies it.
 DETECT_BY: tuple[tuple[str, str], ...] = (("messages", "messages"), ("sharegpt", "conversations"), ("glaive", "chat"),
@@ -108,7 +108,7 @@ def detect_format(rec: Mapping[str, Any]) -> str | None:
 
 # ----------------------------------------------------------------------------- converters
 def _text(content: Any, where: str) -> str:
-    """Message content as text (:func:`codechat.chat_openai.message_text`)."""
+    """Message content as text (:func:`codechat.chat.openai_messages.message_text`)."""
     try:
         return message_text(content, where)
     except MessageError as e:

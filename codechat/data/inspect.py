@@ -19,8 +19,8 @@ import json
 import sys
 from typing import Any, TextIO
 
-from codechat.config import ConfigError
-from codechat.config_sft import SFT_FORMATS, SFT_MIX_MODES, SFTConfig
+from codechat.config.sft import SFT_FORMATS, SFT_MIX_MODES, SFTConfig
+from codechat.config.stages import ConfigError
 
 #: ANSI codes around supervised text on a terminal.
 COLOR_ON, COLOR_OFF = "\x1b[1;32m", "\x1b[0m"
@@ -32,7 +32,7 @@ DEFAULT_MAX_LENGTH = 1024
 
 def marked_text(tok: Any, ids: list[int], mask: list[int], on: str, off: str) -> str:
     """The decoded ids (special tokens spelled) with every run of ``mask == 1`` between ``on`` and ``off``."""
-    from codechat.chat import supervised_spans
+    from codechat.chat.conversation import supervised_spans
     out, k = [], 0
     for a, b in supervised_spans(mask):
         out += [tok.decode(ids[k:a]), on, tok.decode(ids[a:b]), off]
@@ -43,8 +43,8 @@ def marked_text(tok: Any, ids: list[int], mask: list[int], on: str, off: str) ->
 
 def inspect_examples(spec: str, tok: Any, cfg: SFTConfig, n: int) -> tuple[list[dict[str, Any]], Any, Any]:
     """The first ``n`` examples of ``spec`` as JSON-ready dicts, the budget counts and the mixture."""
-    from codechat.budget import BudgetCounts, render_with_budget
-    from codechat.chat import supervised_spans
+    from codechat.chat.budget import BudgetCounts, render_with_budget
+    from codechat.chat.conversation import supervised_spans
     from codechat.data.mixture import Mixture
     mix = Mixture.from_spec(spec, cfg)
     counts = BudgetCounts()

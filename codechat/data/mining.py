@@ -54,11 +54,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from codechat.chat import Conversation, Message
-from codechat.config_sft import MINE_STYLES, SFTConfig
+from codechat.chat.conversation import Conversation, Message
+from codechat.config.sft import MINE_STYLES, SFTConfig
 from codechat.data.benchmarks import HUMANEVAL_FILE, MBPP_SPLITS, mbpp_split
-from codechat.data.sources import collect_files
 from codechat.data.formats import HUMANEVAL_PROMPT, Record
+from codechat.data.sources import collect_files
 
 #: The user turn of a mined pair.
 MINED_PROMPT = "Write a Python function `{signature}` that: {doc}"

@@ -19,7 +19,7 @@ Weights must be finite and >= 0, not all 0. A zero-weight source is never loaded
 positive-weight source with no records (empty, or all skipped / decontaminated) is an error
 naming it.
 
-Modes (:data:`~codechat.config_sft.SFT_MIX_MODES`):
+Modes (:data:`~codechat.config.sft.SFT_MIX_MODES`):
 
 - ``sample`` (default): each draw picks a source with probability ``weight / sum(weights)``;
   inside a source, records come in a seeded shuffled order, every record once before any
@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from codechat.config import ConfigError
-from codechat.config_sft import SFT_FORMATS, SFT_MIX_MODES, SFTConfig
+from codechat.config.sft import SFT_FORMATS, SFT_MIX_MODES, SFTConfig
+from codechat.config.stages import ConfigError
 from codechat.data.benchmarks import CONVERSATION_SPLITS, conversation_split
 from codechat.data.formats import FORMATS, Record, iter_records, records_from_rows
 from codechat.data.readers import LoadCounts, data_files, hub_rows, read_rows
@@ -131,7 +131,7 @@ def load_source(spec: SourceSpec, cfg: SFTConfig, *, base_dir: str | os.PathLike
     counts = counts if counts is not None else LoadCounts()
     fmt = spec.format if spec.format != "auto" else cfg.format
     if spec.source.startswith("mine:"):
-        from codechat.config import default_corpus_dirs
+        from codechat.config.stages import default_corpus_dirs
         from codechat.data.mining import mine_records
         where = spec.source[len("mine:"):]
         srcs = [_resolve(where, base_dir)] if where else list(cfg.mine_src or default_corpus_dirs())

@@ -12,7 +12,7 @@ the same file read from another directory keeps its ids.
     {"id": PROMPT_ID, "answer": [{"role": "assistant", "content": TEXT, "function_call": CALL?}, ...],
      "finish_reason": "stop", "usage": {"prompt_tokens": N, "completion_tokens": M}, "model": NAME}
 
-``answer`` is the answer as :meth:`Message.to_dict <codechat.chat.Message.to_dict>` turns
+``answer`` is the answer as :meth:`Message.to_dict <codechat.chat.conversation.Message.to_dict>` turns
 (an answer with several tool calls is one assistant turn per call). ``codechat sft
 --teacher-completions DIR/completions.jsonl`` (``sft.teacher_completions``) reads it with
 :func:`read_answers` and replaces each record's conversation by its prompt plus the answer
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from codechat.chat import Conversation, Message
+from codechat.chat.conversation import Conversation, Message
 from codechat.data.formats import FormatError, Record, to_conversation
 
 #: The files of a distillation directory.

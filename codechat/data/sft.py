@@ -1,7 +1,7 @@
 """SFT batches: rendered conversations from a mixture, as padded rows or best-fit packed rows.
 
 The loader pulls ``chunk_examples`` records at a time from the :class:`~codechat.data.mixture.Mixture`,
-renders each within its budget (:func:`codechat.budget.render_with_budget`; an example that would
+renders each within its budget (:func:`codechat.chat.budget.render_with_budget`; an example that would
 have no supervised token is dropped and counted there), and cuts the chunk into micro-batches:
 
 - padded: examples sorted by length, consecutive ``micro_batch_size`` examples per micro-batch
@@ -24,8 +24,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..budget import BudgetCounts, RenderedExample, render_with_budget
-from ..config_sft import SFTConfig
+from codechat.chat.budget import BudgetCounts, RenderedExample, render_with_budget
+from codechat.config.sft import SFTConfig
 from ..model import IGNORE_INDEX
 from ..tokenizer import Tokenizer
 from .batch import Batch

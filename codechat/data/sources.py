@@ -15,7 +15,7 @@ A source (:func:`collect_sources`) is
 
 A record's text is its first field of ``text_fields`` (default ``content`` then ``text``) that is
 present and not null: a string, or bytes read as UTF-8 like a file's. A record without one, a
-field of another type, or a line that is not JSON raises a :class:`~codechat.config.ConfigError`
+field of another type, or a line that is not JSON raises a :class:`~codechat.config.stages.ConfigError`
 ``FILE:LINE: ...`` naming the fields looked for and those present - or, with ``skip_bad``, is
 counted by reason and left out.
 
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codechat.config import ConfigError, DataConfig, default_corpus_dirs
+from codechat.config.stages import ConfigError, DataConfig, default_corpus_dirs
 from codechat.data.readers import (EXTENSIONS, HUB_PREFIX, BadRecordError, FormatError, LoadCounts, checked_rows,
                                    hub_rows, is_data_file, is_parquet, parse_hub_name, read_rows, record_field, require)
 

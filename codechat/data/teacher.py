@@ -53,13 +53,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codechat.chat_openai import openai_tools, to_openai
-from codechat.config import ConfigError, to_dict
-from codechat.config_sft import SFT_FORMATS, SFTConfig
+from codechat.chat.openai_messages import openai_tools, to_openai
+from codechat.config.hosts import is_loopback_url
+from codechat.config.sft import SFT_FORMATS, SFTConfig
+from codechat.config.stages import ConfigError, to_dict
 from codechat.data.formats import FormatError, to_conversation
 from codechat.data.prompts import prompt_id, prompt_of
 from codechat.data.teacher_store import AnswerStore, Prompt
-from codechat.hosts import is_loopback_url
 
 #: Reasons an answer is rejected for good (see the module docstring).
 REJECT_REASONS = ("length", "content_filter", "empty_choices", "empty_content", "unclosed_think",
@@ -221,7 +221,7 @@ def load_prompts(cfg: DistillConfig) -> list[Prompt]:
 
 # ----------------------------------------------------------------------------- the wire format
 def request_messages(prompt: Prompt, system_prompt: str = "") -> list[dict[str, Any]]:
-    """The prompt as OpenAI chat messages (:func:`codechat.chat_openai.to_openai`), ``system_prompt``
+    """The prompt as OpenAI chat messages (:func:`codechat.chat.openai_messages.to_openai`), ``system_prompt``
     first when the prompt has no system message."""
     msgs = to_openai(prompt.conversation.messages)
     if system_prompt and prompt.conversation.messages[0].role != "system":
@@ -440,7 +440,7 @@ def add_cli(sub: Any) -> None:
 
 
 def _cmd_distill(args: argparse.Namespace, overrides: dict[str, str]) -> int:
-    from codechat.config import load
+    from codechat.config.stages import load
     flags = {"prompts": args.prompts, "base_url": args.base_url, "model": args.model, "out": args.out,
              "api_key_env": args.api_key_env, "limit": args.limit, "skip_bad": args.skip_bad or None,
              "teacher.concurrency": args.concurrency, "teacher.temperature": args.temperature,

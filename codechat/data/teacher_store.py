@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from codechat.atomic import write_text
-from codechat.chat import Conversation
-from codechat.config import ConfigError
+from codechat.chat.conversation import Conversation
+from codechat.config.atomic import write_text
+from codechat.config.stages import ConfigError
 from codechat.data.prompts import COMPLETIONS, REJECTED, SUMMARY, jsonl_rows
 
 #: The summary is rewritten at most this often while answers arrive (and always at the end).

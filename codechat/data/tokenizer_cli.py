@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from codechat.config import DataConfig
+from codechat.config.stages import DataConfig
 from codechat.data.sources import add_source_args, iter_split_texts
 from codechat.tokenizer import Tokenizer, bytes_per_token, train_tokenizer
 

@@ -113,7 +113,7 @@ def _cli_run(args: argparse.Namespace) -> int:
     check_ks(args.k, args.n)
     problems = load_problems(args.suite, args.split, limit=args.limit, shots=args.shots)
     from codechat.checkpoint import load_model
-    from codechat.device import resolve_device
+    from codechat.config.device import resolve_device
     ckpt = resolve_model_path(args.model)
     model, tok, state = load_model(ckpt, resolve_device(args.device))
     stage = state.get("meta", {}).get("stage", "pretrain")
@@ -134,7 +134,7 @@ def _cli_run(args: argparse.Namespace) -> int:
 def _cli_run_funcall(args: argparse.Namespace) -> int:
     """``codechat eval run --suite funcall:PATH``: every assistant turn of the split, scored."""
     from codechat.checkpoint import load_model
-    from codechat.device import resolve_device
+    from codechat.config.device import resolve_device
     from codechat.engine import Engine, EngineConfig
     from codechat.eval.funcall import format_summary, load_cases, run_funcall_suite
     path = args.suite.split(":", 1)[1]

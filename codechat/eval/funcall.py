@@ -8,7 +8,7 @@ conversation before it (system turn with the declared tools, earlier turns, func
 is the prompt; the model answers greedily through the engine. A turn that calls a function is
 scored for
 
-- ``parsed``: the reply holds a call that parses (:func:`codechat.calls.parse_assistant`);
+- ``parsed``: the reply holds a call that parses (:func:`codechat.chat.calls.parse_assistant`);
 - ``schema_valid``: its arguments validate against the called tool's schema
   (:func:`codechat.tools.validate_arguments`, the schema loaded by
   :func:`codechat.tools.tool_from_schema`, which repairs sloppy schemas in the wild, counted);
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from codechat.atomic import write_text
+from codechat.config.atomic import write_text
 from codechat.data.benchmarks import conversation_split
 
 SPLITS = ("heldout", "train", "all")
@@ -46,14 +46,14 @@ SPLITS = ("heldout", "train", "all")
 
 def load_cases(path: str | Path, split: str = "heldout", limit: int | None = None) -> list[dict[str, Any]]:
     """The cases of the conversations of ``path`` in ``split``: dicts with ``id`` (``line:turn``),
-    ``conversation`` (the prompt, a :class:`~codechat.chat.Conversation`) and ``expected`` (the
-    assistant :class:`~codechat.chat.Message`).
+    ``conversation`` (the prompt, a :class:`~codechat.chat.conversation.Conversation`) and ``expected`` (the
+    assistant :class:`~codechat.chat.conversation.Message`).
 
     Raises:
         ValueError: an unknown split, or no assistant turn in it.
         codechat.data.formats.FormatError: a record in no known format (file and line named).
     """
-    from codechat.chat import Conversation
+    from codechat.chat.conversation import Conversation
     from codechat.data.formats import records_from_rows
     from codechat.data.readers import read_rows
     if split not in SPLITS:
@@ -146,8 +146,8 @@ def run_funcall_suite(engine: Any, tok: Any, *, path: str | Path, out_dir: str |
         ValueError: see :func:`load_cases`; or ``out_dir`` holds results made with other settings
             (checked before anything is generated).
     """
-    from codechat.budget import render_for_completion_within
-    from codechat.calls import FUNCTION_CALL_TOKEN, parse_assistant
+    from codechat.chat.budget import render_for_completion_within
+    from codechat.chat.calls import FUNCTION_CALL_TOKEN, parse_assistant
     from codechat.engine import Request, SamplingConfig
     from codechat.eval.suites import SAMPLER_VERSION, check_run_settings
     from codechat.tools import tool_from_schema

@@ -23,7 +23,7 @@ Code (each a pure function of an ``ExecResult``):
 :func:`score` runs a program in the sandbox and returns one of these rewards.
 
 Function calls: :func:`funcall_tiered` scores a reply to a turn that should call
-``expected_call``, reading it with the project's one parser (:func:`codechat.calls.parse_reply`)
+``expected_call``, reading it with the project's one parser (:func:`codechat.chat.calls.parse_reply`)
 and checking it as the funcall suite does (:func:`codechat.eval.funcall.score_case`): schema
 validity by :func:`codechat.tools.validate_arguments`, equality by
 :func:`codechat.eval.funcall.normalize_value`. Each rung is one more thing right, in the order a
@@ -33,7 +33,7 @@ call is judged (:class:`FuncallLadder` holds the values):
   the reply                                                                           reward
   ==================================================================================  ======
   answers in text: no call marker (``<|function_call|>``, ``<functioncall>``)         0.00
-  a marker, but what follows is not a call (any :class:`~codechat.calls.ParseError`)  0.10
+  a marker, but what follows is not a call (any :class:`~codechat.chat.calls.ParseError`)  0.10
   a call of a function that is not declared (a hallucinated tool)                     0.25
   a call of a declared function, but not the expected one                             0.40
   the expected function, arguments invalid against its schema                         0.60
@@ -52,7 +52,7 @@ declared wrong function outranks an invented one. 1.0 needs schema-valid argumen
 only after :func:`~codechat.eval.funcall.normalize_value`'s string-to-number conversion (``"2"``
 where the schema says integer) is invalid, the dispatcher would reject it, and it gets 0.60 (the
 funcall suite counts it under ``arguments_exact`` but not ``schema_valid``). Parse failures are
-one rung whatever their :data:`~codechat.calls.PARSE_ERROR_REASONS` (``no_json``, ``bad_json``
+one rung whatever their :data:`~codechat.chat.calls.PARSE_ERROR_REASONS` (``no_json``, ``bad_json``
 as from a call cut at ``max_new_tokens``, ``no_name``, ``arguments_not_object``): finer credit
 for kinds of malformed JSON would reward junk. With ``expected_call=None`` (a turn that should
 answer in text, as the suite's ``no_call``): 1.0 without a marker, 0.0 with one (parsed or not).
@@ -62,7 +62,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Sequence
 
-from codechat.calls import normalize_call, parse_reply
+from codechat.chat.calls import normalize_call, parse_reply
 from codechat.eval.funcall import normalize_value
 from codechat.eval.sandbox import ExecResult, run
 from codechat.tools.schema import Tool, validate_arguments
@@ -173,7 +173,7 @@ def funcall_tiered(reply_text: str, expected_call: Mapping[str, Any] | None, too
         reply_text: the generated reply as text (``<|function_call|>`` spelled out, as
             ``tok.decode`` writes it; trailing ``<|end|>`` is stripped by the parser).
         expected_call: the reference ``{"name", "arguments"}`` (arguments an object or a JSON
-            string of one: :func:`codechat.calls.normalize_call`), or ``None`` for a turn that
+            string of one: :func:`codechat.chat.calls.normalize_call`), or ``None`` for a turn that
             should answer in text.
         tools: the declared tools by the name the model calls them: :class:`~codechat.tools.Tool`
             as :func:`codechat.tools.tool_from_schema` builds them (parameters normalised and
@@ -181,7 +181,7 @@ def funcall_tiered(reply_text: str, expected_call: Mapping[str, Any] | None, too
         ladder: the rung values.
 
     Raises:
-        ValueError: ``expected_call`` is not a call (a :class:`~codechat.calls.ParseError`) or names a
+        ValueError: ``expected_call`` is not a call (a :class:`~codechat.chat.calls.ParseError`) or names a
             function that is not among ``tools`` (a data error: no reply could earn 1.0).
     """
     reply = parse_reply(reply_text)

@@ -11,7 +11,7 @@
    - ``chat``: one user turn, exactly as SFT renders these datasets
      (:data:`codechat.data.formats.MBPP_PROMPT`: the problem text, "Your code should pass
      these tests:" and the three asserts; :data:`~codechat.data.formats.HUMANEVAL_PROMPT`: the
-     signature and docstring), rendered with :func:`codechat.chat.render_for_completion`. The
+     signature and docstring), rendered with :func:`codechat.chat.conversation.render_for_completion`. The
      answer ends at ``<|end|>``; its code is found by :func:`codechat.eval.extract.extract_code`;
    - ``base``: completion mode after ``<|end|>`` (the document separator of the pretraining
      corpus, so the prompt starts where a document starts). HumanEval's prompt is continued
@@ -61,7 +61,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from tqdm.auto import tqdm
 
-from codechat.atomic import write_text
+from codechat.config.atomic import write_text
 from codechat.eval import sandbox
 from codechat.eval.extract import defines, extract_code, parse_quietly
 from codechat.eval.passk import mean_pass_at_k, pass_at_k, verdict, verdict_band
@@ -144,7 +144,7 @@ class ModelSampler:
     """
 
     def __init__(self, engine: Any, tok: Any, cfg: Any, *, mode: str, stop_sequences: Sequence[str] = ()) -> None:
-        from codechat.calls import FUNCTION_CALL_TOKEN
+        from codechat.chat.calls import FUNCTION_CALL_TOKEN
         self.engine, self.tok, self.cfg, self.mode = engine, tok, cfg, mode
         self.stop_sequences = tuple(stop_sequences)
         self.stop_ids = sorted(tok.special_ids - {tok.special_id(FUNCTION_CALL_TOKEN)})
@@ -152,7 +152,7 @@ class ModelSampler:
     def __call__(self, jobs: Iterator[Job]) -> Iterator[tuple[Job, int, Generation]]:
         from dataclasses import replace
 
-        from codechat.calls import parse_assistant
+        from codechat.chat.calls import parse_assistant
         from codechat.engine import Request
         eng, stop = self.engine, set(self.stop_ids)
         rows: dict[tuple[int, int], dict[str, Any]] = {}
@@ -221,7 +221,7 @@ def resolve_mode(mode: str, stage: str) -> str:
 def prompt_ids(tok: Any, problem: Problem, mode: str) -> list[int]:
     """Token ids generation starts from: the rendered user turn (chat) or ``<|end|>`` + text (base)."""
     if mode == "chat":
-        from codechat.chat import Conversation, Message, render_for_completion
+        from codechat.chat.conversation import Conversation, Message, render_for_completion
         return render_for_completion(tok, Conversation((Message("user", problem.prompt),)))
     return [tok.end_id] + tok.encode(problem.base_prompt)
 

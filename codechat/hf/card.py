@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config import default_corpus_dirs
+from codechat.config.stages import default_corpus_dirs
 
 #: Licences of the data sets codechat's documentation uses, by a name fragment (lower case).
 KNOWN_LICENSES: dict[str, str] = {

@@ -1,4 +1,4 @@
-"""``config.json`` of a Hugging Face Llama / Qwen3 checkpoint, to and from :class:`~codechat.config.ModelConfig`.
+"""``config.json`` of a Hugging Face Llama / Qwen3 checkpoint, to and from :class:`~codechat.config.stages.ModelConfig`.
 
 The two architectures differ, for codechat's model, only in QK-norm: ``Qwen3ForCausalLM`` has it
 (an RMSNorm over each head's query and key before RoPE), ``LlamaForCausalLM`` does not. Every other
@@ -33,7 +33,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, ModelConfig
+from codechat.config.stages import ConfigError, ModelConfig
 
 #: ``model_type`` -> (architecture, QK-norm).
 ARCHITECTURES: dict[str, tuple[str, bool]] = {"llama": ("LlamaForCausalLM", False),

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..atomic import write_dir
+from codechat.config.atomic import write_dir
 from ..checkpoint import TIED_HEAD
-from ..config import ConfigError, ModelConfig, build, to_dict
+from codechat.config.stages import ConfigError, ModelConfig, build, to_dict
 from ..tokenizer import Tokenizer
 from .card import model_card
 from .config import hf_config

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from ..atomic import write_dir
+from codechat.config.atomic import write_dir
 from ..checkpoint import EMBEDDING, TIED_HEAD
-from ..config import ModelConfig, to_dict
+from codechat.config.stages import ModelConfig, to_dict
 from ..model import GPT
 from ..tokenizer import Tokenizer
 from .config import HFImportError, model_config_from_hf, read_config

@@ -1,8 +1,8 @@
-"""The Jinja chat template of an exported tokenizer: codechat's :func:`~codechat.chat.render`, as text.
+"""The Jinja chat template of an exported tokenizer: codechat's :func:`~codechat.chat.conversation.render`, as text.
 
 ``tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)`` gives the ids
-of :func:`~codechat.chat.render_for_completion` (and without the generation prompt those of
-:func:`~codechat.chat.render`), because every special token of the text below is an added token of
+of :func:`~codechat.chat.conversation.render_for_completion` (and without the generation prompt those of
+:func:`~codechat.chat.conversation.render`), because every special token of the text below is an added token of
 the exported ``tokenizer.json`` and the text between two of them is exactly what ``render``
 encodes on its own: the system text with the tools block, each message's content, each call's
 JSON. What the template reads (the conversions of :mod:`codechat.data.formats`):
@@ -16,12 +16,12 @@ JSON. What the template reads (the conversions of :mod:`codechat.data.formats`):
   ``tojson`` (``json.dumps``, as ``render`` does); a JSON *string* is inserted as written, which is
   ``render``'s text when the string is ``json.dumps``'s (Jinja cannot parse JSON);
 - ``tools``: function schemas, OpenAI's ``{"type": "function", "function": {...}}`` unwrapped,
-  one ``tojson`` line each after the header of :data:`codechat.chat.TOOLS_HEADER`.
+  one ``tojson`` line each after the header of :data:`codechat.chat.conversation.TOOLS_HEADER`.
 """
 from __future__ import annotations
 
-from ..calls import FUNCTION_CALL_TOKEN
-from ..chat import ROLE_TOKENS, TOOLS_HEADER
+from codechat.chat.calls import FUNCTION_CALL_TOKEN
+from codechat.chat.conversation import ROLE_TOKENS, TOOLS_HEADER
 
 _TEMPLATE = r"""
 {%- macro text(content) -%}

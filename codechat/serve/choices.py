@@ -10,8 +10,8 @@ always equals the non-streamed one.
 - ``stop`` strings: the reply ends before the first one; text that could be the start of one is
   held back until it is not (so a stop string never reaches the client, even in part).
 - With tools, a call begins at the ``<|function_call|>`` id, or at a call marker spelled in text
-  (:data:`codechat.calls.CALL_MARKERS`, held back like stop strings); nothing after it is sent as
-  content. At the end the reply is read by :func:`codechat.calls.parse_reply_ids`, the one parser:
+  (:data:`codechat.chat.calls.CALL_MARKERS`, held back like stop strings); nothing after it is sent as
+  content. At the end the reply is read by :func:`codechat.chat.calls.parse_reply_ids`, the one parser:
   a call becomes ``tool_calls`` (arguments as a JSON string, an id per call) with finish reason
   ``tool_calls``; a call that does not parse is sent as text (marker included), with the finish
   reason the engine gave.
@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from codechat.calls import CALL_MARKERS, FUNCTION_CALL_TOKEN, parse_reply_ids
-from codechat.chat_openai import tool_call
+from codechat.chat.calls import CALL_MARKERS, FUNCTION_CALL_TOKEN, parse_reply_ids
+from codechat.chat.openai_messages import tool_call
 from codechat.engine import Token
 from codechat.tokenizer import Tokenizer
 

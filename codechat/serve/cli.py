@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from codechat.hosts import is_loopback
+from codechat.config.hosts import is_loopback
 
 from .config import ServeConfig
 
@@ -78,7 +78,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"codechat serve: error: {e.name} is not installed: {INSTALL_HINT}", file=sys.stderr)
         return 2
     from codechat.checkpoint import load_model
-    from codechat.device import resolve_device
+    from codechat.config.device import resolve_device
     from codechat.engine import Engine, EngineConfig
     from codechat.eval.cli import resolve_model_path
 

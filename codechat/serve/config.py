@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codechat.config import ConfigError
+from codechat.config.stages import ConfigError
 
 #: OpenAI's own limit on ``stop`` strings per request.
 OPENAI_MAX_STOP = 4

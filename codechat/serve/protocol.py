@@ -1,20 +1,20 @@
 """OpenAI's chat-completions request, read into codechat's terms, and its error object.
 
 :func:`parse_chat_request` checks a decoded request body field by field and returns a
-:class:`ChatRequest`: the conversation (:class:`codechat.chat.Conversation`, tools in the system
-turn through :func:`codechat.chat.system_text`), its prompt ids, the engine
+:class:`ChatRequest`: the conversation (:class:`codechat.chat.conversation.Conversation`, tools in the system
+turn through :func:`codechat.chat.conversation.system_text`), its prompt ids, the engine
 :class:`~codechat.engine.Request` and what the reply needs (stop strings, tool mode). Anything
 wrong is an :class:`APIError` naming the field (``param``), never an exception that reaches the
 server. Mapping of the history:
 
-- ``messages``: read by :func:`codechat.chat_openai.from_openai`, as the ``messages`` SFT format
+- ``messages``: read by :func:`codechat.chat.openai_messages.from_openai`, as the ``messages`` SFT format
   reads training data: ``system`` / ``developer`` (first only) -> the system turn; ``user``;
   ``assistant`` (``content``, and ``tool_calls`` or the older ``function_call``: each call its own
   assistant turn, as in training); ``tool`` / ``function`` -> a ``function_response`` turn;
   ``content`` a string, ``null`` or a list of ``{"type": "text", "text": ...}`` parts (joined).
 - ``tool_choice``: ``none`` (the default without tools) declares no tools and ends the reply where
   a call would begin; ``auto`` (the default with tools) declares them and reads a call out of the
-  reply (:func:`codechat.calls.parse_reply_ids`); ``required`` starts the reply with the
+  reply (:func:`codechat.chat.calls.parse_reply_ids`); ``required`` starts the reply with the
   ``<|function_call|>`` id; ``{"type": "function", "function": {"name": N}}`` also writes the
   call's opening ``{"name": "N", "arguments":`` so that the model writes the arguments of N.
 - Sampling follows OpenAI's defaults: ``temperature`` 1 (0 is greedy; at most 2), ``top_p`` 1;
@@ -32,9 +32,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from codechat.calls import FUNCTION_CALL_TOKEN
-from codechat.chat import Conversation, lone_surrogate, render_for_completion
-from codechat.chat_openai import MessageError, from_openai
+from codechat.chat.calls import FUNCTION_CALL_TOKEN
+from codechat.chat.conversation import Conversation, lone_surrogate, render_for_completion
+from codechat.chat.openai_messages import MessageError, from_openai
 from codechat.engine import Request, SamplingConfig
 from codechat.tokenizer import Tokenizer
 

@@ -3,7 +3,7 @@
 - :mod:`.schema`: :class:`Tool`, :class:`ToolError`, :func:`tools_by_name` (one tool per name),
   JSON-Schema checks at load (:func:`check_name`, :func:`check_schema`), argument validation
   (:func:`validate_arguments`) and schemas from data (:func:`tool_from_schema`). The layout of
-  tools in the system turn is :func:`codechat.chat.system_text`;
+  tools in the system turn is :func:`codechat.chat.conversation.system_text`;
 - :mod:`.normalize`: :func:`normalize_schema`, the repairs of sloppy schemas from data;
 - :mod:`.derive`: schemas from Python functions (:func:`tool_from_function`, the :func:`tool`
   decorator, :func:`parse_docstring`);

@@ -141,8 +141,8 @@ class CallResult:
     stderr: str = ""
 
     def message(self) -> Any:
-        """This result as a ``codechat.chat.Message`` of role ``function_response``."""
-        from codechat.chat import Message  # lazy: chat imports the tokenizer
+        """This result as a ``codechat.chat.conversation.Message`` of role ``function_response``."""
+        from codechat.chat.conversation import Message  # lazy: chat imports the tokenizer
 
         return Message("function_response", self.content)
 
@@ -326,7 +326,7 @@ class Dispatcher:
         Args:
             call: the parsed call ``{"name": str, "arguments": dict}`` (arguments may also be a
                 JSON string, decoded once, or missing: ``{}``); call text, parsed with
-                :func:`codechat.calls.parse_call`; or, when the model's call did not parse,
+                :func:`codechat.chat.calls.parse_call`; or, when the model's call did not parse,
                 None with ``error`` the parser's reason, or the parser's exception itself.
             error: the parse failure when ``call`` is None.
             timeout_s: this call's executor timeout in seconds (default ``limits.timeout_s``).
@@ -348,7 +348,7 @@ class Dispatcher:
     def _dispatch(self, call: Any, error: str | None, timeout_s: float, t0: float) -> CallResult:
         if isinstance(call, str):
             try:
-                from codechat.calls import parse_call  # lazy: calls imports the tokenizer
+                from codechat.chat.calls import parse_call  # lazy: calls imports the tokenizer
 
                 call = parse_call(call)
             except Exception as e:  # noqa: BLE001

@@ -24,8 +24,8 @@ What lives where (imports point one way: :mod:`.normalize` <- this module <- :mo
   (:func:`~.executors.load_callables`: its callables, to bind schemas declared elsewhere).
 
 The layout of tools in the system turn is not defined here: it is
-:func:`codechat.chat.system_text` (``TOOLS_HEADER`` then one ``json.dumps(schema)`` per line),
-used by SFT rendering and by every prompt built from a :class:`~codechat.chat.Conversation`; put
+:func:`codechat.chat.conversation.system_text` (``TOOLS_HEADER`` then one ``json.dumps(schema)`` per line),
+used by SFT rendering and by every prompt built from a :class:`~codechat.chat.conversation.Conversation`; put
 ``[t.schema() for t in tools]`` into ``Conversation(tools=...)``.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any
 
 import jsonschema
 
-from codechat.chat import normalize_tool
+from codechat.chat.conversation import normalize_tool
 
 from .normalize import normalize_schema
 
@@ -203,7 +203,7 @@ def tool_from_schema(schema: Mapping[str, Any], where: str, *, fn: Callable[...,
     """The :class:`Tool` of a function schema from data or JSON (``{"name", "description", "parameters"}``).
 
     OpenAI's ``{"type": "function", "function": {...}}`` wrapper is removed
-    (:func:`codechat.chat.normalize_tool`). Missing ``parameters`` means no arguments. With
+    (:func:`codechat.chat.conversation.normalize_tool`). Missing ``parameters`` means no arguments. With
     ``normalize`` (default) the parameters go through :func:`normalize_schema` first and
     ``Tool.changes`` lists what was repaired; then :func:`check_schema`. Keys other than name,
     description and parameters are not kept.

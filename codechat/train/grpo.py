@@ -75,9 +75,10 @@ from typing import Any
 import torch
 
 from .. import checkpoint as ckpt
-from ..atomic import write_text
-from ..config import ConfigError, OptimConfig, RunConfig, TrainConfig, _check, check_init, save_yaml, to_dict
-from ..parallel import init_world
+from codechat.config.atomic import write_text
+from codechat.config.stages import (ConfigError, OptimConfig, RunConfig, TrainConfig, _check, check_init, save_yaml,
+                                    to_dict)
+from codechat.parallel.world import init_world
 from .grpo_update import GRPOStep
 from .init import resolve_init
 from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages

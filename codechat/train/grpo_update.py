@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..device import autocast_for
+from codechat.config.device import autocast_for
 from .rl import policy_loss, sequence_logprobs
 from .rollouts import RolloutBatch
 from .trainer import Trainer, lr_at

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from .. import checkpoint as ckpt
 from ..hf import PREFIX, import_hf, imported_from
-from ..parallel import World, main_first
+from codechat.parallel.world import World, main_first
 
 HF_INIT_DIR = "hf_init"  # where a stage keeps its imported Hugging Face checkpoint
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..config import OptimConfig
+from codechat.config.stages import OptimConfig
 
 #: Quintic Newton-Schulz coefficients (a, b, c) of Jordan et al. 2024 (the values torch's Muon uses).
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)

@@ -49,7 +49,7 @@ compiles the head too (compiled logits) but has no whole-step graph: the peak is
 Measured on an H200 (``benchmarks/RESULTS.md``), the whole-model compiled plan is within 1% of
 ``torch.cuda.max_memory_allocated`` for d20 and 1b at micro-batches 8-32 x 2048.
 
-Dtypes: the defaults are codechat's trainer (``Trainer``, :func:`codechat.device.autocast_for`):
+Dtypes: the defaults are codechat's trainer (``Trainer``, :func:`codechat.config.device.autocast_for`):
 fp32 weights, fp32 gradients, fp32 AdamW state, no master copy, bf16 autocast on CUDA: 4 + 4 + 8 = 16
 bytes per parameter plus the bf16 copies. The seed system's settings are bf16 weights and
 gradients, an fp32 master copy and fp32 m and v (``param_bytes=2, grad_bytes=2, master_bytes=4``):
@@ -74,7 +74,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ..config import ConfigError, ModelConfig, OptimConfig, TrainConfig
+from codechat.config.stages import ConfigError, ModelConfig, OptimConfig, TrainConfig
 
 STRATEGIES = ("ddp", "hsdp", "fsdp")  # cheapest first: replicated, sharded in a node, sharded everywhere
 AC_MODES = ("none", "selective", "full")  # cheapest first: recomputation costs compute

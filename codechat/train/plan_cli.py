@@ -11,7 +11,7 @@ from .plan import (AC_MODES, DEFAULT_GPU_MEM_GIB, DTYPE_BYTES, FP32, STRATEGIES,
 
 def add_cli(sub: Any) -> None:
     """Register ``codechat plan`` on the ``codechat`` subparsers."""
-    from ..config import PRESETS
+    from codechat.config.stages import PRESETS
     p = sub.add_parser("plan", help="estimate per-GPU memory of a training layout (no GPU needed)",
                        description="Per-GPU memory (weights, grads, optimizer, master copy, activations, logits, "
                                    "buffers, margin) of pretraining --preset under DDP, FSDP, HSDP and --pp stages, "
@@ -38,7 +38,7 @@ def add_cli(sub: Any) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace, overrides: dict[str, str]) -> int:
-    from ..config import PretrainConfig, load, pretrain_recipe
+    from codechat.config.stages import PretrainConfig, load, pretrain_recipe
     # the layout flags are the plan's own; the training config sees the strategy (train.cpu_offload checks it)
     run = load(PretrainConfig, args.config, {**overrides, "train.parallel": args.parallel},
                base=pretrain_recipe(args.preset))

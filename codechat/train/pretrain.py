@@ -8,11 +8,11 @@ from typing import Any, Callable
 import torch
 
 from .. import checkpoint as ckpt
-from ..config import DataConfig, PretrainConfig, _check, check_init, replace, save_yaml, to_dict
+from codechat.config.stages import DataConfig, PretrainConfig, _check, check_init, replace, save_yaml, to_dict
 from ..data.corpus import build_corpus, load_index, read_split
 from ..data.sources import iter_split_texts
 from ..data.windows import WindowLoader, eval_windows
-from ..parallel import RankSlice, init_world, main_first
+from codechat.parallel.world import RankSlice, init_world, main_first
 from ..model import GPT, build_model
 from ..tokenizer import Tokenizer, train_tokenizer
 from .plan import check_training_memory

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from codechat.data.tasks import Task
+from codechat.data.task import Task
 from codechat.eval import rewards as R
 
 #: ``--reward`` values and the task kind each one judges.
@@ -169,8 +169,8 @@ def collect(engine: Any, tok: Any, tasks: Sequence[Task], seeds: Sequence[int], 
     """
     from dataclasses import replace
 
-    from codechat.budget import render_for_completion_within
-    from codechat.calls import FUNCTION_CALL_TOKEN
+    from codechat.chat.budget import render_for_completion_within
+    from codechat.chat.calls import FUNCTION_CALL_TOKEN
     from codechat.engine import Request
     stops = sorted(tok.special_ids - {tok.special_id(FUNCTION_CALL_TOKEN)})
     new = min(sampling.max_new_tokens, engine.max_len // 2)

@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import checkpoint as ckpt
-from ..config import ConfigError, replace, save_yaml, to_dict
-from ..config_sft import SFTStageConfig
+from codechat.config.sft import SFTStageConfig
+from codechat.config.stages import ConfigError, replace, save_yaml, to_dict
 from ..data.mixture import Mixture, missing_sources
-from ..budget import RenderedExample
+from codechat.chat.budget import RenderedExample
 from ..data.sft import SFTLoader, collate, preflight
-from ..parallel import RankSlice, init_world
+from codechat.parallel.world import RankSlice, init_world
 from ..model import GPT, IGNORE_INDEX
-from ..atomic import write_text
+from codechat.config.atomic import write_text
 from .plan import check_training_memory
 from .init import resolve_init
 from .trainer import Trainer

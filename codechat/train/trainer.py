@@ -24,11 +24,13 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import checkpoint as ckpt
-from ..config import ConfigError, OptimConfig, RunConfig, TrainConfig
+from codechat.config.stages import ConfigError, OptimConfig, RunConfig, TrainConfig
 from ..data.batch import Batch
-from ..device import autocast_for, compute_dtype, peak_flops
+from codechat.config.device import autocast_for, compute_dtype, peak_flops
 from ..model import GPT, IGNORE_INDEX, build_model
-from ..parallel import Parallel, World, whole_template
+from codechat.parallel.state import whole_template
+from codechat.parallel.world import World
+from codechat.parallel.wrapper import Parallel
 from .optim import build_optimizer
 
 
@@ -103,9 +105,9 @@ class Trainer:
         out_dir: the stage directory (``metrics.jsonl``, ``tb/``, ``checkpoints/``).
         meta: JSON-able facts saved in every checkpoint's ``state.json`` (configs, stage name).
         tokenizer_dir: copied into each checkpoint so it is self-contained.
-        world: this process's place (:func:`codechat.parallel.init_world`; default: a world of one).
+        world: this process's place (:func:`codechat.parallel.world.init_world`; default: a world of one).
             In a larger world ``train.parallel`` says how the model is spread, ``batches`` must give
-            this rank's rows (:class:`codechat.parallel.RankSlice`), and only rank 0 logs and writes.
+            this rank's rows (:class:`codechat.parallel.world.RankSlice`), and only rank 0 logs and writes.
     """
 
     def __init__(self, model: GPT, *, train: TrainConfig, optim: OptimConfig, run: RunConfig,

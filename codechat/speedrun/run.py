@@ -10,7 +10,7 @@ Data: the pretraining corpus leaves out every file that overlaps a HumanEval pro
 ``--mbpp``, an MBPP test problem) by :class:`codechat.data.mining.Decontaminator`'s rule, and
 the report lists them; chat SFT trains on functions mined from the corpus (the standard library,
 and on a GPU the installed packages at a lower weight; asked for both ways,
-:data:`codechat.config_sft.MINE_STYLES`), MBPP's train split with ``--mbpp`` and the sources of
+:data:`codechat.config.sft.MINE_STYLES`), MBPP's train split with ``--mbpp`` and the sources of
 ``--data``, decontaminated by the same rule. On a GPU the CPU work that can wait (the compression
 baselines, the mining) runs in background processes while pretraining trains.
 
@@ -20,7 +20,7 @@ and its error, and the command exits non-zero. ``--resume`` continues from the f
 stage (a half-done training stage from its newest checkpoint; a half-done evaluation from its
 ``samples.jsonl``) without redoing the finished ones.
 
-``--time-budget-min`` is the whole run's wall clock. :func:`~codechat.speedrun_plan.plan` gives every stage a share of
+``--time-budget-min`` is the whole run's wall clock. :func:`~codechat.speedrun.plan.plan` gives every stage a share of
 it up front (printed, and in the report as planned vs actual); when a stage starts it is granted
 the time left times its share of the stages still to run, so a stage that ran long shrinks the
 ones after it. Training stages train for their grant less what the stage spends around its
@@ -44,21 +44,22 @@ from typing import Any
 
 import torch
 
-from .config import (ConfigError, OptimConfig, PretrainConfig, RunConfig, TrainConfig, load, pretrain_recipe, replace,
-                     to_dict)
-from .config_sft import SFTConfig, SFTStageConfig
-from .data.corpus import benchmark_decontaminator, build_corpus, load_index, read_split
-from .data.sources import iter_split_texts
-from .completion import best_completion, sample_completions
-from .engine import Engine, EngineConfig, SamplingConfig
-from .atomic import write_text
-from .report import parses_after_dropping_last_line, plot_loss, read_metrics, speedrun_report, validation_baselines
-from .tokenizer import train_tokenizer
-from .data.windows import eval_windows
-from .train.pretrain import bpb_evaluator, run_pretrain
-from .train.sft import run_sft
-from .device import autocast_for, resolve_device
-from .speedrun_plan import LICENSES, SpeedrunPlan, plan
+from codechat.config.atomic import write_text
+from codechat.config.device import autocast_for, resolve_device
+from codechat.config.sft import SFTConfig, SFTStageConfig
+from codechat.config.stages import (ConfigError, OptimConfig, PretrainConfig, RunConfig, TrainConfig, load,
+                                    pretrain_recipe, replace, to_dict)
+from codechat.data.corpus import benchmark_decontaminator, build_corpus, load_index, read_split
+from codechat.data.sources import iter_split_texts
+from codechat.data.windows import eval_windows
+from codechat.engine import Engine, EngineConfig, SamplingConfig
+from codechat.engine.completion import best_completion, sample_completions
+from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan
+from codechat.speedrun.report import (parses_after_dropping_last_line, plot_loss, read_metrics, speedrun_report,
+                                      validation_baselines)
+from codechat.tokenizer import train_tokenizer
+from codechat.train.pretrain import bpb_evaluator, run_pretrain
+from codechat.train.sft import run_sft
 
 
 class SpeedrunFailed(RuntimeError):
@@ -202,7 +203,7 @@ class Speedrun:
     def _start_background(self) -> None:
         """Compute the baselines and mine the SFT pairs (into :meth:`_mined_files`) in two spawned
         processes; the ``baseline`` and ``sft`` stages collect them."""
-        from .data.mining import write_mined
+        from codechat.data.mining import write_mined
         p = self.p
         pool = ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"))
         self._baselines = pool.submit(validation_baselines, self.run)
@@ -252,7 +253,7 @@ class Speedrun:
 
     def _samples(self, grant: float, tag: str) -> dict[str, Any]:
         print(f"{tag} samples")
-        from .checkpoint import load_model
+        from codechat.checkpoint import load_model
         p = self.p
         model, tok, _ = load_model(self.run / "pretrain", self.dev)
         engine = Engine(model, EngineConfig(slots=p.sample_best_of))
@@ -317,9 +318,9 @@ class Speedrun:
 
     def _chat(self, grant: float, tag: str) -> dict[str, Any]:
         print(f"{tag} chat")
-        from .chat import Conversation, Message
-        from .chat_repl import reply
-        from .checkpoint import load_model
+        from codechat.chat.conversation import Conversation, Message
+        from codechat.chat.repl import reply
+        from codechat.checkpoint import load_model
         model, tok, _ = load_model(self.run / "sft", self.dev)
         engine = Engine(model, EngineConfig(slots=1))
         cfg = SamplingConfig(max_new_tokens=self.p.chat_tokens, temperature=self.p.sample_temperature,
@@ -338,8 +339,8 @@ class Speedrun:
                limit: int | None, stage: str | None = None) -> dict[str, Any]:
         """pass@k of ``stage`` (default: the last code stage) on ``suite``, sandboxed, stopping new
         problems at ``grant`` seconds; results under ``eval/<name>[-<stage>]``."""
-        from .checkpoint import load_model
-        from .eval.suites import format_summary, run_suite
+        from codechat.checkpoint import load_model
+        from codechat.eval.suites import format_summary, run_suite
         p, stage = self.p, stage or self._code_stage()
         ks = tuple(k for k in p.eval_ks if k <= n)
         print(f"{tag} {name} on {stage}/ ({limit or 'all'} problems x {n} samples, temperature "
@@ -383,7 +384,7 @@ class Speedrun:
             run=RunConfig(out=str(self.run / out), seed=self.seed, device=self.device_arg, resume=self.resume))
 
     def _rl(self, grant: float, tag: str) -> dict[str, Any]:
-        from .train.grpo import RLConfig, RLStageConfig, run_rl
+        from codechat.train.grpo import RLConfig, RLStageConfig, run_rl
         p, ev = self.p, self.m["eval"]["humaneval"]
         if ev["verdict"] == "stall":
             print(f"{tag} RL skipped: HumanEval {ev['verdict_text']}")
@@ -427,8 +428,8 @@ class Speedrun:
 
     def _funcall_eval(self, grant: float, tag: str) -> dict[str, Any]:
         print(f"{tag} function-calling evaluation on {self.p.funcall_data} (held out)")
-        from .checkpoint import load_model
-        from .eval.funcall import format_summary, run_funcall_suite
+        from codechat.checkpoint import load_model
+        from codechat.eval.funcall import format_summary, run_funcall_suite
         model, tok, _ = load_model(self.run / "funcall", self.dev)
         res = run_funcall_suite(Engine(model), tok, path=self.p.funcall_data, out_dir=self.run / "eval" / "funcall",
                                 split="heldout", max_new_tokens=self.p.funcall_tokens,
@@ -446,7 +447,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
     """Run every stage into ``out`` (``report.md``, ``metrics.json`` after each); returns the metrics.
 
     ``pretrain_overrides`` are dotted settings of the pretraining recipe (``{"optim.name": "muon"}``,
-    :attr:`SpeedrunPlan.pretrain_overrides <codechat.speedrun_plan.SpeedrunPlan.pretrain_overrides>`).
+    :attr:`SpeedrunPlan.pretrain_overrides <codechat.speedrun.plan.SpeedrunPlan.pretrain_overrides>`).
 
     Raises:
         ConfigError: a bad setting, ``--resume`` without a run to resume, or a new run over an old one.
@@ -474,7 +475,7 @@ def _full_split_bpb(stage: Path, data_dir: Path, cfg: PretrainConfig, device: to
     with gzip uses the whole split, the same bytes gzip compresses (less each shard's last
     partial window).
     """
-    from .checkpoint import load_model
+    from codechat.checkpoint import load_model
     model, tok, _ = load_model(stage, device)
     rows = eval_windows(read_split(data_dir, "val"), cfg.data.seq_len)
     evaluate = bpb_evaluator(rows, torch.tensor(tok.token_byte_lengths(), dtype=torch.long),

@@ -3,7 +3,7 @@
 A function call is :func:`format_call`, ``json.dumps({"name": NAME, "arguments": {...}},
 ensure_ascii=False)``: the arguments are a JSON *object*, written once (never a JSON string inside
 JSON). :func:`normalize_call` gives that ``{"name": str, "arguments": dict}`` form of a call dict or
-call text; :mod:`codechat.chat` renders it after the :data:`FUNCTION_CALL_TOKEN` id.
+call text; :mod:`codechat.chat.conversation` renders it after the :data:`FUNCTION_CALL_TOKEN` id.
 
 Parsing a reply (one reader for the project): :func:`parse_reply` (text) and
 :func:`parse_reply_ids` (generated ids) return a :class:`Reply` ``(content, call, error,
@@ -17,8 +17,9 @@ single-quoted ``'{...}'``. Text after the object is never part of the arguments:
 the strict ones. A :class:`ParseError` says why (``reason``) and where (``position``, an offset
 into the parsed text), so a CLI can send it back to the model as a function response.
 
-Turning a :class:`Reply` into a history message (:func:`codechat.chat.reply_message`) and reading
-rendered conversation ids back (:func:`codechat.chat.parse_conversation`) are :mod:`codechat.chat`'s:
+Turning a :class:`Reply` into a history message (:func:`codechat.chat.conversation.reply_message`) and reading
+rendered conversation ids back (:func:`codechat.chat.conversation.parse_conversation`) are
+:mod:`codechat.chat.conversation`'s:
 this module imports nothing from it.
 """
 from __future__ import annotations
@@ -264,8 +265,8 @@ class Reply:
         call: ``{"name": str, "arguments": dict}``, or ``None``.
         error: why the text after the marker is not a call, or ``None``; set only with ``call`` ``None``.
         trailing: text after the call (whitespace-stripped; ``""`` when none). One turn holds one
-            call, so a :class:`~codechat.chat.Message` has no place for it:
-            :func:`codechat.chat.reply_message` drops it.
+            call, so a :class:`~codechat.chat.conversation.Message` has no place for it:
+            :func:`codechat.chat.conversation.reply_message` drops it.
         trailing_at: offset of ``trailing`` in :attr:`text` (its length when there is none).
         text: the text that was parsed (the reply with trailing end markers stripped); offsets
             (:attr:`trailing_at`, ``error.position``) index it.

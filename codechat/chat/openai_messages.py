@@ -1,4 +1,4 @@
-"""OpenAI chat messages <-> codechat :class:`~codechat.chat.Message` s: the one mapping, both ways.
+"""OpenAI chat messages <-> codechat :class:`~codechat.chat.conversation.Message` s: the one mapping, both ways.
 
 Read by the ``messages`` SFT format (:mod:`codechat.data.formats`), by ``codechat serve`` for
 each request (:mod:`codechat.serve.protocol`), and written by ``codechat distill`` for each
@@ -15,7 +15,7 @@ From OpenAI (:func:`from_openai`):
 - an assistant's ``tool_calls`` ``[{"type": "function", "function": {"name", "arguments"}}]``
   (or the older ``function_call`` ``{"name", "arguments"}``): each call is its own assistant
   turn (codechat's format holds one call a turn), the content in the first; ``arguments`` is a
-  JSON object or a JSON string of one (decoded once, :func:`codechat.calls.normalize_call`).
+  JSON object or a JSON string of one (decoded once, :func:`codechat.chat.calls.normalize_call`).
   Other fields (``tool_call_id``, ``name``, ``refusal``, ...) are ignored.
 
 To OpenAI (:func:`to_openai`): each turn one message; a function-call turn is an assistant
@@ -23,7 +23,7 @@ message with one ``tool_calls`` entry (:func:`tool_call`: ``arguments`` a JSON s
 ``call_K`` with ``K`` the turn's position) and ``content`` ``null`` when it has no text; a
 function response is a ``tool`` message answering the oldest call not yet answered.
 ``from_openai(to_openai(conv))`` gives back ``conv.messages``, and :func:`openai_tools` the tools
-that :class:`~codechat.chat.Conversation` unwraps back to ``conv.tools``.
+that :class:`~codechat.chat.conversation.Conversation` unwraps back to ``conv.tools``.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from codechat.calls import ParseError
-from codechat.chat import Conversation, Message
+from codechat.chat.calls import ParseError
+from codechat.chat.conversation import Conversation, Message
 
 #: OpenAI roles (and the older spellings data sets use) -> codechat roles.
 ROLES: dict[str, str] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
@@ -87,7 +87,7 @@ def _calls(raw: Mapping[str, Any], param: str) -> list[tuple[str, Any]]:
 
 
 def _call_message(content: str, call: Any, param: str) -> Message:
-    """An assistant turn holding ``call``, which :func:`codechat.calls.normalize_call` checks."""
+    """An assistant turn holding ``call``, which :func:`codechat.chat.calls.normalize_call` checks."""
     try:
         return Message("assistant", content, call)
     except ParseError as e:

@@ -25,7 +25,7 @@ gradient norm for clipping is taken over all stages (the tied weight counted onc
 
 Validation runs a plain forward through the stages (point-to-point sends of the hidden states),
 its result broadcast from the last stage to the pipeline, so ``evaluate(model)`` sees one model.
-Checkpoints are sharded (:meth:`codechat.parallel.Parallel.shards`): each stage writes its own
+Checkpoints are sharded (:meth:`codechat.parallel.wrapper.Parallel.shards`): each stage writes its own
 parameters (the tied head copy left out: it is the embedding) and their optimizer state by name,
 and a stage reads its part of any checkpoint, a one-process one included (:meth:`Pipeline.load_state_dicts`).
 """
@@ -38,9 +38,10 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checkpoint import EMBEDDING, TIED_HEAD
-from .config import ConfigError
-from .model import GPT, IGNORE_INDEX, logits_fp32
+from codechat.checkpoint import EMBEDDING, TIED_HEAD
+from codechat.config.stages import ConfigError
+from codechat.model import GPT, IGNORE_INDEX, logits_fp32
+from codechat.parallel.state import keyed_by_name, name_optimizer_state, optimizer_parts
 
 
 def stage_blocks(n_layer: int, stages: int, stage: int) -> range:
@@ -176,7 +177,6 @@ class Pipeline:
         Raises:
             KeyError, RuntimeError, ValueError: the states do not fit this model or optimizer.
         """
-        from .parallel import keyed_by_name, name_optimizer_state
         self.stage.load_state_dict({k: model_sd[k] for k in self.stage.state_dict()})
         if optim_sd is None:
             return
@@ -223,10 +223,9 @@ class _PipelinedForward(nn.Module):
 
 def _index_optimizer_state(module: nn.Module, optimizer: Any, named: dict[str, Any],
                            alias: dict[str, str]) -> dict[str, Any]:
-    """The inverse of :func:`codechat.parallel.name_optimizer_state` for ``module``'s parameters:
+    """The inverse of :func:`codechat.parallel.state.name_optimizer_state` for ``module``'s parameters:
     a state keyed by name (any layout's) as ``optimizer``'s own ``state_dict()`` (keyed by index);
     ``alias`` reads one parameter's state under another name (the tied head copy's)."""
-    from .parallel import optimizer_parts
     names = {id(p): n for n, p in module.named_parameters()}
     groups, out = iter(named["param_groups"]), []
     for part in optimizer_parts(optimizer):

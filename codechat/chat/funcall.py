@@ -1,7 +1,7 @@
 """``codechat funcall``: a conversation in which the model may call declared Python functions.
 
 The loop (:func:`answer`): the system turn declares the tools (the one layout of
-:func:`codechat.chat.system_text`, the same as in SFT and evaluation) -> user -> model. When the
+:func:`codechat.chat.conversation.system_text`, the same as in SFT and evaluation) -> user -> model. When the
 model's reply is a function call, :class:`codechat.tools.Dispatcher` validates it against the
 declared schema and runs it in a worker process; its result — or the error, when the name is
 undeclared, the arguments invalid, the call unparseable, the executor raised, timed out or
@@ -19,11 +19,11 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence, TextIO
 
-from .chat import Conversation, Message, reply_message
-from .chat_repl import generate_reply
-from .engine import Engine, SamplingConfig
-from .tokenizer import Tokenizer
-from .tools import Tool
+from codechat.chat.conversation import Conversation, Message, reply_message
+from codechat.chat.repl import generate_reply
+from codechat.engine import Engine, SamplingConfig
+from codechat.tokenizer import Tokenizer
+from codechat.tools import Tool
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,8 @@ def load_tools(executors: str | None, builtins: str | None) -> list[Tool]:
             built-in, or two tools of one name (both sources named: ``file.py:function``,
             ``builtin``).
     """
-    from .tools import ToolError, load_executors, tools_by_name
-    from .tools.builtins import builtin_tools
+    from codechat.tools import ToolError, load_executors, tools_by_name
+    from codechat.tools.builtins import builtin_tools
     tools = list(load_executors(executors)) if executors else []
     tools += list(builtin_tools(builtins).values()) if builtins else []
     tools_by_name(tools)  # an executor named like a built-in: an error naming both sources
@@ -103,10 +103,10 @@ def run_session(engine: Engine, tok: Tokenizer, tools: Sequence[Tool], cfg: Samp
         codechat.tools.ToolError: the system turn with the tool schemas leaves no room for a
             conversation in the model's context (checked before the first turn).
     """
-    from .chat import render_turns
-    from .chat_repl import REPLY_SHARE
-    from .tools import ToolError
-    from .tools.dispatch import Dispatcher
+    from codechat.chat.conversation import render_turns
+    from codechat.chat.repl import REPLY_SHARE
+    from codechat.tools import ToolError
+    from codechat.tools.dispatch import Dispatcher
     schemas = tuple(t.schema() for t in tools)
     declared = len(render_turns(tok, Conversation((Message("system", system), Message("user", "?")), schemas))[0])
     room = int(engine.max_len * (1 - REPLY_SHARE)) - 16

@@ -5,11 +5,11 @@ import sys
 from dataclasses import replace
 from typing import Callable, TextIO
 
-from .budget import render_for_completion_within
-from .calls import Reply, parse_reply_ids
-from .chat import Conversation, Message, render_for_completion, reply_message
-from .engine import Engine, Request, SamplingConfig
-from .tokenizer import Tokenizer
+from codechat.chat.budget import render_for_completion_within
+from codechat.chat.calls import Reply, parse_reply_ids
+from codechat.chat.conversation import Conversation, Message, render_for_completion, reply_message
+from codechat.engine import Engine, Request, SamplingConfig
+from codechat.tokenizer import Tokenizer
 
 COMMANDS_HELP = "commands: /reset starts over, /quit (or Ctrl-D) leaves"
 
@@ -26,9 +26,9 @@ def generate_reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: Samp
     Generation stops at ``<|end|>`` or after ``cfg.max_new_tokens``. A conversation too long for
     the context beside the reply — one leaving the reply less than ``cfg.max_new_tokens`` and less
     than :data:`REPLY_SHARE` of the context — drops its oldest turns (the system turn kept;
-    :func:`codechat.budget.render_for_completion_within`) and says so through ``on_notice``. The
+    :func:`codechat.chat.budget.render_for_completion_within`) and says so through ``on_notice``. The
     reply gets what room is left, up to ``cfg.max_new_tokens``. Returns the reply read by
-    :func:`codechat.calls.parse_reply_ids`: content, and a function call or why there is none.
+    :func:`codechat.chat.calls.parse_reply_ids`: content, and a function call or why there is none.
     """
     new = min(cfg.max_new_tokens, max(1, int(engine.max_len * REPLY_SHARE)))
     prompt = render_for_completion(tok, conv)
@@ -53,7 +53,7 @@ def generate_reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: Samp
 def reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: SamplingConfig, *, seed: int = 0,
           on_text: Callable[[str], None] = lambda s: None,
           on_notice: Callable[[str], None] = lambda s: None) -> Message:
-    """:func:`generate_reply` as the assistant :class:`~codechat.chat.Message` for the history."""
+    """:func:`generate_reply` as the assistant :class:`~codechat.chat.conversation.Message` for the history."""
     return reply_message(generate_reply(engine, tok, conv, cfg, seed=seed, on_text=on_text, on_notice=on_notice))
 
 

@@ -1,7 +1,7 @@
 """Conversations: messages, rendering to token ids with the assistant-only loss mask, and reading them back.
 
-Fitting a rendered conversation to SFT token budgets is :mod:`codechat.budget`; function calls and
-assistant replies as text (writing and parsing them) are :mod:`codechat.calls`.
+Fitting a rendered conversation to SFT token budgets is :mod:`codechat.chat.budget`; function calls and
+assistant replies as text (writing and parsing them) are :mod:`codechat.chat.calls`.
 
 Rendered layout (each ``<|...|>`` is one special id, which text can never produce; every other
 piece is ordinary text encoded with :meth:`Tokenizer.encode`)::
@@ -14,7 +14,7 @@ piece is ordinary text encoded with :meth:`Tokenizer.encode`)::
     ...
 
 - There is no separator between a role header, its content and ``<|end|>``.
-- A function call is :func:`~codechat.calls.format_call`, ``json.dumps({"name": NAME,
+- A function call is :func:`~codechat.chat.calls.format_call`, ``json.dumps({"name": NAME,
   "arguments": {...}}, ensure_ascii=False)``: the arguments are a JSON *object*, written once
   (never a JSON string inside JSON).
 - Tools (JSON schemas ``{"name", "description", "parameters"}``; OpenAI's
@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from codechat.calls import FUNCTION_CALL_TOKEN, Reply, format_call, normalize_call, parse_assistant
+from codechat.chat.calls import FUNCTION_CALL_TOKEN, Reply, format_call, normalize_call, parse_assistant
 from codechat.tokenizer import Tokenizer
 
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "function_response")
@@ -120,7 +120,8 @@ class Message:
 
 
 def reply_message(reply: Reply) -> Message:
-    """A :class:`~codechat.calls.Reply` as the assistant :class:`Message` for the history (``trailing`` is dropped)."""
+    """A :class:`~codechat.chat.calls.Reply` as the assistant :class:`Message` for the history (``trailing``
+    is dropped)."""
     return Message("assistant", reply.content, reply.call)
 
 
@@ -232,7 +233,7 @@ def render_for_completion(tok: Tokenizer, conv: Conversation) -> list[int]:
     """Prompt ids for generation: the rendered conversation, then the ``<|assistant|>`` header.
 
     Generation continues from here and should stop at ``<|end|>``; give the sampled ids to
-    :func:`codechat.calls.parse_reply_ids` (or :func:`~codechat.calls.parse_assistant`).
+    :func:`codechat.chat.calls.parse_reply_ids` (or :func:`~codechat.chat.calls.parse_assistant`).
 
     Raises:
         ValueError: the conversation already ends with an assistant message.
@@ -251,7 +252,7 @@ def parse_conversation(tok: Tokenizer, ids: Sequence[int]) -> Conversation:
     (a truncated row) is accepted.
 
     Raises:
-        ValueError: ids outside a turn; :class:`~codechat.calls.ParseError` (a ``ValueError``) for
+        ValueError: ids outside a turn; :class:`~codechat.chat.calls.ParseError` (a ``ValueError``) for
             an assistant call that does not parse.
     """
     roles = {tok.special_id(t): r for r, t in ROLE_TOKENS.items()}

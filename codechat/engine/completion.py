@@ -9,12 +9,27 @@ ended on its own is the model's own answer, not a cut-off.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from dataclasses import replace
+from codechat.engine.sampling import SamplingConfig
+from codechat.engine.scheduler import Engine
+from codechat.engine.types import Request
+from codechat.tokenizer import Tokenizer
 
-from .engine import Engine, Request, SamplingConfig, mean_logprob
-from .tokenizer import Tokenizer
+
+def mean_logprob(engine: Engine, prompt: list[int], completion: list[int]) -> float:
+    """Mean log-probability, in nats per token, of ``completion`` following ``prompt``, scored by
+    one teacher-forced pass at temperature 1 (:meth:`Engine.score`) whatever the sampling was.
+
+    Ranking samples by it is the "mean log-probability" selection of Chen et al. 2021 ("Evaluating
+    Large Language Models Trained on Code", arXiv:2107.03374) and the ``best_of`` of OpenAI's
+    completions API.
+
+    Raises:
+        ValueError: ``prompt`` or ``completion`` is empty, or together they exceed the context.
+    """
+    lps = engine.score(prompt, completion)
+    return sum(lps) / len(lps)
 
 
 @dataclass(frozen=True)

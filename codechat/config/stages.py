@@ -6,7 +6,7 @@ and says what to change, so a run that would be useless fails before step 0.
 
 Overrides use dotted names: ``--optim.lr 3e-4 --train.max_steps 100``; a YAML file has one
 mapping per section (``model:``, ``data:``, ``optim:``, ``train:``, ``run:``). Loading, building and
-writing them is :mod:`codechat.config_io` (re-exported here).
+writing them is :mod:`codechat.config.yaml_io` (re-exported here).
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 
-from .config_io import ConfigError, _check, build, load, parse_overrides, save_yaml, to_dict  # noqa: F401 (re-exported)
+from codechat.config.yaml_io import (ConfigError, _check, build, load, parse_overrides, save_yaml,  # noqa: F401 (re-exported)
+                                     to_dict)
 
 
 # ----------------------------------------------------------------------------- model
@@ -186,7 +187,7 @@ class OptimConfig:
 
 
 # ----------------------------------------------------------------------------- train
-#: ``train.parallel`` values (:mod:`codechat.parallel`).
+#: ``train.parallel`` values (:mod:`codechat.parallel.wrapper`).
 PARALLEL_STRATEGIES = ("ddp", "fsdp", "hsdp")
 #: ``train.pp_schedule`` values: ``torch.distributed.pipelining``'s ScheduleGPipe and Schedule1F1B.
 PP_SCHEDULES = ("gpipe", "1f1b")
@@ -224,13 +225,13 @@ class TrainConfig:
     dtype: str = "auto"  # auto -> bf16 autocast on CUDA, fp32 elsewhere
     compile: bool = False
     compile_scope: str = "model"  # what train.compile compiles: COMPILE_SCOPES
-    parallel: str = "ddp"  # ddp | fsdp | hsdp: how a torchrun world shares the model (codechat.parallel)
+    parallel: str = "ddp"  # ddp | fsdp | hsdp: how a torchrun world shares the model (codechat.parallel.wrapper)
     ac: str = "none"  # activation checkpointing: none | selective (attention + every other matmul kept) | full (every
-    # block recomputed from its input in the backward pass); codechat.parallel.selective_contexts
+    # block recomputed from its input in the backward pass); codechat.parallel.wrapper.selective_contexts
     cpu_offload: bool = False  # fsdp/hsdp: the parameter, gradient and optimizer shards live in host memory and AdamW
     # steps on the CPU; each block is copied to the GPU for its forward and backward (FSDP2 CPUOffloadPolicy)
     pp: int = 1  # pipeline stages (--pp); the world's other factor, world_size / pp, is data parallel
-    pp_schedule: str = "1f1b"  # gpipe | 1f1b (codechat.pipeline); only with pp > 1
+    pp_schedule: str = "1f1b"  # gpipe | 1f1b (codechat.parallel.pipeline); only with pp > 1
     pp_microbatches: int = 0  # pipeline micro-batches each micro-batch is cut into; 0 -> pp. Divides micro_batch_size
 
     def __post_init__(self) -> None:

@@ -1,6 +1,6 @@
 """Frozen, validated configuration of chat SFT: the data (:class:`SFTConfig`, the ``sft:`` section)
 and the whole ``codechat sft`` stage (:class:`SFTStageConfig`). The other sections, loading and
-overrides are :mod:`codechat.config`'s.
+overrides are :mod:`codechat.config.stages`'s.
 """
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
-from .config import OptimConfig, RunConfig, TrainConfig, check_init
-from .config_io import _check
+from codechat.config.stages import OptimConfig, RunConfig, TrainConfig, check_init
+from codechat.config.yaml_io import _check
 
 #: Record formats of SFT data files (``codechat.data.formats``); ``auto`` detects from the fields.
 SFT_FORMATS: tuple[str, ...] = ("auto", "messages", "sharegpt", "glaive", "alpaca", "mbpp", "humaneval", "qa",
@@ -28,7 +28,7 @@ MIN_PROMPT_TOKENS = 2
 class SFTConfig:
     """Chat SFT data: where examples come from, how they are cut to budget, and how they are batched.
 
-    A conversation is rendered by :func:`codechat.budget.render_with_budget`: its last assistant
+    A conversation is rendered by :func:`codechat.chat.budget.render_with_budget`: its last assistant
     turn is the completion and everything before it the prompt. ``max_prompt_length`` bounds the
     prompt (``<|bos|>`` through the final ``<|assistant|>`` header) and ``max_length`` the whole row,
     so the completion always keeps at least ``max_length - max_prompt_length`` >= 1 tokens.

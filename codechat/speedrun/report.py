@@ -8,8 +8,8 @@ import lzma
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .data.corpus import read_split
-from .tokenizer import Tokenizer
+from codechat.data.corpus import read_split
+from codechat.tokenizer import Tokenizer
 
 
 def compression_baselines(docs: Sequence[bytes]) -> dict[str, float]:
@@ -136,7 +136,7 @@ def _code_eval_section(h: dict[str, Any], title: str) -> list[str]:
 
 
 def speedrun_report(m: dict[str, Any]) -> str:
-    """``report.md`` of a speedrun from its ``metrics.json`` (:mod:`codechat.speedrun`).
+    """``report.md`` of a speedrun from its ``metrics.json`` (:mod:`codechat.speedrun.run`).
 
     Works on a partial run: each stage's section appears once the stage is done, and a stage
     that failed shows its error; the time table shows every stage planned vs actual.

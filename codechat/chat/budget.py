@@ -1,7 +1,7 @@
 """SFT rows within token budgets: a rendered conversation cut to fit, and every cut counted.
 
-:func:`render_with_budget` renders a :class:`~codechat.chat.Conversation` with
-:func:`~codechat.chat.render_turns` and fits it to ``max_length`` tokens, of which the prompt
+:func:`render_with_budget` renders a :class:`~codechat.chat.conversation.Conversation` with
+:func:`~codechat.chat.conversation.render_turns` and fits it to ``max_length`` tokens, of which the prompt
 (everything before the final assistant turn) takes at most ``max_prompt_length``: prompts are
 truncated from the left (oldest turns first), completions on the right, and an example that
 would keep no supervised token is dropped. :class:`BudgetCounts` says what happened to each.
@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from codechat.chat import Conversation, Turn, join_turns, render_turns
+from codechat.chat.conversation import Conversation, Turn, join_turns, render_turns
 from codechat.tokenizer import Tokenizer
 
 
 class BudgetConfig(Protocol):
-    """What :func:`render_with_budget` reads (an :class:`~codechat.config_sft.SFTConfig`)."""
+    """What :func:`render_with_budget` reads (an :class:`~codechat.config.sft.SFTConfig`)."""
 
     max_length: int
     max_prompt_length: int
@@ -178,7 +178,7 @@ def render_with_budget(tok: Tokenizer, conv: Conversation, cfg: BudgetConfig, co
         ``no_assistant_turn``, ``no_supervised_tokens``).
 
     Raises:
-        ValueError: ``cfg.max_length`` is 0, i.e. not yet resolved by :meth:`~codechat.config_sft.SFTConfig.for_model`.
+        ValueError: ``cfg.max_length`` is 0, i.e. not yet resolved by :meth:`~codechat.config.sft.SFTConfig.for_model`.
     """
     if cfg.max_length <= 0:
         raise ValueError("max_length is 0 (follow the model) and was never resolved: use SFTConfig.for_model()")
@@ -220,7 +220,7 @@ def render_with_budget(tok: Tokenizer, conv: Conversation, cfg: BudgetConfig, co
 def render_for_completion_within(tok: Tokenizer, conv: Conversation, budget: int) -> tuple[list[int], BudgetCounts]:
     """Prompt ids to generate the next assistant turn of ``conv`` in at most ``budget`` tokens.
 
-    The same ids as :func:`codechat.chat.render_for_completion` when they fit; otherwise the
+    The same ids as :func:`codechat.chat.conversation.render_for_completion` when they fit; otherwise the
     oldest turns are dropped whole (the system turn, with its tools, kept while it fits beside the
     newest turn), then tokens from the left of the oldest turn left — the prompt rule of
     :func:`render_with_budget`. A chat that outgrows the context goes on without its oldest turns.
@@ -232,7 +232,7 @@ def render_for_completion_within(tok: Tokenizer, conv: Conversation, budget: int
         ValueError: ``budget`` < 5 (``<|bos|>``, one turn of one token, the assistant header), or
             ``conv`` already ends with an assistant message.
     """
-    from codechat.chat import ROLE_TOKENS, render_for_completion
+    from codechat.chat.conversation import ROLE_TOKENS, render_for_completion
     if budget < 5:
         raise ValueError(f"a prompt budget of {budget} tokens cannot hold a turn; give the prompt at least 5")
     counts = BudgetCounts()

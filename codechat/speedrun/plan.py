@@ -1,5 +1,5 @@
 """What a speedrun does on this machine: its stages, each stage's share of the budget, the preset
-and corpus (:func:`plan`). :mod:`codechat.speedrun` runs the plan."""
+and corpus (:func:`plan`). :mod:`codechat.speedrun.run` runs the plan."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .config import ConfigError, PretrainConfig, load, pretrain_recipe
+from codechat.config.stages import ConfigError, PretrainConfig, load, pretrain_recipe
 
 #: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``). On a GPU
 #: the compression baselines and the SFT pairs' mining (CPU work) run in background processes started

@@ -1,6 +1,6 @@
 """Configuration I/O, for any frozen config dataclass: build one from nested mappings (types
 converted, unknown keys refused), load it from defaults <- a YAML file <- dotted CLI overrides,
-write it back as YAML. The dataclasses themselves are in :mod:`codechat.config`.
+write it back as YAML. The dataclasses themselves are in :mod:`codechat.config.stages`.
 """
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def _merge(dst: dict[str, Any], src: dict[str, Any], where: str) -> None:
 
 def save_yaml(cfg: Any, path: str | os.PathLike) -> None:
     """Write ``cfg`` as YAML atomically (temp name, then rename)."""
-    from .atomic import write_text
+    from codechat.config.atomic import write_text
     write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
