@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from codechat.config.stages import preset
-from codechat.engine import Engine, EngineConfig, Request, Sample, SamplingConfig, mean_logprob
+from codechat.engine import Engine, EngineConfig, Request, Sample, SamplingConfig
+from codechat.engine.completion import mean_logprob
 from codechat.engine.sampling import RowParams, row_seed, sample
 from codechat.model import GPT, build_model
 

@@ -75,7 +75,7 @@ def _indent(line: str) -> int:
 def sample_completions(engine: Engine, tok: Tokenizer, prompt: str, cfg: SamplingConfig, n: int,
                        seed: int = 0) -> list[Completion]:
     """``n`` completions of the code ``prompt`` (sharing one prefill), each ended by
-    :func:`end_of_block` and scored by :func:`~codechat.engine.mean_logprob`.
+    :func:`end_of_block` and scored by :func:`mean_logprob`.
 
     The prompt follows an ``<|end|>``, as every document does in pretraining. A prompt that
     leaves fewer than ``cfg.max_new_tokens`` positions in the engine's context gets what is left.
