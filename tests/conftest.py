@@ -7,7 +7,10 @@ seconds on 2 cores):
   first ``N_FILES`` stdlib files, capped at ``TOK_MAX_BYTES`` of text;
 - ``tok``: that tokenizer, loaded;
 - ``corpus_dir``: the same ``N_FILES`` files tokenised with it (train and val shards + index.json);
-- ``shared_dir``: the ``shared/`` folder cloned beside the repository (test data, failure cases);
+- ``shared_dir``: the ``shared/`` folder beside the repository (the public data and failure cases; CI
+  clones it there, a user's clone has none): a test that reads it skips, saying what is missing, when it
+  is absent; tests parametrised by a shared file's cases use :func:`shared_params` (one skipped case
+  when it is absent). Every behaviour such a test pins is also pinned on ``tests/fixtures/``;
 - ``write_corpus``: writes texts into files whose names hash into a chosen split;
 - ``memorise``: SFT a model on one conversation until it reproduces it;
 - ``funcall_stage``: a tiny SFT stage taught one function-calling conversation, and its executor;
@@ -40,12 +43,45 @@ VAL_FRACTION = 0.1
 WORKERS = 2
 
 
+#: The public data and failure cases, beside the repository (the one place tests look for them).
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+#: The project's own small inputs (always present).
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def shared_missing(rel: str = "") -> str | None:
+    """Why ``SHARED / rel`` cannot be read, as a skip reason; None when it is there."""
+    path = SHARED / rel
+    if path.exists():
+        return None
+    return (f"{path} is missing: the public data (the shared/ folder beside the repository) is not here; "
+            "the behaviour is also tested on tests/fixtures/")
+
+
+def shared_file(rel: str) -> Path:
+    """``SHARED / rel``, or skip the calling test (at test time) saying what is missing."""
+    reason = shared_missing(rel)
+    if reason:
+        pytest.skip(reason)
+    return SHARED / rel
+
+
+def shared_params(rel: str, cases: Callable[[Path], list], ids: Callable[[object], str] | None = None) -> list:
+    """Parameters for a test built from a shared file's cases: ``cases(SHARED / rel)`` when the file is
+    there, else one case marked skip with the reason (collection never fails on a missing file)."""
+    reason = shared_missing(rel)
+    if reason:
+        return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="shared-missing")]
+    return [pytest.param(c, id=ids(c) if ids else None) for c in cases(SHARED / rel)]
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    """``shared/`` beside the repository (it is cloned there in CI)."""
-    path = Path(__file__).resolve().parents[2] / "shared"
-    assert path.is_dir(), f"{path} is missing: clone the shared folder beside the repository"
-    return path
+    """``shared/`` beside the repository; the test skips (saying so) when it is absent."""
+    reason = shared_missing()
+    if reason:
+        pytest.skip(reason)
+    return SHARED
 
 
 @pytest.fixture(scope="session")
