@@ -9,6 +9,12 @@ Architecture (each choice matches the Llama / Qwen3 family, so ``hf.py`` is a re
 - SwiGLU MLP (Shazeer 2020): ``down(silu(gate(x)) * up(x))``;
 - final RMSNorm and an LM head, tied to the embedding or not.
 
+Options from the NanoGPT speedrun, each a :class:`ModelConfig` field and off by default (a
+checkpoint written before them computes what it did): ``mlp_act="relu2"`` (``down(relu(up(x))^2)``,
+no gate), ``zero_init_proj`` (``o_proj`` and ``down_proj`` start at zero) and ``logit_softcap``
+(``cap * tanh(logits / cap)``). The first and the last are not Llama / Qwen3: ``codechat.hf`` refuses
+to export them.
+
 The model is built on the meta device and initialised explicitly by :meth:`GPT.init_weights`,
 so that a parallel wrapper can shard it before any memory is allocated. It knows nothing of
 parallelism. ``forward(idx)`` gives logits; ``forward(idx, labels)`` the cross-entropy.
@@ -65,6 +71,12 @@ def logits_fp32(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         flat = torch.mm(h.reshape(-1, h.size(-1)), weight.t(), out_dtype=torch.float32)
         return flat.view(*h.shape[:-1], weight.size(0))
     return F.linear(h, weight).float()
+
+
+def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """``cap * tanh(logits / cap)`` (Gemma 2's final-logit soft-capping): smooth, monotonic, bounded
+    in (-cap, cap); ``logits`` unchanged when ``cap`` is 0 (``model.logit_softcap`` off)."""
+    return cap * torch.tanh(logits / cap) if cap else logits
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -139,13 +151,19 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """SwiGLU ``down(silu(gate(x)) * up(x))``, or with ``mlp_act="relu2"`` ``down(relu(up(x))^2)``
+    (no ``gate_proj``; Primer, So et al. 2021)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.n_embd, cfg.intermediate_size, bias=False)
+        gated = cfg.mlp_act == "swiglu"
+        self.gate_proj = nn.Linear(cfg.n_embd, cfg.intermediate_size, bias=False) if gated else None
         self.up_proj = nn.Linear(cfg.n_embd, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.n_embd, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_proj is None:
+            return self.down_proj(F.relu(self.up_proj(x)).square())
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -188,7 +206,8 @@ class GPT(nn.Module):
         """Initialise every parameter and buffer in place (after ``to_empty`` from meta).
 
         Linear and embedding weights ~ N(0, init_std); the residual output projections
-        (``o_proj``, ``down_proj``) are scaled by 1/sqrt(2 n_layer) (GPT-2, Radford et al. 2019);
+        (``o_proj``, ``down_proj``) are scaled by 1/sqrt(2 n_layer) (GPT-2, Radford et al. 2019),
+        or are zero with ``zero_init_proj`` (modded-nanogpt: each block starts as the identity);
         norm scales are 1.
         """
         std = self.cfg.init_std
@@ -196,7 +215,9 @@ class GPT(nn.Module):
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
-                p.normal_(0.0, std / math.sqrt(2 * self.cfg.n_layer))
+                p.normal_(0.0, std / math.sqrt(2 * self.cfg.n_layer))  # drawn either way: the other
+                if self.cfg.zero_init_proj:  # weights get the same values with the option on or off
+                    p.zero_()
             else:
                 p.normal_(0.0, std)
         cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta, self.rope_cos.device)
@@ -219,7 +240,8 @@ class GPT(nn.Module):
                 packed row computes exactly what its documents would on their own rows.
 
         Returns:
-            (B, T, vocab_size) float32 logits when ``labels`` is None, else the loss.
+            (B, T, vocab_size) float32 logits (soft-capped when ``logit_softcap``) when ``labels``
+            is None, else the loss.
 
         Raises:
             ValueError: the sequence does not fit in ``max_seq_len`` or in the cache.
@@ -248,7 +270,7 @@ class GPT(nn.Module):
         compilation (``train.compile_scope`` ``blocks``) compiles it beside the blocks: Inductor
         then fuses the fp32 upcast into the loss, as when the whole model is compiled."""
         B, T = x.shape[:2]
-        logits = logits_fp32(self.norm(x), self.lm_head.weight)
+        logits = soft_cap(logits_fp32(self.norm(x), self.lm_head.weight), self.cfg.logit_softcap)
         if labels is None:
             return logits
         loss = F.cross_entropy(logits.view(B * T, -1), labels.reshape(B * T),

@@ -24,12 +24,28 @@ from codechat.config.yaml_io import (ConfigError, _check, build, load, parse_ove
 
 
 # ----------------------------------------------------------------------------- model
+#: ``model.mlp_act`` values: the MLP's nonlinearity (:class:`ModelConfig`).
+MLP_ACTS = ("swiglu", "relu2")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape of the decoder-only GPT (Llama/Qwen3-compatible weights).
 
     ``n_kv_head`` < ``n_head`` gives grouped-query attention; ``head_dim`` defaults to
-    ``n_embd // n_head``; ``intermediate_size`` is the SwiGLU hidden width.
+    ``n_embd // n_head``; ``intermediate_size`` is the MLP's hidden width.
+
+    Architecture options from the NanoGPT speedrun (modded-nanogpt), each off by default so that a
+    checkpoint written before they existed loads and computes as it did (issue 32):
+
+    - ``mlp_act``: ``swiglu`` (Llama's ``down(silu(gate(x)) * up(x))``) or ``relu2``
+      (``down(relu(up(x))^2)``, no gate; So et al. 2021, "Primer"). ``intermediate_size`` then
+      defaults to ``4 * n_embd``: two matrices of 4 C^2 hold what SwiGLU's three of 8/3 C^2 hold.
+      transformers' Llama / Qwen3 cannot express it: the HF export refuses it.
+    - ``zero_init_proj``: the residual output projections (``o_proj``, ``down_proj``) start at zero,
+      so every block starts as the identity. Initialisation only: the export is unchanged.
+    - ``logit_softcap``: when > 0 the logits are ``cap * tanh(logits / cap)`` (Gemma 2), bounding
+      them in (-cap, cap); 0 is off. Llama / Qwen3 have no such field: the HF export refuses it.
     """
 
     vocab_size: int = 32768
@@ -45,10 +61,13 @@ class ModelConfig:
     qk_norm: bool = True
     tie_embeddings: bool = False
     init_std: float = 0.02
+    mlp_act: str = "swiglu"  # swiglu | relu2 (MLP_ACTS)
+    zero_init_proj: bool = False  # o_proj and down_proj initialised to zero
+    logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 -> off
 
     #: Fields derived from others when 0 (see :func:`load`: setting an input re-derives them).
     DERIVED: ClassVar[dict[str, tuple[str, ...]]] = {"head_dim": ("n_embd", "n_head"),
-                                                     "intermediate_size": ("n_embd",)}
+                                                     "intermediate_size": ("n_embd", "mlp_act")}
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "n_embd", "n_head", "n_kv_head", "max_seq_len"):
@@ -62,8 +81,12 @@ class ModelConfig:
                    "change one of them or set model.head_dim explicitly")
             object.__setattr__(self, "head_dim", self.n_embd // self.n_head)
         _check(self.head_dim % 2 == 0, f"model.head_dim must be even for rotary embeddings, got {self.head_dim}")
+        _check(self.mlp_act in MLP_ACTS, f"model.mlp_act must be one of {', '.join(MLP_ACTS)}, got {self.mlp_act!r}")
         if self.intermediate_size == 0:
-            object.__setattr__(self, "intermediate_size", 64 * math.ceil(8 * self.n_embd / 3 / 64))
+            object.__setattr__(self, "intermediate_size", 4 * self.n_embd if self.mlp_act == "relu2"
+                               else 64 * math.ceil(8 * self.n_embd / 3 / 64))
+        _check(self.logit_softcap >= 0 and math.isfinite(self.logit_softcap),
+               f"model.logit_softcap must be >= 0 (0: off), got {self.logit_softcap}")
         _check(self.init_std > 0 and self.norm_eps > 0 and self.rope_theta > 0,
                "model.init_std, model.norm_eps and model.rope_theta must be > 0")
 
@@ -376,6 +399,6 @@ def check_init(init: str, what: str) -> None:
     _check(Path(init).exists(), f"--init {init}: no such run directory or checkpoint")
 
 
-__all__ = ["ConfigError", "ModelConfig", "DataConfig", "OptimConfig", "TrainConfig", "RunConfig",
+__all__ = ["ConfigError", "MLP_ACTS", "ModelConfig", "DataConfig", "OptimConfig", "TrainConfig", "RunConfig",
            "PretrainConfig", "PRESETS", "RECIPES", "preset", "pretrain_recipe", "load", "build", "to_dict", "save_yaml", "parse_overrides",
            "replace", "default_corpus_dirs", "check_init"]

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..model import GPT, logits_fp32, rope_tables
+from ..model import GPT, logits_fp32, rope_tables, soft_cap
 from . import attention as decode_kernels
 from . import skinny
 
@@ -61,6 +61,11 @@ def _qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qn: torch
 def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     g, u = gate_up.chunk(2, dim=-1)
     return F.silu(g) * u
+
+
+def _relu2(up: torch.Tensor) -> torch.Tensor:
+    """The MLP nonlinearity of ``model.mlp_act="relu2"`` (no gate): ``relu(up)^2``."""
+    return F.relu(up).square()
 
 
 @dataclass
@@ -138,7 +143,8 @@ class InferenceModel:
         self.weights: dict[str, torch.Tensor] = {}
         self.load(model)
         wrap: Callable = (lambda f: torch.compile(f, dynamic=True)) if compile else (lambda f: f)
-        self.add_norm, self.qkv_rope, self.swiglu = wrap(_add_norm), wrap(_qkv_rope), wrap(_swiglu)
+        act = _relu2 if c.mlp_act == "relu2" else _swiglu  # its input: "wgu" (gate and up, or up alone)
+        self.add_norm, self.qkv_rope, self.swiglu = wrap(_add_norm), wrap(_qkv_rope), wrap(act)
 
     @torch.no_grad()
     def load(self, model: GPT) -> None:
@@ -151,7 +157,8 @@ class InferenceModel:
             a, m = b.self_attn, b.mlp
             new[f"{i}.wqkv"] = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
             new[f"{i}.wo"] = a.o_proj.weight
-            new[f"{i}.wgu"] = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+            new[f"{i}.wgu"] = m.up_proj.weight if m.gate_proj is None else torch.cat([m.gate_proj.weight,
+                                                                                      m.up_proj.weight])
             new[f"{i}.wdown"] = m.down_proj.weight
             new[f"{i}.ln1"], new[f"{i}.ln2"] = b.input_layernorm.weight, b.post_attention_layernorm.weight
             if a.q_norm is not None:
@@ -193,11 +200,11 @@ class InferenceModel:
         """(N, vocab_size) float32 logits of final hidden states ``h`` (N, C), never rounded to the
         inference dtype: the split-K kernel's fp32 product in one slice of K where it applies (a
         decode step: faster than cuBLAS's bf16 product and its cast on an H200), else
-        :func:`codechat.model.logits_fp32`."""
+        :func:`codechat.model.logits_fp32`; soft-capped as the model's (``model.logit_softcap``)."""
         w = self.weights["lm_head"]
         if skinny.applies(h):
-            return skinny.linear_partials(h, w, **skinny.LM_HEAD)[0]
-        return logits_fp32(h, w)
+            return soft_cap(skinny.linear_partials(h, w, **skinny.LM_HEAD)[0], self.cfg.logit_softcap)
+        return soft_cap(logits_fp32(h, w), self.cfg.logit_softcap)
 
     # -- attention over the slot cache ------------------------------------------------------------
 

@@ -12,8 +12,8 @@ Nothing here imports ``transformers``: the files are written as its documented f
 """
 from __future__ import annotations
 
-from .config import HFImportError
+from .config import HFExportError, HFImportError
 from .export import ExportConfig, export_hf
 from .imports import PREFIX, import_hf, imported_from
 
-__all__ = ["HFImportError", "ExportConfig", "export_hf", "import_hf", "imported_from", "PREFIX"]
+__all__ = ["HFExportError", "HFImportError", "ExportConfig", "export_hf", "import_hf", "imported_from", "PREFIX"]

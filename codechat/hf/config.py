@@ -21,6 +21,10 @@ tie_word_embeddings        tie_embeddings
 initializer_range          init_std
 =========================  ==========================
 
+Export refuses, naming the field, every :class:`ModelConfig` option that neither architecture can
+express (:data:`NOT_EXPORTABLE`: the ReLU² MLP, logit soft-capping): transformers would load the
+weights without complaint and compute something else.
+
 Import refuses, naming the field, every setting that would change what the weights compute in a way
 codechat's model does not reproduce (:data:`UNSUPPORTED`): RoPE scaling other than the default,
 sliding-window attention, biases, mixtures of experts, quantised weights, an activation other than
@@ -43,6 +47,28 @@ ROPE_DEFAULT = ("default", None)  # rope_type values that mean plain RoPE
 
 class HFImportError(ConfigError):
     """A Hugging Face checkpoint codechat cannot load faithfully; the message names the file and the field."""
+
+
+class HFExportError(ConfigError):
+    """A codechat model that transformers' Llama / Qwen3 cannot compute; the message names the option."""
+
+
+#: ``ModelConfig`` options outside Llama / Qwen3: field -> (the value both can express, what it changes).
+#: ``zero_init_proj`` is not here: it changes the initialisation only, not what the weights compute.
+NOT_EXPORTABLE: dict[str, tuple[Any, str]] = {
+    "mlp_act": ("swiglu", "their MLP is always SwiGLU, down(silu(gate(x)) * up(x)); relu2 has no gate"),
+    "logit_softcap": (0.0, "they have no final-logit soft-capping (Gemma 2 has; Llama and Qwen3 do not)"),
+}
+
+
+def check_exportable(cfg: ModelConfig) -> None:
+    """Raises :class:`HFExportError` naming each option of ``cfg`` in :data:`NOT_EXPORTABLE` that is on."""
+    bad = [f"model.{k}={getattr(cfg, k)!r} ({what})" for k, (ok, what) in NOT_EXPORTABLE.items()
+           if getattr(cfg, k) != ok]
+    if bad:
+        raise HFExportError("cannot export to transformers' LlamaForCausalLM / Qwen3ForCausalLM: "
+                            + "; ".join(bad) + ". The model would load there and compute something else; keep "
+                            "using it with codechat (chat, serve, eval), or train one with these options off")
 
 
 def _is_set(value: Any) -> bool:
@@ -143,7 +169,11 @@ def hf_config(cfg: ModelConfig, *, dtype: str, bos_id: int, eos_id: int) -> dict
 
     ``dtype`` is the stored weights' (``"bfloat16"`` or ``"float32"``). Written with the
     transformers 4.x names (``rope_theta``, ``torch_dtype``), which transformers 5 also reads.
+
+    Raises:
+        HFExportError: ``cfg`` has an option neither architecture expresses (:func:`check_exportable`).
     """
+    check_exportable(cfg)
     model_type = "qwen3" if cfg.qk_norm else "llama"
     out: dict[str, Any] = {
         "architectures": [ARCHITECTURES[model_type][0]], "model_type": model_type,

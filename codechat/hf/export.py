@@ -28,7 +28,7 @@ from ..checkpoint import TIED_HEAD
 from codechat.config.stages import ConfigError, ModelConfig, build, to_dict
 from ..tokenizer import Tokenizer
 from .card import model_card
-from .config import hf_config
+from .config import check_exportable, hf_config
 from .tokenizer import write_tokenizer
 from .weights import DTYPE_NAMES, DTYPES, INDEX, SINGLE, save_safetensors, to_hf_names
 
@@ -56,6 +56,8 @@ def export_hf(ckpt: dict[str, Any], out: str | os.PathLike, config: ExportConfig
     Raises:
         ConfigError: ``out`` exists and is not an earlier Hugging Face export, the checkpoint has no
             model config or no tokenizer.
+        HFExportError: the model has an option transformers' Llama / Qwen3 cannot express
+            (``model.mlp_act`` relu2, ``model.logit_softcap``; :data:`codechat.hf.config.NOT_EXPORTABLE`).
     """
     dst, src = Path(out), Path(ckpt["dir"])
     if dst.exists() and not any((dst / f).is_file() for f in HF_FILES):
@@ -66,6 +68,7 @@ def export_hf(ckpt: dict[str, Any], out: str | os.PathLike, config: ExportConfig
     if not (src / "tokenizer").is_dir():
         raise ConfigError(f"{src / 'tokenizer'}: missing; the checkpoint is incomplete")
     cfg = build(ModelConfig, meta["model"])
+    check_exportable(cfg)  # before any file is written
     tok = Tokenizer.load(src / "tokenizer")
     dtype = DTYPES[config.dtype]
     sd = {k: v.detach().to("cpu", dtype) for k, v in ckpt["model"].items()}

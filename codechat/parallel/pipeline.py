@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from codechat.checkpoint import EMBEDDING, TIED_HEAD
 from codechat.config.stages import ConfigError
-from codechat.model import GPT, IGNORE_INDEX, logits_fp32
+from codechat.model import GPT, IGNORE_INDEX, logits_fp32, soft_cap
 from codechat.parallel.state import keyed_by_name, name_optimizer_state, optimizer_parts
 
 
@@ -76,6 +76,7 @@ class Stage(nn.Module):
                                          device=model.lm_head.weight.device)
                 with torch.no_grad():
                     self.lm_head.weight.copy_(model.embed_tokens.weight)
+        self.softcap = model.cfg.logit_softcap  # the model's head: GPT.head
         self.register_buffer("rope_cos", model.rope_cos, persistent=False)
         self.register_buffer("rope_sin", model.rope_sin, persistent=False)
 
@@ -86,7 +87,7 @@ class Stage(nn.Module):
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         for i, block in self.layers.items():
             h = block(h, cos, sin, None, int(i))
-        return h if self.lm_head is None else logits_fp32(self.norm(h), self.lm_head.weight)
+        return h if self.lm_head is None else soft_cap(logits_fp32(self.norm(h), self.lm_head.weight), self.softcap)
 
 
 class Pipeline:

@@ -62,8 +62,12 @@ def prepare_data(data: DataConfig, out: Path, show_progress: bool = True) -> tup
     return tok_dir, data_dir
 
 
-def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True) -> dict[str, Any]:
+def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True, budget_after_first_step: bool = False
+                 ) -> dict[str, Any]:
     """Train ``cfg`` end to end; returns the trainer's final metrics plus sizes.
+
+    ``budget_after_first_step``: ``train.time_budget_s`` leaves out the first step, where
+    ``torch.compile`` compiles (:class:`~codechat.train.trainer.Trainer`'s option of that name).
 
     Raises:
         ValueError: the tokenizer and the shards disagree, or the data is too small.
@@ -111,7 +115,8 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True) -> dict[str
                       evaluate=bpb_evaluator(val_rows, token_bytes, cfg.train.micro_batch_size),
                       meta={"stage": "pretrain", "model": to_dict(cfg.model), "config": to_dict(cfg),
                             **({"init": str(init_dir)} if init_dir else {})},
-                      tokenizer_dir=tok_dir, show_progress=show_progress, world=world)
+                      tokenizer_dir=tok_dir, show_progress=show_progress, world=world,
+                      budget_after_first_step=budget_after_first_step)
     result = trainer.fit()
     return {**result, "params": model.num_params(), "flops_per_token": model.flops_per_token(cfg.data.seq_len),
             "train_tokens": index["splits"]["train"]["tokens"], "device": str(device)}

@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import checkpoint as ckpt
-from codechat.config.stages import ConfigError, OptimConfig, RunConfig, TrainConfig
+from codechat.config.stages import ConfigError, ModelConfig, OptimConfig, RunConfig, TrainConfig, build, to_dict
 from ..data.batch import Batch
 from codechat.config.device import autocast_for, compute_dtype, peak_flops
 from ..model import GPT, IGNORE_INDEX, build_model
@@ -40,6 +40,18 @@ class BatchSource(Protocol):
     def next_batch(self) -> Batch | tuple[torch.Tensor, torch.Tensor]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def same_model(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two saved model configs (``meta.model``) describe the same model: compared with the
+    defaults of fields added since filled in, so that a checkpoint written before a new
+    :class:`ModelConfig` option existed still resumes."""
+    if a is None or b is None:
+        return a == b
+    try:
+        return to_dict(build(ModelConfig, a)) == to_dict(build(ModelConfig, b))
+    except ConfigError:
+        return a == b
 
 
 class TrainingDiverged(RuntimeError):
@@ -108,12 +120,18 @@ class Trainer:
         world: this process's place (:func:`codechat.parallel.world.init_world`; default: a world of one).
             In a larger world ``train.parallel`` says how the model is spread, ``batches`` must give
             this rank's rows (:class:`codechat.parallel.world.RankSlice`), and only rank 0 logs and writes.
+        budget_after_first_step: ``train.time_budget_s`` (and the LR schedule's progress through it)
+            counts from the end of each :meth:`fit` call's first step, so that ``torch.compile``'s
+            compile, which that step does, takes nothing from the training time: runs compared at
+            equal training time then train equally long whatever their compile costs
+            (``benchmarks/pretrain_ablation.py``). Off, the budget counts every step (a speedrun's
+            compile is part of its clock).
     """
 
     def __init__(self, model: GPT, *, train: TrainConfig, optim: OptimConfig, run: RunConfig,
                  batches: BatchSource, out_dir: Path, evaluate: Callable[[GPT], dict[str, float]] | None = None,
                  meta: dict[str, Any] | None = None, tokenizer_dir: Path | None = None,
-                 show_progress: bool = True, world: World | None = None) -> None:
+                 show_progress: bool = True, world: World | None = None, budget_after_first_step: bool = False) -> None:
         self.model, self.tcfg, self.ocfg, self.rcfg = model, train, optim, run
         self.batches, self.evaluate, self.meta = batches, evaluate, meta or {}
         self.out_dir, self.tokenizer_dir, self.show_progress = Path(out_dir), tokenizer_dir, show_progress
@@ -136,6 +154,8 @@ class Trainer:
             if self.par.pipeline is None:  # and the final norm, head and loss (GPT.head) on their own
                 self.par.model.head = torch.compile(self.par.model.head)
         self.step, self.elapsed_s = 0, 0.0
+        self.budget_after_first_step = budget_after_first_step
+        self.untimed_s = 0.0  # seconds of elapsed_s the time budget leaves out (budget_after_first_step)
         self.last: dict[str, Any] = {}
         self.peak = peak_flops(self.device)
         # (step, host copy of (loss, grad norm, not-finite flag), its CUDA event) of updates not yet checked
@@ -153,12 +173,18 @@ class Trainer:
         if t.max_steps:
             p = max(p, (self.step - w) / max(1, t.max_steps - 1 - w))
         if t.time_budget_s:
-            p = max(p, self.elapsed_s / t.time_budget_s)
+            p = max(p, self.budget_s_used() / t.time_budget_s)
         return p
+
+    def budget_s_used(self) -> float:
+        """Seconds of training counted against ``train.time_budget_s``: ``elapsed_s`` less the first
+        steps left out under ``budget_after_first_step``."""
+        return self.elapsed_s - self.untimed_s
 
     def done(self) -> bool:
         t = self.tcfg
-        return bool((t.max_steps and self.step >= t.max_steps) or (t.time_budget_s and self.elapsed_s >= t.time_budget_s))
+        return bool((t.max_steps and self.step >= t.max_steps)
+                    or (t.time_budget_s and self.budget_s_used() >= t.time_budget_s))
 
     # ------------------------------------------------------------------ state
     def resume(self) -> bool:
@@ -168,7 +194,7 @@ class Trainer:
             return False
         c = ckpt.load(found[-1], map_location=self.device, with_optim=True)
         saved_model = c["state"].get("meta", {}).get("model")
-        if saved_model is not None and saved_model != self.meta.get("model"):
+        if saved_model is not None and not same_model(saved_model, self.meta.get("model")):
             raise ckpt.CheckpointError(f"{c['dir'] / 'state.json'}: the checkpoint's model config {saved_model} "
                                        f"does not match this run's {self.meta.get('model')}; resume with the same "
                                        "--preset/--config or start a new --out directory")
@@ -184,7 +210,7 @@ class Trainer:
         except (RuntimeError, ValueError, KeyError) as e:
             raise ckpt.CheckpointError(f"{c['dir']}: does not match this model/optimizer ({e})") from None
         s = c["state"]
-        self.step, self.elapsed_s = s["step"], s["elapsed_s"]
+        self.step, self.elapsed_s, self.untimed_s = s["step"], s["elapsed_s"], s.get("untimed_s", 0.0)
         self.batches.load_state_dict(s["loader"])
         if c["rng"] is not None:
             ckpt.set_rng_state(c["rng"])
@@ -193,8 +219,8 @@ class Trainer:
     def save(self, loader_state: dict[str, Any]) -> Path:
         """Write checkpoint ``step``: in one process the consolidated files, under torchrun a sharded
         checkpoint every rank writes its part of (:func:`codechat.checkpoint.save_sharded`)."""
-        state = {"step": self.step, "elapsed_s": self.elapsed_s, "loader": loader_state, "meta": self.meta,
-                 "metrics": self.last}
+        state = {"step": self.step, "elapsed_s": self.elapsed_s, "untimed_s": self.untimed_s, "loader": loader_state,
+                 "meta": self.meta, "metrics": self.last}
         if self.world.size > 1:  # every rank writes its part (DCP)
             return ckpt.save_sharded(self.out_dir / "checkpoints", self.step, shards=self.par.shards(self.optimizer),
                                      state=state, main=self.world.main, barrier=self.par.barrier,
@@ -372,6 +398,10 @@ class Trainer:
                 stats = self.train_step(micro)  # no host sync: the host runs a step ahead of the GPU
                 self.step += 1
                 self.elapsed_s += self.par.all_max(time.perf_counter() - t0)  # one clock: every rank stops together
+                if first_step_s is None:
+                    first_step_s = self.elapsed_s - elapsed_at_start
+                    if self.budget_after_first_step:
+                        self.untimed_s += first_step_s
                 loader_state = self.batches.state_dict()
                 window_tokens += stats["tokens"]
                 bar.update(1)
@@ -392,8 +422,6 @@ class Trainer:
                         row.update(self.run_eval())
                     self.record(log, echo, row)
                     window_tokens, window_t0 = 0, time.perf_counter()
-                if first_step_s is None:
-                    first_step_s = self.elapsed_s - elapsed_at_start
                 if (self.step % self.tcfg.save_every == 0 or last
                         or (self.tcfg.save_every_s and self.elapsed_s - saved_at_s >= self.tcfg.save_every_s)):
                     self.check_finite()  # never save past an update that was skipped

@@ -1,0 +1,291 @@
+"""Pretraining ablations at equal training time: named variants beside today's recipe, in one command.
+
+Builds (or reuses) the speedrun's tokenizer and token shards of this machine's Python files, the
+way :mod:`codechat.speedrun.run` builds them (the same sources, tokenizer settings, validation
+split by the hash of each path, and decontamination), then pretrains each variant through the real
+stage (:func:`codechat.train.pretrain.run_pretrain`, the one trainer loop) from the same seed, on
+the same windows in the same order, for the same training time, and scores each on the whole
+validation split as the speedrun does (bits per byte of every val token: the figure of the
+speedrun's report). ``baseline`` is today's speedrun recipe (the preset's recipe under the GPU
+plan's overrides: d12 with Muon at lr 2e-3), measured in the same command.
+
+    PYTHONPATH=. python3 benchmarks/pretrain_ablation.py --variants relu2,zero_init,softcap15 \
+        --train-s 232 [--mbpp .gpu/mbpp.jsonl] [--json $OUT/ablation.json]
+    PYTHONPATH=. python3 benchmarks/pretrain_ablation.py --variant 'lr3e-3:optim.lr=3e-3' --train-s 120
+    python benchmarks/pretrain_ablation.py --device cpu --max-files 120 --train-s 3 --variants relu2 \
+        --pretrain.data.vocab_size 512        # the CPU smoke: the tiny preset, seconds a variant
+
+Equal time: each variant trains ``--train-s`` seconds by the trainer's clock (the summed wall time
+of its steps; evaluations and checkpoints are outside it), and that clock starts after the first
+step (``budget_after_first_step``): ``torch.compile`` compiles in the first step, and a variant whose
+graph compiles longer would otherwise train less. Each variant starts from a reset compiler
+(``torch._dynamo.reset``); its compile time is reported beside it (``compile_s``: the first step).
+The LR schedule decays over the same ``--train-s``. Checkpoints: only the final one (read back for
+the whole-split evaluation, then deleted unless ``--keep``).
+
+Variants are dotted settings of the pretraining config applied over the baseline (:data:`VARIANTS`,
+or ``--variant NAME:KEY=VALUE,KEY=VALUE``); ``--pretrain.KEY VALUE`` changes the baseline and every
+variant alike. Prints one line per variant and a table; ``--json`` (default ``$OUT/pretrain_ablation.json``
+when ``$OUT`` is set) gets every figure and each run's logged rows, rewritten after each variant, so
+a command cut short keeps what finished. A variant that raises is reported with its error and the
+others still run.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from codechat.checkpoint import load_model
+from codechat.config.device import autocast_for, resolve_device
+from codechat.config.stages import (ConfigError, PretrainConfig, RunConfig, load, parse_overrides, replace,
+                                    to_dict)
+from codechat.data.corpus import benchmark_decontaminator, build_corpus, load_index, read_split
+from codechat.data.sources import iter_split_texts
+from codechat.data.windows import eval_windows
+from codechat.speedrun.plan import plan
+from codechat.tokenizer import train_tokenizer
+from codechat.train.pretrain import bpb_evaluator, run_pretrain
+
+#: Named variants: dotted pretraining settings over the baseline (issue 32's NanoGPT-speedrun options).
+VARIANTS: dict[str, dict[str, str]] = {
+    "baseline": {},
+    "relu2": {"model.mlp_act": "relu2"},
+    "zero_init": {"model.zero_init_proj": "true"},
+    "softcap15": {"model.logit_softcap": "15"},
+    "softcap30": {"model.logit_softcap": "30"},
+    "relu2_zero_init": {"model.mlp_act": "relu2", "model.zero_init_proj": "true"},
+    "all3": {"model.mlp_act": "relu2", "model.zero_init_proj": "true", "model.logit_softcap": "15"},
+}
+#: Settings the harness owns (the equal budget and the one final checkpoint); a variant may not set them.
+OWN_KEYS = frozenset({"train.max_steps", "train.time_budget_s", "train.epochs", "train.save_every",
+                      "train.save_every_s", "train.compile"})
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
+    """``NAME:KEY=VALUE,KEY=VALUE`` -> (NAME, {KEY: VALUE}); a bare ``NAME`` from :data:`VARIANTS`.
+
+    Raises:
+        ConfigError: an unknown name, a malformed setting, or a key the harness owns.
+    """
+    name, _, rest = spec.partition(":")
+    if not rest:
+        if name not in VARIANTS:
+            raise ConfigError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}, or NAME:KEY=VALUE,...")
+        return name, dict(VARIANTS[name])
+    settings = {}
+    for item in rest.split(","):
+        key, eq, value = item.partition("=")
+        if not eq or "." not in key:
+            raise ConfigError(f"--variant {spec!r}: {item!r} is not SECTION.FIELD=VALUE")
+        settings[key] = value
+    bad = sorted(set(settings) & OWN_KEYS)
+    if bad:
+        raise ConfigError(f"--variant {spec!r}: {bad[0]} is set by the harness (equal time, one checkpoint)")
+    return name, settings
+
+
+def prepare_shards(sources: tuple[str, ...], data_cfg: Any, max_files: int, mbpp: str, work: Path) -> tuple[Path, Path, dict]:
+    """The speedrun's tokenizer and token shards under ``work`` (its ``_tokenizer`` and ``_data``
+    stages, without the background jobs), reused when ``work/shards.json`` says they were built
+    from the same inputs. Returns (tokenizer dir, data dir, what was done and how long it took)."""
+    tok_dir, data_dir, stamp_file = work / "tokenizer", work / "data", work / "shards.json"
+    d = data_cfg
+    stamp = {"sources": list(sources), "vocab_size": d.vocab_size, "tokenizer_max_bytes": d.tokenizer_max_bytes,
+             "val_fraction": d.val_fraction, "extensions": list(d.extensions), "max_files": max_files, "mbpp": mbpp}
+    if stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp and (data_dir / "index.json").is_file():
+        return tok_dir, data_dir, {"reused": True}
+    shutil.rmtree(tok_dir, ignore_errors=True)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    t0 = time.perf_counter()
+    texts = iter_split_texts(sources, "train", extensions=d.extensions, val_fraction=d.val_fraction,
+                             max_bytes=d.tokenizer_max_bytes, max_files=max_files)
+    train_tokenizer(texts, d.vocab_size, show_progress=False).save(tok_dir)
+    t1 = time.perf_counter()
+    build_corpus(sources, tok_dir, data_dir, extensions=d.extensions, val_fraction=d.val_fraction,
+                 max_files=max_files, decontaminator=benchmark_decontaminator(mbpp or None), show_progress=False)
+    t2 = time.perf_counter()
+    stamp_file.write_text(json.dumps(stamp))
+    return tok_dir, data_dir, {"reused": False, "tokenizer_s": t1 - t0, "corpus_s": t2 - t1}
+
+
+def whole_split_bpb(stage: Path, data_dir: Path, cfg: PretrainConfig, device: torch.device) -> dict[str, float]:
+    """Val loss and bits per byte of ``stage``'s final checkpoint over every window of the val split:
+    the speedrun's headline figure (:func:`codechat.speedrun.run._full_split_bpb`, the same computation)."""
+    model, tok, _ = load_model(stage, device)
+    rows = eval_windows(read_split(data_dir, "val"), cfg.data.seq_len)
+    evaluate = bpb_evaluator(rows, torch.tensor(tok.token_byte_lengths(), dtype=torch.long),
+                             cfg.train.micro_batch_size)
+    with torch.no_grad(), autocast_for(device, cfg.train.dtype):
+        out = evaluate(model)
+    return {**out, "val_tokens": int(rows[:, 1:].numel())}
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else None
+
+
+def run_variant(name: str, settings: dict[str, str], base: PretrainConfig, train_s: float,
+                compile_on: bool, work: Path, device: torch.device, device_arg: str, seed: int, keep: bool
+                ) -> dict[str, Any]:
+    """Pretrain one variant for ``train_s`` seconds after its first step; its figures."""
+    out = work / "runs" / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    overrides = {**settings, "train.max_steps": 0, "train.epochs": 0, "train.time_budget_s": train_s,
+                 "train.compile": compile_on, "train.save_every": 10**9, "train.save_every_s": 0}
+    cfg = load(PretrainConfig, None, overrides, base=replace(base, run=RunConfig(out=str(out), seed=seed,
+                                                                                  device=device_arg)))
+    torch._dynamo.reset()  # every variant compiles from the same state
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    with open(out / "stdout.log", "w") as log, contextlib.redirect_stdout(log):
+        result = run_pretrain(cfg, show_progress=False, budget_after_first_step=True)
+    wall = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+    t1 = time.perf_counter()
+    full = whole_split_bpb(out, Path(cfg.data.data_dir), cfg, device)
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln]
+    train_rows = [r for r in rows if "tokens_per_s" in r]
+    first = result.get("first_step_s") or 0.0
+    tokens_per_step = cfg.train.micro_batch_size * cfg.train.accum_steps(1) * cfg.data.seq_len
+    if not keep:
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    return {"name": name, "settings": settings, "steps": result["step"], "compile_s": first,
+            "train_s": result["elapsed_s"] - first, "params": result["params"],
+            "tokens_seen": result["step"] * tokens_per_step,
+            # tokens of the counted steps over the counted time (the first step is in neither)
+            "tokens_per_s": (result["step"] - 1) * tokens_per_step / max(result["elapsed_s"] - first, 1e-9),
+            "mfu": _median([r["mfu"] for r in train_rows[1:] if "mfu" in r]),
+            "train_loss_final": train_rows[-1]["loss"] if train_rows else None,
+            "val_bpb_sampled": [r["val_bpb"] for r in rows if "val_bpb" in r][-1],
+            "val_bpb": full["val_bpb"], "val_loss": full["val_loss"], "val_tokens": full["val_tokens"],
+            "peak_memory_gib": peak, "stage_wall_s": wall, "eval_s": time.perf_counter() - t1,
+            "model": to_dict(cfg.model), "rows": rows}
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The results as a Markdown table, each val bits/byte beside the baseline's."""
+    ref = next((r["val_bpb"] for r in results if r["name"] == "baseline" and "val_bpb" in r), None)
+    lines = ["| variant | settings | steps | compile s | train s | tokens/s | whole-split val bits/byte | vs baseline |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        s = ", ".join(f"{k}={v}" for k, v in r["settings"].items()) or "today's recipe"
+        if "error" in r:
+            lines.append(f"| {r['name']} | {s} | failed: {r['error'][:80]} | | | | | |")
+            continue
+        delta = f"{r['val_bpb'] - ref:+.4f}" if ref is not None and r["name"] != "baseline" else ""
+        lines.append(f"| {r['name']} | {s} | {r['steps']:,} | {r['compile_s']:.1f} | {r['train_s']:.1f} | "
+                     f"{r['tokens_per_s'] or 0:,.0f} | {r['val_bpb']:.4f} | {delta} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", default="", help=f"comma-separated names among {', '.join(VARIANTS)}")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                    help="an ad-hoc variant (repeatable)")
+    ap.add_argument("--train-s", type=float, default=232.0,
+                    help="training seconds per variant after its first (compiling) step; 232: the 9-minute speedrun's")
+    ap.add_argument("--preset", help="default: the speedrun's (d12 on a GPU, tiny on a CPU)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--seed", type=int, help="default: the recipe's")
+    ap.add_argument("--src", action="append", help="source dirs/files instead of the speedrun's (repeatable)")
+    ap.add_argument("--max-files", type=int, default=0, help="the speedrun's --max-files (0: all)")
+    ap.add_argument("--mbpp", default="", help="the speedrun's --mbpp: its test problems are kept out of the corpus")
+    ap.add_argument("--eager", action="store_true", help="no torch.compile (default: the recipe's train.compile)")
+    ap.add_argument("--work", type=Path, default=Path("runs/ablation"), help="shards and runs; shards are reused")
+    ap.add_argument("--keep", action="store_true", help="keep each variant's final checkpoint")
+    ap.add_argument("--json", type=Path, help="default: $OUT/pretrain_ablation.json when $OUT is set")
+    args, rest = ap.parse_known_args(argv)
+    common = parse_overrides(rest)  # --pretrain.KEY VALUE -> every variant, baseline included
+    bad = [k for k in common if not k.startswith("pretrain.")]
+    if bad:
+        raise ConfigError(f"unrecognised argument --{bad[0]}; settings for every variant are --pretrain.SECTION.FIELD")
+    common = {k[len("pretrain."):]: v for k, v in common.items()}
+    if set(common) & OWN_KEYS:
+        raise ConfigError(f"--pretrain.{sorted(set(common) & OWN_KEYS)[0]} is set by the harness (equal time, "
+                          "one checkpoint)")
+    if args.train_s <= 0:
+        raise ConfigError(f"--train-s must be > 0, got {args.train_s}")
+    variants = [parse_variant(v) for v in args.variants.split(",") if v] + [parse_variant(v) for v in args.variant]
+    variants = [("baseline", {})] + [v for v in variants if v[0] != "baseline"]
+    if len({n for n, _ in variants}) != len(variants):
+        raise ConfigError("two variants share a name")
+
+    device = resolve_device(args.device)
+    p = plan(device, args.preset, None, args.max_files, mbpp=args.mbpp)
+    if args.src:
+        p = replace(p, sources=tuple(args.src))
+    p = replace(p, pretrain_overrides={**p.pretrain_overrides, **common})
+    base = p.pretrain_base()  # the speedrun's recipe: the preset's, its GPU overrides, then --pretrain.*
+    data_cfg = replace(base.data, src=p.sources, max_files=p.max_files)
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    json_path = args.json or (Path(os.environ["OUT"]) / "pretrain_ablation.json" if os.environ.get("OUT") else None)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    compile_on = base.train.compile and not args.eager
+    seed = args.seed if args.seed is not None else base.run.seed
+    print(f"pretrain ablation: {p.preset} on {name}, torch {torch.__version__}, commit {_commit()}; "
+          f"{args.train_s:g} s of training a variant after its first step, compile={compile_on}, seed {seed}")
+
+    t0 = time.perf_counter()
+    tok_dir, data_dir, shards = prepare_shards(p.sources, data_cfg, p.max_files, args.mbpp, work)
+    index = load_index(data_dir)
+    sp = index["splits"]
+    print(f"shards: {'reused' if shards['reused'] else 'built'} in {time.perf_counter() - t0:.0f} s; "
+          f"train {sp['train']['tokens']:,} tokens ({sp['train']['documents']:,} files), "
+          f"val {sp['val']['tokens']:,} tokens ({sp['val']['documents']:,} files), sources {', '.join(p.sources)}")
+    base = replace(base, data=replace(data_cfg, data_dir=str(data_dir), tokenizer_dir=str(tok_dir)))
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"), "commit": _commit(), "command": " ".join(sys.argv), "device": name,
+        "torch": torch.__version__, "preset": p.preset, "train_s": args.train_s, "compile": compile_on, "seed": seed,
+        "baseline_config": to_dict(base), "common_overrides": common, "shards": {**shards, "splits": sp},
+        "variants": []}
+    for vname, settings in variants:
+        try:
+            r = run_variant(vname, settings, base, args.train_s, compile_on, work, device, args.device,
+                            seed, args.keep)
+            print(f"{vname}: {r['steps']} steps, compile {r['compile_s']:.1f} s, train {r['train_s']:.1f} s, "
+                  f"{r['tokens_per_s'] or 0:,.0f} tokens/s, whole-split val {r['val_bpb']:.4f} bits/byte "
+                  f"(sampled {r['val_bpb_sampled']:.4f}), {r['stage_wall_s'] + r['eval_s']:.0f} s in all", flush=True)
+        except Exception as e:  # one broken variant must not cost the others' figures
+            traceback.print_exc()
+            r = {"name": vname, "settings": settings, "error": f"{type(e).__name__}: {e}"}
+            print(f"{vname}: FAILED {r['error']}", flush=True)
+        report["variants"].append(r)
+        if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps(report, indent=1))
+    report["wall_s"] = time.perf_counter() - t0
+    if json_path is not None:
+        json_path.write_text(json.dumps(report, indent=1))
+    print(table(report["variants"]))
+    return report
+
+
+if __name__ == "__main__":
+    main()
