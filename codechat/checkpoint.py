@@ -12,6 +12,10 @@ Layout of one checkpoint (a directory, so a stage's checkpoints sort by name)::
 A checkpoint is written under ``.tmp-step_000500`` and renamed when complete, so a crash
 mid-write never leaves a directory that looks finished.
 
+Every command's ``--model`` (and a stage's ``--init``) goes through :func:`resolve`: a checkpoint, a
+stage directory (its newest checkpoint) or a run directory (its last code stage: ``rl/``, else
+``sft/``, else ``pretrain/``, the pick logged).
+
 Under ``torchrun`` every rank writes its part of a sharded checkpoint in parallel
 (``torch.distributed.checkpoint``, :func:`save_sharded`): ``dcp/`` (``.metadata`` plus one file per
 rank) replaces ``model.pt`` and ``optim.pt``; it holds ``{"model": {name: tensor}, "optim": {name:
@@ -30,6 +34,7 @@ resuming, ``--init``, sampling and export treat both kinds the same. One process
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -47,6 +52,12 @@ DCP_DIR = "dcp"  # a sharded checkpoint's torch.distributed.checkpoint files
 WEIGHT_FILES = ("model.pt", "model.safetensors")  # a training checkpoint's, an export's
 TIED_HEAD = "lm_head.weight"  # a tied LM head is the embedding: stored once, under EMBEDDING's name
 EMBEDDING = "embed_tokens.weight"
+#: A run directory's code stages, last first: ``--model RUN`` means the first holding a checkpoint.
+CODE_STAGES = ("rl", "sft", "pretrain")
+#: ``codechat funcall`` (and the funcall evaluation) looks for the function-calling stage first.
+FUNCALL_STAGES = ("funcall", *CODE_STAGES)
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -154,29 +165,51 @@ def list_checkpoints(checkpoints: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
 
-def resolve(path: str | os.PathLike) -> Path:
-    """The checkpoint directory meant by ``path``: a checkpoint, a ``checkpoints/`` folder or a stage dir.
-
-    A folder of checkpoints or a stage directory means its newest checkpoint.
-
-    Raises:
-        CheckpointError: nothing there, or no finished checkpoint in it.
-    """
-    p = Path(path)
-    if not p.exists():
-        raise CheckpointError(f"{p}: no such checkpoint or run directory")
+def _checkpoint_in(p: Path) -> Path | None:
+    """The checkpoint ``p`` means when it is a checkpoint, an export, a ``checkpoints/`` folder or a
+    stage directory (a folder of checkpoints means its newest); None when it holds none."""
     if (p / "state.json").is_file() or any((p / f).is_file() for f in WEIGHT_FILES):
         return p
     for folder in (p / "checkpoints", p):
         found = list_checkpoints(folder)
         if found:
             return found[-1]
+    return None
+
+
+def resolve(path: str | os.PathLike, stages: tuple[str, ...] = CODE_STAGES) -> Path:
+    """The checkpoint directory meant by ``path`` — what every ``--model`` and ``--init`` goes through.
+
+    ``path`` is a checkpoint (or an export), a ``checkpoints/`` folder, a stage directory (its newest
+    checkpoint), or a run directory such as a speedrun's output: the first of its ``stages``
+    subfolders (default :data:`CODE_STAGES`: ``rl/``, else ``sft/``, else ``pretrain/``) that holds a
+    checkpoint, which is logged (``codechat: RUN is a run directory: using its rl/ stage, CKPT``).
+
+    Raises:
+        CheckpointError: nothing there, or no finished checkpoint in it (nor in its ``stages``).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such checkpoint or run directory")
+    found = _checkpoint_in(p)
+    if found is not None:
+        return found
+    present = [s for s in stages if (p / s).is_dir()]
+    for stage in present:
+        found = _checkpoint_in(p / stage)
+        if found is not None:
+            log.info("%s is a run directory: using its %s/ stage, %s", p, stage, found)
+            return found
+    if present:
+        raise CheckpointError(f"{p}: a run directory whose {', '.join(s + '/' for s in present)} hold no checkpoint "
+                              f"(expected e.g. {p / present[0]}/checkpoints/step_NNNNNN/)")
     raise CheckpointError(f"{p}: holds no checkpoint (expected {p}/checkpoints/step_NNNNNN/)")
 
 
 def load(path: str | os.PathLike, *, map_location: str | torch.device = "cpu", with_optim: bool = False
          ) -> dict[str, Any]:
-    """Read a checkpoint: ``{"dir", "state", "model", "optim"?, "rng"?}``.
+    """Read the checkpoint ``path`` means (:func:`resolve`: a checkpoint, stage or run directory):
+    ``{"dir", "state", "model", "optim"?, "rng"?}``.
 
     Raises:
         CheckpointError: a missing or truncated file, named in the message.
@@ -247,7 +280,8 @@ def _safetensors_load(f: Path, map_location: str | torch.device, state: dict[str
 
 
 def export(path: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write the checkpoint at ``path`` (a stage directory means its newest) as a consolidated
+    """Write the checkpoint at ``path`` (:func:`resolve`: a stage directory means its newest, a run
+    directory its last code stage's) as a consolidated
     directory ``out`` (module docstring): one process, on the CPU, with about the model's size in
     host memory. Written under ``.tmp-NAME`` beside ``out`` and renamed when complete.
 
@@ -279,7 +313,8 @@ def _torch_load(f: Path, map_location: str | torch.device) -> Any:
 
 
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
-    """Model and tokenizer of a checkpoint (or of a stage directory's newest checkpoint), in eval mode.
+    """Model and tokenizer of a checkpoint (or of a stage directory's newest checkpoint, or of a run
+    directory's last code stage: :func:`resolve`), in eval mode.
 
     Returns ``(model, tokenizer, state)``.
 

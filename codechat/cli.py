@@ -71,6 +71,9 @@ def _add_parallel(p: argparse.ArgumentParser) -> None:
                                           "--train.pp_microbatches M)")
 
 
+#: ``--model`` of every command that loads one (:func:`codechat.checkpoint.resolve`).
+MODEL_HELP = ("checkpoint, stage directory (its newest checkpoint) or run directory such as a speedrun's "
+              "(its rl/, sft/ or pretrain/ stage, first found; the pick is printed)")
 HF_INIT_HELP = "or hf:PATH (a Llama / Qwen3 directory or Hub repo id, imported into OUT/hf_init)"
 
 
@@ -124,7 +127,8 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
                                    "files or directories, hf:ORG/NAME[:CONFIG][@SPLIT]). Without --data, docstring -> "
                                    "function pairs mined from this Python's standard library. Overrides: "
                                    "--sft.*, --optim.*, --train.*, --run.*.")
-    p.add_argument("--init", help=f"pretrained stage directory (its newest checkpoint) or checkpoint, {HF_INIT_HELP}")
+    p.add_argument("--init", help=f"pretrained stage directory (its newest checkpoint), checkpoint, run directory (its "
+                                  f"last code stage, printed), {HF_INIT_HELP}")
     p.add_argument("--data", help="mixture spec, e.g. mbpp.jsonl:1,code_alpaca.json:0.5 (default: mined pairs)")
     p.add_argument("--config", help="YAML file of settings")
     p.add_argument("--max-steps", type=int, help="optimizer steps (default: --epochs over the data)")
@@ -167,7 +171,8 @@ def _add_rl(sub: argparse._SubParsersAction) -> None:
                                    "refuses a run that would stall; a run that goes --dead-steps steps without signal "
                                    "stops with a checkpoint. Overrides: --rl.*, --optim.*, --train.*, --run.* "
                                    "(metrics: codechat.train.grpo).")
-    p.add_argument("--init", help=f"SFT stage directory (its newest checkpoint) or checkpoint, {HF_INIT_HELP}")
+    p.add_argument("--init", help=f"SFT stage directory (its newest checkpoint), checkpoint, run directory (its last "
+                                  f"code stage, printed), {HF_INIT_HELP}")
     p.add_argument("--tasks", help="task spec (default doctest)")
     p.add_argument("--split", help="task split (default: the spec's RL default, MBPP train)")
     p.add_argument("--group-size", type=int, help="samples per task, one GRPO group (default 8)")
@@ -206,7 +211,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
                                    "sample, chat, eval and --init load like any checkpoint; or with --format hf as a "
                                    "Hugging Face Llama / Qwen3 directory (config.json, tokenizer with the chat "
                                    "template, model card) that transformers loads. One process, CPU only.")
-    p.add_argument("--model", required=True, help="stage directory or checkpoint")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--out", required=True, help="directory to write (replaced if it is an earlier export)")
     p.add_argument("--format", default="codechat", choices=["codechat", "hf"],
                    help="codechat (default): safetensors + config + tokenizer; hf: transformers' layout")
@@ -230,14 +235,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _add_sample(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sample", help="continue a prompt with a trained model",
                        description="Sample a continuation of --prompt from a checkpoint or a stage directory.")
-    p.add_argument("--model", required=True, help="stage directory (its newest checkpoint) or checkpoint path")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--prompt", type=_message("to sample from the start of a document"),
                    help="text to continue, not empty (default: start of a document)")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--num-samples", type=int, default=1)
+    _add_sampling(p, max_new_tokens=200, temperature=0.8)
+    p.add_argument("--num-samples", type=int, default=1, help="continuations, one after the other (default 1)")
     _add_common(p)
     p.set_defaults(func=_cmd_sample)
 
@@ -270,6 +272,18 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_sampling(p: argparse.ArgumentParser, *, max_new_tokens: int, temperature: float) -> None:
+    """``--max-new-tokens``, ``--temperature``, ``--top-k`` and ``--top-p`` of ``sample`` and ``chat``,
+    with their defaults in the help."""
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                   help="tokens generated at most (default %(default)s; the model's context caps it)")
+    p.add_argument("--temperature", type=float, default=temperature,
+                   help="sampling temperature (default %(default)s; 0: greedy)")
+    p.add_argument("--top-k", type=int, default=0,
+                   help="sample among the k likeliest tokens (default %(default)s: off)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default %(default)s; 1: off)")
+
+
 def _seed(seed: int | None) -> int:
     """``--seed``, or a fresh random one when none was given."""
     import secrets
@@ -280,14 +294,11 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chat", help="talk to a chat model (interactive, or one answer with --prompt)",
                        description="A multi-turn conversation with streamed answers; /reset starts over, /quit "
                                    "leaves. With --prompt, prints one answer and exits.")
-    p.add_argument("--model", required=True, help="SFT stage directory (its newest checkpoint) or checkpoint path")
+    p.add_argument("--model", required=True, help="a chat model (SFT or RL): " + MODEL_HELP)
     p.add_argument("--prompt", type=_message("for an interactive chat"),
                    help="answer this one user message (not empty) and exit")
-    p.add_argument("--system", default="", help="system message")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--system", default="", help="system message (default: none)")
+    _add_sampling(p, max_new_tokens=256, temperature=0.7)
     _add_common(p)
     p.set_defaults(func=_cmd_chat)
 
@@ -319,7 +330,7 @@ def _add_funcall(sub: argparse._SubParsersAction) -> None:
                        description="The system turn declares the tools; each call the model makes is validated "
                                    "against its schema and run in a worker process, and its result (or the error) "
                                    "goes back to the model until it answers in text. Interactive without --user.")
-    p.add_argument("--model", required=True, help="stage directory (its newest checkpoint), run directory or checkpoint")
+    p.add_argument("--model", required=True, help=MODEL_HELP.replace("its rl/", "its funcall/, rl/"))
     p.add_argument("--executors", help="Python file: each public function defined in it (or its EXECUTORS dict) "
                                        "is a tool, its schema from type hints and docstring")
     p.add_argument("--tools", help="built-in tools to add, comma-separated: python (runs code in the sandbox), "
@@ -329,23 +340,23 @@ def _add_funcall(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", default="", help="system message (the tool list is appended to it)")
     p.add_argument("--max-tool-calls", type=int, default=4, help="function calls answered per user turn (default 4)")
     p.add_argument("--show-trace", action="store_true", help="print every call and function response")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=256,
+                   help="tokens generated per model turn at most (default %(default)s; the model's context caps it)")
     p.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy, the most reliable calls")
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default %(default)s: off)")
     _add_common(p)
     p.set_defaults(func=_cmd_funcall)
 
 
 def _cmd_funcall(args: argparse.Namespace) -> int:
-    from .checkpoint import load_model
-    from codechat.config.device import resolve_device
-    from .engine import Engine, EngineConfig, SamplingConfig
-    from .eval.cli import resolve_model_path
-    from codechat.chat.funcall import load_tools, run_session
+    from codechat.chat.funcall import load_tools, run_session  # no torch: the tools are checked in a second
     if args.max_tool_calls < 0:
         raise ValueError(f"--max-tool-calls must be >= 0, got {args.max_tool_calls}")
-    tools = load_tools(args.executors, args.tools)  # a bad executors file is reported before the model loads
-    model, tok, _ = load_model(resolve_model_path(args.model), resolve_device(args.device or "auto"))
+    tools = load_tools(args.executors, args.tools)  # a bad executors file is reported before torch and the model load
+    from .checkpoint import FUNCALL_STAGES, load_model, resolve
+    from codechat.config.device import resolve_device
+    from .engine import Engine, EngineConfig, SamplingConfig
+    model, tok, _ = load_model(resolve(args.model, FUNCALL_STAGES), resolve_device(args.device or "auto"))
     engine = Engine(model, EngineConfig(slots=1))
     cfg = SamplingConfig(args.max_new_tokens, args.temperature, 0, args.top_p)
     run_session(engine, tok, tools, cfg, system=args.system, user=args.user, max_tool_calls=args.max_tool_calls,
@@ -406,6 +417,19 @@ def _cmd_speedrun(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, except that a missing subcommand (``codechat``, ``codechat eval``) prints the
+    whole help, the list of commands, before the error (stderr, exit 2). Subparsers inherit the class."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        missing = message.startswith("the following arguments are required:")
+        if missing and any(isinstance(a, argparse._SubParsersAction) and a.required
+                           and (a.metavar or a.dest) in message for a in self._actions):
+            self.print_help(sys.stderr)
+            self.exit(2, f"\n{self.prog}: error: {message}\n")
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .data import corpus
     from .data import inspect as data_inspect
@@ -413,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .eval import cli as eval_cli
     from .serve import cli as serve_cli
     from .train import plan_cli
-    parser = argparse.ArgumentParser(prog="codechat", description="Train your own code-chat model end to end.")
+    parser = _Parser(prog="codechat", description="Train your own code-chat model end to end.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_speedrun(sub)
     tokenizer_cli.add_cli(sub)
@@ -442,7 +466,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``codechat`` console script; returns the exit code."""
+    from codechat.config.log import setup_cli_logging
     from codechat.config.stages import parse_overrides
+    setup_cli_logging()  # the codechat loggers' messages: one line each on stderr
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     try:

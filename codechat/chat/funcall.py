@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Callable, Sequence, TextIO
+from typing import TYPE_CHECKING, Callable, Sequence, TextIO
 
 from codechat.chat.conversation import Conversation, Message, reply_message
-from codechat.chat.repl import generate_reply
-from codechat.engine import Engine, SamplingConfig
-from codechat.tokenizer import Tokenizer
 from codechat.tools import Tool
+
+if TYPE_CHECKING:  # the engine imports torch: this module does not, so `codechat funcall` checks its tools first
+    from codechat.engine import Engine, SamplingConfig
+    from codechat.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ def answer(engine: Engine, tok: Tokenizer, messages: list[Message], tools: Seque
     Returns:
         ``messages``.
     """
+    from codechat.chat.repl import generate_reply
     schemas = tuple(t.schema() for t in tools) or None
     calls = 0
     while True:

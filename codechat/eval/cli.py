@@ -14,10 +14,6 @@ from pathlib import Path
 from codechat.eval.passk import filter_by_pass_rate
 from codechat.eval.problems import load_problems
 
-#: Run directories are searched for these stage directories, first found wins.
-STAGE_PREFERENCE = ("rl", "sft", "pretrain")
-
-
 def _ks(text: str) -> list[int]:
     try:
         return [int(k) for k in text.split(",") if k.strip()]
@@ -35,7 +31,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                    "appends it to OUT/samples.jsonl (a rerun resumes) and writes OUT/results.json: "
                                    "pass@k, counts per result kind, timing and the verdict.")
     r.add_argument("--model", required=True, help="checkpoint, stage directory (its newest checkpoint) or run "
-                                                  "directory (its rl/, sft/ or pretrain/ stage, first found)")
+                                                  "directory (its rl/, sft/ or pretrain/ stage, first found; "
+                                                  "funcall/ first for --suite funcall:PATH)")
     r.add_argument("--suite", required=True, help="humaneval (the copy shipped with codechat), humaneval:PATH, "
                                                   "mbpp:PATH (MBPP's published mbpp.jsonl), or funcall:PATH "
                                                   "(conversations with tools: every assistant turn is scored for "
@@ -83,27 +80,6 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def resolve_model_path(path: str | Path) -> Path:
-    """The checkpoint meant by ``--model``: a checkpoint, a stage directory, or a run directory
-    (its first stage of :data:`STAGE_PREFERENCE` holding a checkpoint).
-
-    Raises:
-        CheckpointError: nothing to load there.
-    """
-    from codechat.checkpoint import CheckpointError, resolve
-    try:
-        return resolve(path)
-    except CheckpointError:
-        for stage in STAGE_PREFERENCE:
-            if (Path(path) / stage).is_dir():
-                try:
-                    return resolve(Path(path) / stage)
-                except CheckpointError:
-                    continue
-        raise CheckpointError(f"{path}: no checkpoint; give a checkpoint, a stage directory, or a run directory "
-                              f"with one of {', '.join(s + '/' for s in STAGE_PREFERENCE)}") from None
-
-
 def _cli_run(args: argparse.Namespace) -> int:
     """``codechat eval run``: validate everything cheap first, then load the model and run."""
     # torch, the model and the suite runner load only for this subcommand
@@ -112,9 +88,9 @@ def _cli_run(args: argparse.Namespace) -> int:
     from codechat.eval.suites import check_ks, format_summary, resolve_mode, run_suite
     check_ks(args.k, args.n)
     problems = load_problems(args.suite, args.split, limit=args.limit, shots=args.shots)
-    from codechat.checkpoint import load_model
+    from codechat.checkpoint import load_model, resolve
     from codechat.config.device import resolve_device
-    ckpt = resolve_model_path(args.model)
+    ckpt = resolve(args.model)
     model, tok, state = load_model(ckpt, resolve_device(args.device))
     stage = state.get("meta", {}).get("stage", "pretrain")
     mode = resolve_mode(args.mode, stage)
@@ -133,7 +109,7 @@ def _cli_run(args: argparse.Namespace) -> int:
 
 def _cli_run_funcall(args: argparse.Namespace) -> int:
     """``codechat eval run --suite funcall:PATH``: every assistant turn of the split, scored."""
-    from codechat.checkpoint import load_model
+    from codechat.checkpoint import FUNCALL_STAGES, load_model, resolve
     from codechat.config.device import resolve_device
     from codechat.engine import Engine, EngineConfig
     from codechat.eval.funcall import format_summary, load_cases, run_funcall_suite
@@ -144,7 +120,7 @@ def _cli_run_funcall(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
     split = "heldout" if args.split == "test" else args.split
     load_cases(path, split, args.limit)  # bad input is reported before the model loads
-    ckpt = resolve_model_path(args.model)
+    ckpt = resolve(args.model, FUNCALL_STAGES)
     model, tok, state = load_model(ckpt, resolve_device(args.device))
     engine = Engine(model, EngineConfig(slots=args.batch_size))
     print(f"model {ckpt} (stage {state.get('meta', {}).get('stage')}, step {state.get('step')}): "

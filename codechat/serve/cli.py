@@ -67,6 +67,29 @@ def bind_warning(host: str, api_key: str | None) -> str | None:
     return f"WARNING: codechat serve is bound to {host}, not to loopback: {who} can use the model"
 
 
+def check_port(host: str, port: int) -> None:
+    """Bind ``host``:``port`` the way uvicorn will (TCP, ``SO_REUSEADDR``, IPv6 when ``host`` has a
+    colon) and let it go again, so that a port another server holds is said in one line before the
+    model loads. (Another process may still take the port in the moment between.)
+
+    Raises:
+        ValueError: the port is in use, or ``host`` is not an address of this machine; the message
+            names ``host:port`` and the system's reason.
+    """
+    import errno
+    import socket
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as e:
+        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        hint = ("another server is listening there: stop it or choose another --port"
+                if e.errno == errno.EADDRINUSE else "give an address of this machine as --host")
+        raise ValueError(f"cannot listen on {where}: {e.strerror or e} ({hint})") from None
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -77,10 +100,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise
         print(f"codechat serve: error: {e.name} is not installed: {INSTALL_HINT}", file=sys.stderr)
         return 2
-    from codechat.checkpoint import load_model
+    from codechat.checkpoint import load_model, resolve
     from codechat.config.device import resolve_device
     from codechat.engine import Engine, EngineConfig
-    from codechat.eval.cli import resolve_model_path
 
     from .worker import EngineWorker
     config = ServeConfig(model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
@@ -93,7 +115,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if api_key is not None and not (api_key.isascii() and api_key.isprintable()):
         raise ValueError(f"--api-key (or ${API_KEY_ENV}) must be printable ASCII: clients send it in an HTTP header, "
                          "where another character could never match")
-    path = resolve_model_path(args.model)
+    path = resolve(args.model)
+    check_port(args.host, args.port)  # a busy port is said before the model loads
     model, tok, _ = load_model(path, resolve_device(args.device))
     worker = EngineWorker(Engine(model, engine_config), config.queue_size).start()
     app = create_app(worker, tok, config, api_key=api_key)
