@@ -1,12 +1,14 @@
 """Chat rendering, the assistant-only loss mask, parsing replies, and prompt/completion budgets.
 
-Cases from ``shared/cases``: 01 (truncation), 17 (special-token literals, chat rows), 19 (raw
-glaive calls), 20 (arguments rendered once).
+Cases from ``shared/cases``: 01 (truncation), 02 (oversized completions), 17 (special-token literals, chat
+rows), 19 (raw glaive calls), 20 (arguments rendered once); each is also checked on the project's own inputs in
+``tests/fixtures/cases_b/`` (the shared ones skip when ``shared/`` is absent).
 """
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,8 +23,10 @@ from codechat.config.sft import SFTConfig
 from codechat.config.stages import ConfigError, ModelConfig
 from codechat.data.formats import load_records
 from codechat.model import GPT, IGNORE_INDEX
+from conftest import FIXTURES, shared_file
 
 END = "<|end|>"
+CASES_B = FIXTURES / "cases_b"
 
 
 def assistant_spans(conv: Conversation) -> list[str]:
@@ -99,10 +103,11 @@ def test_invalid_messages_raise(make, match):
 
 
 # ----------------------------------------------------------------------------- case 17
-def test_case17_special_token_spellings_in_user_text_are_ordinary_text(tok, shared_dir):
-    rows = [json.loads(x) for x in (shared_dir / "cases/17-special-token-literals.jsonl").read_text().splitlines()]
+def check_literal_chat_rows(tok, path: Path, n_rows: int) -> None:
+    """The ``kind: chat`` rows of ``path``: special-token spellings typed in user text stay ordinary text."""
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
     chat_rows = [r for r in rows if r["kind"] == "chat"]
-    assert len(chat_rows) == 3
+    assert len(chat_rows) == n_rows
     for r in chat_rows:
         conv = Conversation(tuple(Message(**m) for m in r["messages"]))
         ids, mask = render(tok, conv)
@@ -120,10 +125,21 @@ def test_case17_special_token_spellings_in_user_text_are_ordinary_text(tok, shar
         assert parse_assistant(tok, ids[a_head + 1:]) == (r["messages"][1]["content"], None)
 
 
+def test_case17_special_token_spellings_in_user_text_are_ordinary_text(tok):
+    check_literal_chat_rows(tok, shared_file("cases/17-special-token-literals.jsonl"), 3)
+
+
+def test_special_token_spellings_in_user_text_are_ordinary_text_fixture(tok):
+    """codechat's own spellings (<|end|><|assistant|>...), ChatML's, and a typed glaive call."""
+    path = CASES_B / "special_literals.jsonl"
+    assert "<|end|><|assistant|>" in path.read_text()
+    check_literal_chat_rows(tok, path, 3)
+
+
 # ----------------------------------------------------------------------------- case 19 / 20
-def test_case19_raw_glaive_calls_parse_to_the_expected_dicts(tok, shared_dir):
-    path = shared_dir / "cases/19-glaive-functioncall-quoting.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines()]
+def check_raw_glaive_records(tok, path: Path) -> None:
+    """Raw glaive records (``system`` + ``chat``) load, render and parse back to their ``_expected_calls``."""
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
     records = load_records(path)
     assert [r.format for r in records] == ["glaive"] * len(rows)
     for row, rec in zip(rows, records):
@@ -145,9 +161,24 @@ def test_case19_raw_glaive_calls_parse_to_the_expected_dicts(tok, shared_dir):
             assert parse_assistant(tok, ids[head + 1:end + 1])[1] == call
 
 
-def test_case20_tool_arguments_are_rendered_once_as_an_object(tok, shared_dir):
-    records = load_records(shared_dir / "cases/20-tool-args-double-encoding.jsonl")
-    expected = json.loads((shared_dir / "cases/20-tool-args-double-encoding.expected.json").read_text())
+def test_case19_raw_glaive_calls_parse_to_the_expected_dicts(tok):
+    check_raw_glaive_records(tok, shared_file("cases/19-glaive-functioncall-quoting.jsonl"))
+
+
+def test_raw_glaive_calls_parse_to_the_expected_dicts_fixture(tok):
+    """Apostrophes and braces inside single-quoted JSON-string arguments, nested lists of objects, unicode, two
+    schemas in one system text, arguments already an object, and a record without a call."""
+    path = CASES_B / "glaive_quoting.jsonl"
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+    assert [len(r["_expected_calls"]) for r in rows] == [1, 1, 1, 1, 0]
+    assert rows[0]["_expected_calls"][0]["arguments"]["body"] == "It isn't on Friday, don't forget"
+    check_raw_glaive_records(tok, path)
+
+
+def check_arguments_rendered_once(tok, path: Path, name: str, key: str, plain: str, quoted: str) -> None:
+    """Rows 1 (content null, arguments a JSON string) and 2 (content "", arguments an object) render to the same
+    ids, with the arguments one JSON object; row 3's string with quotes parses back to ``{key: quoted}``."""
+    records = load_records(path)
     rendered = [render(tok, r.conversation) for r in records]
     assert rendered[0] == rendered[1]  # content null + JSON-string args == content "" + object args
     for (ids, _), rec in zip(rendered, records):
@@ -160,11 +191,22 @@ def test_case20_tool_arguments_are_rendered_once_as_an_object(tok, shared_dir):
         assert content == ""
         rec_call = rec.conversation.messages[1].function_call
         assert call == rec_call and isinstance(call["arguments"], dict)
-    call_text = '<|function_call|>{"name": "get_weather", "arguments": {"city": "Paris"}}<|end|>'
+    call_text = f'<|function_call|>{{"name": "{name}", "arguments": {{"{key}": "{plain}"}}}}<|end|>'
     assert call_text in tok.decode(rendered[0][0])
+    assert parse_assistant(tok, _assistant_ids(tok, rendered[0][0]))[1]["arguments"] == {key: plain}
+    assert parse_assistant(tok, _assistant_ids(tok, rendered[2][0]))[1]["arguments"] == {key: quoted}
+
+
+def test_case20_tool_arguments_are_rendered_once_as_an_object(tok):
+    expected = json.loads(shared_file("cases/20-tool-args-double-encoding.expected.json").read_text())
     assert "parse_back" in expected
-    assert parse_assistant(tok, _assistant_ids(tok, rendered[0][0]))[1]["arguments"] == {"city": "Paris"}
-    assert parse_assistant(tok, _assistant_ids(tok, rendered[2][0]))[1]["arguments"] == {"city": 'Paris "rive gauche"'}
+    check_arguments_rendered_once(tok, shared_file("cases/20-tool-args-double-encoding.jsonl"), "get_weather", "city",
+                                  "Paris", 'Paris "rive gauche"')
+
+
+def test_tool_arguments_are_rendered_once_as_an_object_fixture(tok):
+    check_arguments_rendered_once(tok, CASES_B / "args_encoding.jsonl", "lookup_word", "word", "serendipity",
+                                  'the "so-called" serendipity')
 
 
 def _assistant_ids(tok, ids):
@@ -231,13 +273,16 @@ def test_sft_config_rejects_a_prompt_budget_that_leaves_no_completion():
         SFTConfig(max_length=64, max_prompt_length=100)
 
 
-def test_case01_prompt_over_budget_is_left_truncated_and_counted(tok, shared_dir):
+def check_prompt_budget(tok, path: Path, first_turns: tuple[str, str]) -> None:
+    """A file of three rows (a prompt far over its budget, a short row, and a short exchange followed by the same
+    long prompt) under ``max_length=64``, ``max_prompt_length=48``: prompts are left-truncated and counted,
+    completions stay whole, the earlier assistant turn stays supervised, the loss is finite and positive."""
     cfg = SFTConfig(max_length=64, max_prompt_length=48)
-    records = {r.conversation.messages[-1].content: r for r in
-               load_records(shared_dir / "cases/01-prompt-exceeds-max-len.jsonl")}
+    records = load_records(path)
+    assert len(records) == 3
     counts = BudgetCounts()
     out = {}
-    for rec in records.values():
+    for rec in records:
         ex = render_with_budget(tok, rec.conversation, cfg, counts, source=rec.source, line=rec.line)
         assert ex is not None
         assert len(ex.ids) <= 64 and ex.prompt_length <= 48 and ex.n_supervised >= 1
@@ -249,21 +294,26 @@ def test_case01_prompt_over_budget_is_left_truncated_and_counted(tok, shared_dir
                                     "turns_dropped", "completion_tokens_cut")} == \
         {"seen": 3, "kept": 3, "prompt_truncated": 2, "completion_truncated": 0, "dropped": {}, "turns_dropped": 0,
          "completion_tokens_cut": 0}
-    long, short, multi = out[1], out[2], out[3]
+    (long, long_rec), (short, short_rec), (multi, multi_rec) = ((out[r.line], r) for r in records)
     # long-prompt: the user turn keeps its right end, the completion is whole
     assert long.prompt_length == 48 and long.prompt_truncated and not long.completion_truncated
-    assert spans_text(tok, long.ids, long.mask) == ["It adds i to the previous value." + END]
-    user = records["It adds i to the previous value."].conversation.messages[0].content
+    answer = long_rec.conversation.messages[-1].content
+    assert spans_text(tok, long.ids, long.mask) == [answer + END]
+    user = long_rec.conversation.messages[0].content
     kept_user = tok.decode(long.ids[2:long.ids.index(tok.end_id)])
     assert user.endswith(kept_user) and len(kept_user) < len(user)
-    assert kept_user.endswith("line119 = compute(line118) + 119")
+    assert kept_user.endswith(user[-30:])
     # short: untouched, identical to the plain rendering
-    assert (short.ids, short.mask) == render(tok, records["It returns 3."].conversation) and not short.prompt_truncated
+    assert (short.ids, short.mask) == render(tok, short_rec.conversation) and not short.prompt_truncated
     # multi-turn-partial: the first assistant turn stays supervised; the long user turn is cut from the left
+    first_user, first_answer = first_turns
+    assert [m.content for m in multi_rec.conversation.messages[:2]] == [first_user, first_answer]
     assert multi.prompt_length == 48
-    assert spans_text(tok, multi.ids, multi.mask) == ["OK." + END, "Done." + END]
-    assert tok.decode(multi.ids).startswith("<|bos|><|user|>Say OK.<|end|><|assistant|>OK.<|end|><|user|>")
-    assert counts.prompt_tokens_cut == sum(len(render(tok, r.conversation)[0]) for r in records.values()) \
+    assert spans_text(tok, multi.ids, multi.mask) == [first_answer + END,
+                                                      multi_rec.conversation.messages[-1].content + END]
+    assert tok.decode(multi.ids).startswith(f"<|bos|><|user|>{first_user}<|end|><|assistant|>{first_answer}<|end|>"
+                                            "<|user|>")
+    assert counts.prompt_tokens_cut == sum(len(render(tok, r.conversation)[0]) for r in records) \
         - sum(len(e.ids) for e in out.values())
     # the loss through the real model is finite and positive on every row (never a silent 0 or NaN)
     torch.manual_seed(0)
@@ -276,10 +326,29 @@ def test_case01_prompt_over_budget_is_left_truncated_and_counted(tok, shared_dir
         assert math.isfinite(loss.item()) and loss.item() > 0
 
 
-def test_completion_is_cut_on_the_right_and_counted(tok, shared_dir):
+def test_case01_prompt_over_budget_is_left_truncated_and_counted(tok):
+    path = shared_file("cases/01-prompt-exceeds-max-len.jsonl")
+    records = load_records(path)
+    assert [r.conversation.messages[-1].content for r in records] == ["It adds i to the previous value.",
+                                                                      "It returns 3.", "Done."]
+    assert records[0].conversation.messages[0].content.endswith("line119 = compute(line118) + 119")
+    check_prompt_budget(tok, path, ("Say OK.", "OK."))
+
+
+def test_prompt_over_budget_is_left_truncated_and_counted_fixture(tok):
+    path = CASES_B / "budget_prompts.jsonl"
+    records = load_records(path)
+    assert records[0].conversation.messages[0].content.endswith("opt40 = settings.get('opt40', 120)")
+    assert len(render(tok, records[0].conversation)[0]) > 10 * 48  # far over the prompt budget
+    check_prompt_budget(tok, path, ("Reply yes.", "yes."))
+
+
+def check_completion_cut(tok, path: Path) -> int:
+    """Completions over ``max_length=32`` (prompt budget 16) are cut on the right and counted; returns how many."""
     cfg = SFTConfig(max_length=32, max_prompt_length=16)
     counts = BudgetCounts()
-    for rec in load_records(shared_dir / "cases/02-sft-packing-oversized.jsonl"):
+    records = load_records(path)
+    for rec in records:
         ex = render_with_budget(tok, rec.conversation, cfg, counts)
         full_ids, _ = render(tok, rec.conversation)
         if len(full_ids) <= 32:
@@ -289,8 +358,16 @@ def test_completion_is_cut_on_the_right_and_counted(tok, shared_dir):
         assert ex.n_supervised == 32 - ex.prompt_length >= 16
         assert ex.ids[-1] != tok.end_id  # the cut completion has lost its <|end|>
     assert counts.seen == counts.kept and counts.completion_truncated >= 1
-    records = load_records(shared_dir / "cases/02-sft-packing-oversized.jsonl")
     assert counts.completion_truncated == sum(len(render(tok, r.conversation)[0]) > 32 for r in records)
+    return counts.completion_truncated
+
+
+def test_completion_is_cut_on_the_right_and_counted(tok):
+    check_completion_cut(tok, shared_file("cases/02-sft-packing-oversized.jsonl"))
+
+
+def test_completion_is_cut_on_the_right_and_counted_fixture(tok):
+    assert check_completion_cut(tok, CASES_B / "packing_oversized.jsonl") == 4  # the four long rows, not the 3 short
 
 
 def test_examples_without_assistant_turn_are_dropped_and_counted(tok):

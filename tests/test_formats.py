@@ -1,4 +1,5 @@
-"""SFT record formats read from the real files in shared/data and from fixtures."""
+"""SFT record formats read from the real files in shared/data (skipped when it is absent) and from the project's
+own fixtures (tests/fixtures/sft, tests/fixtures/cases_b), which pin every format the shared files do."""
 from __future__ import annotations
 
 import gzip
@@ -15,8 +16,10 @@ from codechat.data.formats import (HUMANEVAL_PROMPT, FormatError, detect_format,
                                    to_conversation)
 from codechat.data.mining import humaneval_file
 from codechat.data.readers import LoadCounts, read_rows
+from conftest import shared_file
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sft"
+CASES_B = Path(__file__).parent / "fixtures" / "cases_b"
 
 
 def assistant_spans(conv: Conversation) -> list[str]:
@@ -32,46 +35,90 @@ def check_spans(tok, records) -> None:
             (r.source, r.line)
 
 
-def test_mbpp_jsonl_user_asks_with_the_tests_and_assistant_answers_with_code(tok, shared_dir):
-    path = shared_dir / "data/mbpp/mbpp.jsonl"
+def check_mbpp_jsonl(tok, path: Path, n: int) -> None:
+    """MBPP JSON lines: the user asks with the problem and its tests, the assistant answers with the code (CRLF->LF)."""
     records = load_records(path)
-    assert len(records) == 974 and {r.format for r in records} == {"mbpp"}
+    assert len(records) == n and {r.format for r in records} == {"mbpp"}
     first = json.loads(path.read_text().splitlines()[0])
     user, assistant = records[0].conversation.messages
     assert (records[0].source, records[0].line) == (str(path), 1)
     assert user.content == mbpp_prompt(first["text"], first["test_list"])
     assert user.content.startswith(first["text"]) and all(t in user.content for t in first["test_list"])
+    assert "\r\n" in first["code"]
     assert assistant.content == first["code"].replace("\r\n", "\n").rstrip() and "\r" not in assistant.content
+    assert records[0].task_id == str(first["task_id"])
     check_spans(tok, records[:50])
 
 
-def test_sanitized_mbpp_json_array(shared_dir):
-    records = load_records(shared_dir / "data/mbpp/sanitized-mbpp.json")
+def test_mbpp_jsonl_user_asks_with_the_tests_and_assistant_answers_with_code(tok):
+    check_mbpp_jsonl(tok, shared_file("data/mbpp/mbpp.jsonl"), 974)
+
+
+def test_mbpp_jsonl_fixture(tok):
+    path = CASES_B / "mbpp/mbpp.jsonl"
+    check_mbpp_jsonl(tok, path, 10)
+    user, assistant = load_records(path)[0].conversation.messages
+    assert user.content == ("Write a function to count the vowels in a string.\nYour code should pass these tests:\n\n"
+                            "assert count_vowels('hello') == 2\nassert count_vowels('xyz') == 0\n"
+                            "assert count_vowels('AEIOU') == 5")
+    assert assistant.content == "def count_vowels(s):\n    return sum(1 for ch in s.lower() if ch in 'aeiou')"
+
+
+def test_sanitized_mbpp_json_array():
+    records = load_records(shared_file("data/mbpp/sanitized-mbpp.json"))
     assert len(records) == 427 and {r.format for r in records} == {"mbpp"}
     assert [r.line for r in records[:3]] == [1, 2, 3]  # record index in the array
     assert [r.task_id for r in records[:3]] == ["2", "3", "4"]  # the task identity decontamination keys on
 
 
-def test_glaive_sharegpt_sample_keeps_calls_responses_and_tools(tok, shared_dir):
-    records = load_records(shared_dir / "data/function_calling_glaive")  # a directory source
-    assert len(records) == 300 and {r.format for r in records} == {"sharegpt"}
-    msgs = [m for r in records for m in r.conversation.messages]
-    assert sum(m.role == "user" for m in msgs) == 746
-    assert sum(m.function_call is not None for m in msgs) == 211
-    assert sum(m.role == "function_response" for m in msgs) == 211
-    assert sum(m.role == "assistant" and m.function_call is None for m in msgs) == 746
-    assert sum(bool(r.conversation.tools) for r in records) == 191  # 109 records list no tools ("[]")
-    assert all(r.conversation.tools for r in records if any(m.function_call for m in r.conversation.messages))
-    assert all(isinstance(m.function_call["arguments"], dict) for m in msgs if m.function_call)
+def test_sanitized_mbpp_json_array_fixture(tok):
+    path = CASES_B / "mbpp/sanitized-mbpp.json"
+    assert path.read_text().startswith("[\n")  # a pretty-printed array, not JSON lines
+    records = load_records(path)
+    assert len(records) == 7 and {r.format for r in records} == {"mbpp"}
+    assert [r.line for r in records[:3]] == [1, 2, 3]  # record index in the array
+    assert [r.task_id for r in records] == ["2", "3", "11", "12", "511", "601", "602"]
+    raw = json.loads(path.read_text())[2]
+    assert records[2].conversation.messages[0].content == mbpp_prompt(raw["prompt"], raw["test_list"])  # "prompt"
     check_spans(tok, records)
 
 
-@pytest.mark.parametrize("name,count", [("code_alpaca_2k.json", 2017), ("new_codealpaca.json.gz", 4535)])
-def test_code_alpaca_json_and_gzip(tok, shared_dir, name, count):
-    path = shared_dir / "data/code_alpaca" / name
+def check_sharegpt_calls(tok, directory: Path, n: int, users: int, calls: int, with_tools: int) -> list:
+    """A directory of ShareGPT function-calling records: calls, responses and tools kept, arguments as objects."""
+    records = load_records(directory)  # a directory source
+    assert len(records) == n and {r.format for r in records} == {"sharegpt"}
+    msgs = [m for r in records for m in r.conversation.messages]
+    assert sum(m.role == "user" for m in msgs) == users
+    assert sum(m.function_call is not None for m in msgs) == calls
+    assert sum(m.role == "function_response" for m in msgs) == calls
+    assert sum(m.role == "assistant" and m.function_call is None for m in msgs) == users
+    assert sum(bool(r.conversation.tools) for r in records) == with_tools  # the others list no tools ("[]")
+    assert all(r.conversation.tools for r in records if any(m.function_call for m in r.conversation.messages))
+    assert all(isinstance(m.function_call["arguments"], dict) for m in msgs if m.function_call)
+    check_spans(tok, records)
+    return records
+
+
+def test_glaive_sharegpt_sample_keeps_calls_responses_and_tools(tok):
+    check_sharegpt_calls(tok, shared_file("data/function_calling_glaive"), 300, 746, 211, 191)
+
+
+def test_sharegpt_function_calling_fixture_keeps_calls_responses_and_tools(tok):
+    records = check_sharegpt_calls(tok, CASES_B / "glaive_sharegpt", 12, 14, 10, 10)
+    assert [m.role for m in records[1].conversation.messages] == ["user", "assistant", "function_response",
+                                                                  "assistant"] * 2
+    assert records[1].conversation.messages[5].function_call == {"name": "find_recipes", "arguments": {
+        "ingredients": ["tofu"], "diet": "vegan"}}
+    assert records[1].conversation.messages[2].content == '{"recipes": ["rice and beans", "burrito bowl"]}'
+    assert [t["name"] for t in records[3].conversation.tools] == ["split_bill", "convert_units"]
+    assert records[2].conversation.tools is None
+
+
+def check_alpaca(tok, path: Path, count: int) -> list:
+    """Alpaca records (``output`` or ``response``), from ``.json`` or ``.json.gz``: the input after a blank line."""
     records = load_records(path)
     assert len(records) == count and {r.format for r in records} == {"alpaca"}
-    opener = gzip.open if name.endswith(".gz") else open
+    opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         raw = json.load(f)
     for r in records[:200]:
@@ -81,14 +128,46 @@ def test_code_alpaca_json_and_gzip(tok, shared_dir, name, count):
         assert user.content == (f"{row['instruction']}\n\n{given}" if given.strip() else row["instruction"])
         assert assistant.content == row.get("output", row.get("response"))
     check_spans(tok, records[:100])
+    return records
 
 
-def test_gsm8k_question_answer_gzip(tok, shared_dir):
-    records = load_records(shared_dir / "data/gsm8k/test.jsonl.gz")
+@pytest.mark.parametrize("name,count", [("code_alpaca_2k.json", 2017), ("new_codealpaca.json.gz", 4535)])
+def test_code_alpaca_json_and_gzip(tok, name, count):
+    check_alpaca(tok, shared_file(f"data/code_alpaca/{name}"), count)
+
+
+@pytest.mark.parametrize("name,count,gz", [("instructions.json", 7, False), ("instructions_response.json", 4, True)])
+def test_alpaca_json_and_gzip_fixture(tok, tmp_path, name, count, gz):
+    path = CASES_B / "alpaca" / name
+    if gz:  # the gzip of a .json array is read transparently
+        path = tmp_path / (name + ".gz")
+        with gzip.open(path, "wb") as f:
+            f.write((CASES_B / "alpaca" / name).read_bytes())
+    records = check_alpaca(tok, path, count)
+    assert records[1].conversation.messages[0].content == \
+        "Fix the bug in this function.\n\ndef inc(x):\n    return x - 1"
+    assert records[2].conversation.messages[0].content == "Name the data structure used for FIFO queues in Python."
+    assert records[3].conversation.messages[1].content == "set(nums)"
+
+
+def test_gsm8k_question_answer_gzip(tok):
+    records = load_records(shared_file("data/gsm8k/test.jsonl.gz"))
     assert len(records) == 1319 and {r.format for r in records} == {"qa"}
     user, assistant = records[0].conversation.messages
     assert user.content.startswith("Janet") and assistant.content.endswith("#### 18")
     check_spans(tok, records[:50])
+
+
+def test_question_answer_jsonl_gzip_fixture(tok, tmp_path):
+    path = tmp_path / "qa.jsonl.gz"
+    with gzip.open(path, "wb") as f:
+        f.write((CASES_B / "gsm8k/qa.jsonl").read_bytes())
+    records = load_records(path)
+    assert len(records) == 3 and {r.format for r in records} == {"qa"} and records[2].line == 3
+    user, assistant = records[0].conversation.messages
+    assert user.content == "Mira bakes 3 trays of 8 rolls and gives away 5 rolls. How many rolls are left?"
+    assert assistant.content == "She bakes 3*8=<<3*8=24>>24 rolls.\nShe has 24-5=<<24-5=19>>19 left.\n#### 19"
+    check_spans(tok, records)
 
 
 def test_humaneval_shipped_with_codechat(tok):

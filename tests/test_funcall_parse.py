@@ -2,7 +2,8 @@
 glaive sample parsed and validated against its conversation's tools.
 
 Cases from ``shared/cases``: 19 (raw glaive quoting), 20 (arguments rendered once). Data:
-``shared/data/function_calling_glaive`` (211 calls in 300 conversations).
+``shared/data/function_calling_glaive`` (211 calls in 300 conversations). Each is also checked on the project's own
+inputs in ``tests/fixtures/cases_b/`` (the shared ones skip when ``shared/`` is absent).
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from codechat.chat.conversation import Conversation, Message, parse_conversation
 from codechat.data.formats import load_records
 from codechat.data.readers import read_rows
 from codechat.tools import Tool, validate_arguments
+from conftest import FIXTURES, shared_file
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"  # as the shared_dir fixture; needed at collection time
+CASES_B = FIXTURES / "cases_b"
 CASE19 = "cases/19-glaive-functioncall-quoting.jsonl"
 CASE20 = "cases/20-tool-args-double-encoding.jsonl"
 GLAIVE = "data/function_calling_glaive/glaive_toolcall_en_demo.json"
@@ -254,9 +256,8 @@ CASE19_EXPECTED = [
 ]
 
 
-@pytest.mark.parametrize("case_id,expected", CASE19_EXPECTED, ids=[c for c, _ in CASE19_EXPECTED])
-def test_case19_raw_glaive_call_parses_to_the_expected_dict(tok, shared_dir, case_id, expected):
-    path = shared_dir / CASE19
+def check_raw_glaive_row(tok, path: Path, case_id: str, expected: list[dict]) -> None:
+    """Row ``case_id`` of a raw glaive file: the loader and the reply parser both give ``expected``."""
     rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
     k = [r["id"] for r in rows].index(case_id)
     row, rec = rows[k], load_records(path)[k]
@@ -280,18 +281,40 @@ def test_case19_raw_glaive_call_parses_to_the_expected_dict(tok, shared_dir, cas
     assert reply.call == expected[0] and reply.trailing.startswith("<|endoftext|>\n\n\nFUNCTION RESPONSE: ")
 
 
+@pytest.mark.parametrize("case_id,expected", CASE19_EXPECTED, ids=[c for c, _ in CASE19_EXPECTED])
+def test_case19_raw_glaive_call_parses_to_the_expected_dict(tok, case_id, expected):
+    check_raw_glaive_row(tok, shared_file(CASE19), case_id, expected)
+
+
+#: the fixture's rows and what they must give (written here, not read from the file, so a wrong file fails)
+GLAIVE_QUOTING_EXPECTED = [
+    ("apostrophes", [{"name": "create_note", "arguments": {"title": "Ann's party",
+                                                           "body": "It isn't on Friday, don't forget"}}]),
+    ("nested-braces", [{"name": "book_table", "arguments": {
+        "guests": [{"name": "Bo", "age": 30}, {"name": "Cy", "tags": ["vip"]}], "remark": "it's {window} }{"}}]),
+    ("unicode-two-tools", [{"name": "translate", "arguments": {"text": "Grüße aus Kraków", "to": "en"}}]),
+    ("arguments-object", [{"name": "translate", "arguments": {"text": "hi", "to": "fr"}}]),
+    ("no-call", []),
+]
+
+
+@pytest.mark.parametrize("case_id,expected", GLAIVE_QUOTING_EXPECTED, ids=[c for c, _ in GLAIVE_QUOTING_EXPECTED])
+def test_raw_glaive_call_parses_to_the_expected_dict_fixture(tok, case_id, expected):
+    check_raw_glaive_row(tok, CASES_B / "glaive_quoting.jsonl", case_id, expected)
+
+
 # ----------------------------------------------------------------------------- case 20
 CASE20_EXPECTED = [("args-as-json-string", {"city": "Paris"}), ("args-as-object", {"city": "Paris"}),
                    ("args-string-with-quotes", {"city": 'Paris "rive gauche"'})]
 
 
-@pytest.mark.parametrize("case_id,arguments", CASE20_EXPECTED, ids=[c for c, _ in CASE20_EXPECTED])
-def test_case20_arguments_parse_to_a_dict_and_render_once(tok, shared_dir, case_id, arguments):
-    path = shared_dir / CASE20
+def check_arguments_parse_once(tok, path: Path, case_id: str, name: str, arguments: dict) -> None:
+    """Row ``case_id`` of an OpenAI-messages file: its call's arguments (a JSON string or an object) parse to
+    ``arguments`` and render once, as an object."""
     rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
     k = [r["id"] for r in rows].index(case_id)
     fn = rows[k]["messages"][1]["tool_calls"][0]["function"]
-    expected = {"name": "get_weather", "arguments": arguments}
+    expected = {"name": name, "arguments": arguments}
     assert parse_call(json.dumps(fn)) == expected  # a JSON string inside JSON is decoded once
     conv = load_records(path)[k].conversation
     assert conv.messages[1] == Message("assistant", "", expected)  # content null -> ""
@@ -305,20 +328,38 @@ def test_case20_arguments_parse_to_a_dict_and_render_once(tok, shared_dir, case_
     assert reply.call == expected and reply.trailing.startswith("<|end|><|function_response|>")
 
 
+@pytest.mark.parametrize("case_id,arguments", CASE20_EXPECTED, ids=[c for c, _ in CASE20_EXPECTED])
+def test_case20_arguments_parse_to_a_dict_and_render_once(tok, case_id, arguments):
+    check_arguments_parse_once(tok, shared_file(CASE20), case_id, "get_weather", arguments)
+
+
+ARGS_ENCODING_EXPECTED = [("args-json-string-content-null", {"word": "serendipity"}),
+                          ("args-object-content-empty", {"word": "serendipity"}),
+                          ("args-string-with-quotes", {"word": 'the "so-called" serendipity'})]
+
+
+@pytest.mark.parametrize("case_id,arguments", ARGS_ENCODING_EXPECTED, ids=[c for c, _ in ARGS_ENCODING_EXPECTED])
+def test_arguments_parse_to_a_dict_and_render_once_fixture(tok, case_id, arguments):
+    check_arguments_parse_once(tok, CASES_B / "args_encoding.jsonl", case_id, "lookup_word", arguments)
+
+
 # ----------------------------------------------------------------------------- the glaive sample
-def _glaive_calls(shared_dir: Path) -> list[tuple[int, dict, dict]]:
-    """(record line, call, {tool name: schema}) of every call in the sample, read by the project's loader."""
+def _glaive_calls(path: Path) -> list[tuple[int, dict, dict]]:
+    """(record line, call, {tool name: schema}) of every call in a ShareGPT function-calling file, read by the
+    project's loader."""
     out = []
-    for rec in load_records(shared_dir / GLAIVE):
+    for rec in load_records(path):
         tools = {t["name"]: t for t in rec.conversation.tools or ()}
         out += [(rec.line, m.function_call, tools) for m in rec.conversation.messages if m.function_call]
     return out
 
 
-def test_glaive_sample_all_211_calls_parse_in_every_spelling(shared_dir):
-    calls = _glaive_calls(shared_dir)
-    assert len(calls) == 211
-    raw = [(line, t["value"]) for line, row in read_rows(shared_dir / GLAIVE) for t in row["conversations"]
+def check_calls_parse_in_every_spelling(path: Path, n_calls: int) -> list[dict]:
+    """Every call of ``path`` parses from the file's own text and from the raw glaive, JSON-string and codechat
+    spellings to the loader's dict; returns the calls."""
+    calls = _glaive_calls(path)
+    assert len(calls) == n_calls
+    raw = [(line, t["value"]) for line, row in read_rows(path) for t in row["conversations"]
            if t["from"] == "function_call"]
     assert [line for line, _ in raw] == [line for line, _, _ in calls]
     for (line, value), (_, call, _) in zip(raw, calls):
@@ -331,18 +372,42 @@ def test_glaive_sample_all_211_calls_parse_in_every_spelling(shared_dir):
                          f"Sure.\n{FUNCTION_CALL_TOKEN}{format_call(call)}<|end|>"):  # ours, as text
             reply = parse_reply(spelling)
             assert (reply.call, reply.error, reply.trailing) == (call, None, ""), (line, spelling)
+    return [call for _, call, _ in calls]
 
 
-def test_glaive_sample_calls_validate_against_their_tools_except_track_calories(shared_dir):
-    calls = _glaive_calls(shared_dir)
+def validation_errors(path: Path) -> tuple[int, list[tuple[str, str]]]:
+    """(calls, [(tool name, error)]) of the calls of ``path`` validated against their own conversation's tools."""
+    calls = _glaive_calls(path)
     errors = []
     for line, call, tools in calls:
         schema = tools[call["name"]]  # every call names a tool of its own conversation
         params = schema["parameters"]
         jsonschema.Draft202012Validator.check_schema(params)  # used as written: no normalisation needed
-        tool = Tool(schema["name"], schema.get("description", ""), params, source=f"{GLAIVE}:{line}")
+        tool = Tool(schema["name"], schema.get("description", ""), params, source=f"{path}:{line}")
         error = validate_arguments(tool, call["arguments"])
         if error is not None:
             errors.append((call["name"], error))
-    assert len(calls) - len(errors) == 210
+    return len(calls), errors
+
+
+def test_glaive_sample_all_211_calls_parse_in_every_spelling():
+    check_calls_parse_in_every_spelling(shared_file(GLAIVE), 211)
+
+
+def test_sharegpt_fixture_calls_parse_in_every_spelling():
+    calls = check_calls_parse_in_every_spelling(CASES_B / "glaive_sharegpt/sample.json", 10)
+    assert {"name": "set_reminder", "arguments": {"text": "Call Zoë's \"new\" office",
+                                                  "when": {"day": "Monday", "hour": 9}}} in calls
+    assert {"name": "get_stock_price", "arguments": {"symbol": "{BRK.B}"}} in calls
+
+
+def test_glaive_sample_calls_validate_against_their_tools_except_track_calories():
+    n, errors = validation_errors(shared_file(GLAIVE))
+    assert n - len(errors) == 210
     assert errors == [("track_calories", "calories_per_item: [150, 350, 800] is not of type 'number'")]
+
+
+def test_sharegpt_fixture_calls_validate_against_their_tools_except_one():
+    n, errors = validation_errors(CASES_B / "glaive_sharegpt/sample.json")
+    assert n - len(errors) == 9
+    assert errors == [("split_bill", "total: [12.5, 7] is not of type 'number'")]

@@ -1,11 +1,18 @@
-"""Weighted data mixtures: case 21, spec parsing, determinism, resume, subsets, hf sources."""
+"""Weighted data mixtures: case 21, spec parsing, determinism, resume, subsets, hf sources.
+
+The data-driven tests run on the project's own inputs (``fixtures``: tests/fixtures/cases_b and sources generated
+here) and on the public data (``shared``: shared/cases/21-mixture, MBPP, Code Alpaca), which skip when shared/ is
+absent.
+"""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import types
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,13 +21,68 @@ from codechat.config.sft import SFTConfig
 from codechat.config.stages import ConfigError
 from codechat.data.benchmarks import mbpp_split
 from codechat.data.mixture import BLOCK, Mixture, SourceSpec, missing_sources, parse_spec
+from conftest import shared_file
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sft"
+CASES_B = Path(__file__).parent / "fixtures" / "cases_b"
 
 
-@pytest.fixture(scope="module")
-def case21(shared_dir: Path) -> Path:
-    return shared_dir / "cases/21-mixture"
+@pytest.fixture(scope="module", params=["fixtures", "shared"])
+def case21(request) -> Path:
+    """A folder with a.jsonl (3 records), b.jsonl (2) and empty.jsonl (0), and specs.json: the project's own
+    (tests/fixtures/cases_b/mixture) and shared/cases/21-mixture (skipped when absent)."""
+    if request.param == "shared":
+        return shared_file("cases/21-mixture")
+    return CASES_B / "mixture"
+
+
+@dataclass(frozen=True)
+class TwoSources:
+    """Two sources of different sizes under ``base``: ``a`` (``n_a`` records) and ``b`` (``n_b``)."""
+
+    base: Path
+    a: str
+    n_a: int
+    b: str
+    n_b: int
+
+
+@pytest.fixture(scope="module", params=["fixtures", "shared"])
+def two_sources(request, tmp_path_factory) -> TwoSources:
+    """Generated here (97 question/answer lines, a JSON array of 201 alpaca records), or MBPP and Code Alpaca 2k
+    from shared/data (skipped when absent)."""
+    if request.param == "shared":
+        return TwoSources(shared_file("data"), "mbpp/mbpp.jsonl", 974, "code_alpaca/code_alpaca_2k.json",
+                          2017)
+    base = tmp_path_factory.mktemp("two_sources")
+    (base / "qa.jsonl").write_text("".join(json.dumps({"question": f"{k} + {k}?", "answer": str(2 * k)}) + "\n"
+                                           for k in range(97)))
+    (base / "alpaca.json").write_text(json.dumps([{"instruction": f"Print {k}.", "input": "",
+                                                   "output": f"print({k})"} for k in range(201)]))
+    return TwoSources(base, "qa.jsonl", 97, "alpaca.json", 201)
+
+
+@dataclass(frozen=True)
+class MbppData:
+    """An MBPP-layout file and its sanitized JSON array, with the counts decontamination must give."""
+
+    full: Path
+    sanitized: Path
+    n: int  # records of ``full``
+    n_test: int  # its test-split tasks (11..510)
+    n_held_out: int  # its test + validation tasks (11..600)
+    n_sanitized_held_out: int
+    test_line: int  # 0-based line of one test task in ``full``
+
+
+@pytest.fixture(scope="module", params=["fixtures", "shared"])
+def mbpp_data(request) -> MbppData:
+    """tests/fixtures/cases_b/mbpp (tasks 2, 3, 11-13, 511, 601-604; 604 copies test task 12), or the real MBPP
+    from shared/data (skipped when absent)."""
+    if request.param == "shared":
+        return MbppData(shared_file("data/mbpp/mbpp.jsonl"), shared_file("data/mbpp/sanitized-mbpp.json"), 974, 500,
+                        590, 257 + 43, 10)
+    return MbppData(CASES_B / "mbpp/mbpp.jsonl", CASES_B / "mbpp/sanitized-mbpp.json", 10, 3, 4, 3, 2)
 
 
 def mix(spec: str, base: Path, **cfg) -> Mixture:
@@ -135,23 +197,26 @@ def test_a_misspelled_zero_weight_source_is_still_an_error(case21):
         mix("a.jsonl:1,typo.jsonl:0", case21)
 
 
-def test_order_is_deterministic_for_a_seed(shared_dir):
-    spec = "data/mbpp/mbpp.jsonl:1,data/code_alpaca/code_alpaca_2k.json:1"
-    a, b = mix(spec, shared_dir, seed=7), mix(spec, shared_dir, seed=7)
+def test_order_is_deterministic_for_a_seed(two_sources):
+    t = two_sources
+    spec = f"{t.a}:1,{t.b}:1"
+    a, b = mix(spec, t.base, seed=7), mix(spec, t.base, seed=7)
     assert draws(a, 300) == draws(b, 300)
-    assert draws(mix(spec, shared_dir, seed=8), 300) != draws(mix(spec, shared_dir, seed=7), 300)
-    one = mix("data/mbpp/mbpp.jsonl", shared_dir, seed=7)
-    assert sorted(line for _, line in draws(one, 974)) == list(range(1, 975))  # every record once per cycle
+    assert draws(mix(spec, t.base, seed=8), 300) != draws(mix(spec, t.base, seed=7), 300)
+    one = mix(t.a, t.base, seed=7)
+    assert sorted(line for _, line in draws(one, t.n_a)) == list(range(1, t.n_a + 1))  # every record once per cycle
 
 
-@pytest.mark.parametrize("mode,stop", [("sample", 137), ("sample", BLOCK - 5), ("epoch", 2017 + 974 - 3)])
-def test_resume_continues_the_exact_order(shared_dir, mode, stop):
-    spec = "data/mbpp/mbpp.jsonl:1,data/code_alpaca/code_alpaca_2k.json:1"
-    ref = mix(spec, shared_dir, seed=11, mix_mode=mode)
+@pytest.mark.parametrize("mode,stop", [("sample", 137), ("sample", BLOCK - 5), ("epoch", -3)])
+def test_resume_continues_the_exact_order(two_sources, mode, stop):
+    t = two_sources
+    stop = stop if stop > 0 else t.n_a + t.n_b + stop  # epoch: 3 rows before the end of the first epoch
+    spec = f"{t.a}:1,{t.b}:1"
+    ref = mix(spec, t.base, seed=11, mix_mode=mode)
     draws(ref, stop)
     state = json.loads(json.dumps(ref.state_dict()))  # as saved in a checkpoint
     expected = draws(ref, 40)
-    resumed = mix(spec, shared_dir, seed=11, mix_mode=mode)
+    resumed = mix(spec, t.base, seed=11, mix_mode=mode)
     resumed.load_state_dict(state)
     assert draws(resumed, 40) == expected
     assert resumed.taken == ref.taken and resumed.epoch == ref.epoch
@@ -165,18 +230,19 @@ def test_a_state_from_another_mixture_is_rejected(case21):
         mix("a.jsonl:1,b.jsonl:1", case21, seed=2).load_state_dict(state)
 
 
-def test_max_examples_takes_a_seeded_subset(shared_dir):
-    spec = "data/mbpp/mbpp.jsonl:1,data/code_alpaca/code_alpaca_2k.json:3"
-    m = mix(spec, shared_dir, seed=5, max_examples=40)
+def test_max_examples_takes_a_seeded_subset(two_sources):
+    t = two_sources
+    spec = f"{t.a}:1,{t.b}:3"
+    m = mix(spec, t.base, seed=5, max_examples=40)
     subset = {(r.source, r.line) for s in m.sources for r in s.records}
     assert len(subset) == 40 == m.epoch_size
     assert {(r.source, r.line) for r in m.iter_epoch()} == subset  # the epoch is exactly the subset
-    again = mix(spec, shared_dir, seed=5, max_examples=40)
+    again = mix(spec, t.base, seed=5, max_examples=40)
     assert {(r.source, r.line) for s in again.sources for r in s.records} == subset
-    other = mix(spec, shared_dir, seed=6, max_examples=40)
+    other = mix(spec, t.base, seed=6, max_examples=40)
     assert {(r.source, r.line) for s in other.sources for r in s.records} != subset
     counts = Counter(Path(src).name for src, _ in subset)
-    assert counts["code_alpaca_2k.json"] > counts["mbpp.jsonl"]  # drawn by weight
+    assert counts[Path(t.b).name] > counts[Path(t.a).name]  # drawn by weight
 
 
 def test_bad_records_fail_or_are_skipped_and_reported():
@@ -208,14 +274,14 @@ def test_hf_sources_go_through_datasets(monkeypatch):
         Mixture.from_spec("hf:org/ds")
 
 
-def test_from_config_decontaminates_and_counts(shared_dir):
-    mbpp = shared_dir / "data/mbpp/mbpp.jsonl"
-    cfg = SFTConfig(data=f"{mbpp}:1", decontam_mbpp=str(mbpp), seed=0)
+def test_from_config_decontaminates_and_counts(mbpp_data):
+    d = mbpp_data
+    cfg = SFTConfig(data=f"{d.full}:1", decontam_mbpp=str(d.full), seed=0)
     m = Mixture.from_config(cfg)
     [row] = m.report()
-    assert row["excluded"] == m.decontaminator.report()["excluded"] and row["excluded"] >= 500  # the whole test split
-    assert row["records"] + row["excluded"] == 974
-    assert m.decontaminator.report()["by_benchmark"]["MBPP"] >= 500
+    assert row["excluded"] == m.decontaminator.report()["excluded"] and row["excluded"] >= d.n_test  # the test split
+    assert row["records"] + row["excluded"] == d.n
+    assert m.decontaminator.report()["by_benchmark"]["MBPP"] >= d.n_test
 
 
 def test_realised_proportions_are_not_reported_as_zeros_before_any_draw(case21):
@@ -227,28 +293,43 @@ def test_realised_proportions_are_not_reported_as_zeros_before_any_draw(case21):
     assert sum(r["drawn"] for r in m.report()) == 100 and "realised" in m.format_report()
 
 
-def test_an_mbpp_source_keeps_only_its_train_and_prompt_tasks(shared_dir, tmp_path):
-    mbpp = shared_dir / "data/mbpp/mbpp.jsonl"
-    task11 = json.loads(mbpp.read_text().splitlines()[10])  # a test task, copied into a chat-format source
+def test_an_mbpp_source_keeps_only_its_train_and_prompt_tasks(mbpp_data, tmp_path, caplog):
+    d = mbpp_data
+    mbpp = d.full
+    rows = [json.loads(line) for line in mbpp.read_text().splitlines()]
+    task11 = rows[d.test_line]  # a test task, copied into a chat-format source
+    assert mbpp_split(task11["task_id"]) == "test"
     chat = tmp_path / "chat.jsonl"
     chat.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": u}, {"role": "assistant",
                                                                                         "content": a}]})
                               for u, a in [(task11["text"], task11["code"]), ("Say hi.", "hi")]) + "\n")
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING, logger="codechat"):
         warnings.simplefilter("always")
         m = Mixture.from_config(SFTConfig(data=f"{mbpp},{chat}", seed=0))
-    assert not [w for w in caught if "MBPP" in str(w.message)]  # no "does not check MBPP"
+    assert not [w for w in caught if "MBPP" in str(w.message)]
+    assert not [r for r in caplog.records if "MBPP" in r.message]  # no "does not check MBPP"
     kept = {int(r.task_id) for r in m.sources[0].records}
-    assert set(range(1, 11)) <= kept and {mbpp_split(t) for t in kept} == {"prompt", "train"}
+    assert {r["task_id"] for r in rows if mbpp_split(r["task_id"]) == "prompt"} <= kept
+    assert {mbpp_split(t) for t in kept} == {"prompt", "train"}
     rep = m.decontaminator.report()
-    assert rep["by_rule"]["task_id"] == 500 + 90  # every test and validation task, by its identity
-    assert m.sources[0].excluded == 974 - len(kept) >= 590  # (plus train near-duplicates of held-out tasks)
+    assert rep["by_rule"]["task_id"] == d.n_held_out  # every test and validation task, by its identity
+    assert m.sources[0].excluded == d.n - len(kept) >= d.n_held_out  # (plus train near-duplicates of held-out tasks)
     assert [r.conversation.messages[0].content for r in m.sources[1].records] == ["Say hi."]
     assert m.sources[1].excluded == 1 and rep["excluded"] == m.sources[0].excluded + 1
-    assert "held-out MBPP tasks by task_id 590" in m.decontaminator.format_report()
-    s = Mixture.from_config(SFTConfig(data=str(shared_dir / "data/mbpp/sanitized-mbpp.json"), seed=0))
+    assert f"held-out MBPP tasks by task_id {d.n_held_out}," in m.decontaminator.format_report()
+    s = Mixture.from_config(SFTConfig(data=str(d.sanitized), seed=0))
     assert {mbpp_split(int(r.task_id)) for r in s.sources[0].records} == {"prompt", "train"}
-    assert s.decontaminator.report()["by_rule"]["task_id"] == 257 + 43
+    assert s.decontaminator.report()["by_rule"]["task_id"] == d.n_sanitized_held_out
+
+
+def test_an_mbpp_fixture_source_excludes_a_train_copy_of_a_test_task():
+    """Exactly which fixture tasks survive: train task 604 copies test task 12's code, so n-gram overlap drops it."""
+    m = Mixture.from_config(SFTConfig(data=str(CASES_B / "mbpp/mbpp.jsonl"), seed=0))
+    assert sorted(int(r.task_id) for r in m.sources[0].records) == [2, 3, 601, 602, 603]
+    rep = m.decontaminator.report()
+    assert rep["by_rule"] == {"task_id": 4, "ngram": 1} and rep["by_benchmark"] == {"MBPP": 5}
+    assert [(e["line"], e["problem"], e["part"]) for e in rep["examples"] if e["part"] != "task_id"] == \
+        [(10, "MBPP/12", "solution")]
 
 
 def test_missing_sources_are_named_without_reading_records(case21):

@@ -1,8 +1,13 @@
-"""Tokenizer: exact round trips, special tokens that text cannot produce, GPT-2, streaming, persistence."""
+"""Tokenizer: exact round trips, special tokens that text cannot produce, GPT-2, streaming, persistence.
+
+Case 17 and GPT-2's BPE come from shared/ (skipped when absent) and from the project's own fixtures
+(tests/fixtures/cases_b: special-token literals, and a GPT-2-layout BPE of 288 entries, ``gpt2_tiny``).
+"""
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +19,7 @@ from codechat.config.stages import ConfigError
 from codechat.data.corpus import build_corpus, read_split
 from codechat.data.tokenizer_cli import add_cli
 from codechat.tokenizer import SPECIAL_TOKENS, Tokenizer, train_tokenizer
+from conftest import FIXTURES, shared_file
 
 #: Control-token spellings of codechat and of other toolkits, typed as ordinary text.
 LITERALS = (*SPECIAL_TOKENS, "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|user_start|>", "<|assistant_end|>")
@@ -21,14 +27,15 @@ MIXED_SCRIPTS = ("emoji 😀👍🏽🇫🇷 CJK 漢字テスト 한국어, acce
                  "\tdef f(x): return x**2\r\n")
 GPT2_HELLO_WORLD = [15496, 995]  # GPT-2's ids for "Hello world"
 GPT2_VOCAB = 50257
+CASES_B = FIXTURES / "cases_b"
 
 
 def _text_with_literals() -> st.SearchStrategy[str]:
     return st.lists(st.one_of(st.text(), st.sampled_from(LITERALS)), max_size=8).map("".join)
 
 
-def _cases(shared_dir: Path, kind: str) -> list[dict]:
-    lines = (shared_dir / "cases" / "17-special-token-literals.jsonl").read_text(encoding="utf-8").splitlines()
+def _cases(path: Path, kind: str) -> list[dict]:
+    lines = path.read_text(encoding="utf-8").splitlines()
     rows = [json.loads(line) for line in lines if line.strip()]
     return [r for r in rows if r["kind"] == kind]
 
@@ -97,10 +104,11 @@ def test_decode_replaces_an_incomplete_character(tok: Tokenizer) -> None:
 
 
 # ----------------------------------------------------------------------------- failure case 17
-def test_case17_pretrain_documents_keep_literals_as_text(tok: Tokenizer, tok_dir: Path, shared_dir: Path,
-                                                          tmp_path: Path, write_corpus) -> None:
-    texts = [r["text"] for r in _cases(shared_dir, "pretrain")]
-    assert texts, "no pretrain rows in case 17"
+def check_pretrain_documents_keep_literals(tok: Tokenizer, tok_dir: Path, tmp_path: Path, write_corpus,
+                                           texts: list[str]) -> None:
+    """Documents spelling special tokens go through the corpus builder as text: the only special id in a
+    shard is the <|end|> the pipeline puts after each document."""
+    assert texts, "no pretrain rows"
     val_texts = [f"# held out\n{t}" for t in texts]
     src = write_corpus(tmp_path / "src", {"train": texts, "val": val_texts}, 0.5)
     index = build_corpus([src], tok_dir, tmp_path / "out", val_fraction=0.5, workers=1, show_progress=False)
@@ -118,13 +126,36 @@ def test_case17_pretrain_documents_keep_literals_as_text(tok: Tokenizer, tok_dir
         assert docs == [tok.encode(t) for t in expected]
 
 
-def test_case17_chat_contents_encode_as_ordinary_text(tok: Tokenizer, shared_dir: Path) -> None:
-    contents = [m["content"] for r in _cases(shared_dir, "chat") for m in r["messages"]]
+def check_chat_contents_are_text(tok: Tokenizer, contents: list[str]) -> None:
     assert contents
     for text in contents:
         ids = tok.encode(text)
         assert not set(ids) & tok.special_ids
         assert tok.decode(ids) == text
+
+
+def test_case17_pretrain_documents_keep_literals_as_text(tok: Tokenizer, tok_dir: Path,
+                                                          tmp_path: Path, write_corpus) -> None:
+    texts = [r["text"] for r in _cases(shared_file("cases/17-special-token-literals.jsonl"), "pretrain")]
+    check_pretrain_documents_keep_literals(tok, tok_dir, tmp_path, write_corpus, texts)
+
+
+def test_pretrain_documents_keep_literals_as_text_fixture(tok: Tokenizer, tok_dir: Path, tmp_path: Path,
+                                                          write_corpus) -> None:
+    texts = [r["text"] for r in _cases(CASES_B / "special_literals.jsonl", "pretrain")]
+    assert len(texts) == 2 and "<|end|>" in texts[0] and texts[1].startswith("<|bos|><|system|>")
+    check_pretrain_documents_keep_literals(tok, tok_dir, tmp_path, write_corpus, texts)
+
+
+def test_case17_chat_contents_encode_as_ordinary_text(tok: Tokenizer) -> None:
+    path = shared_file("cases/17-special-token-literals.jsonl")
+    check_chat_contents_are_text(tok, [m["content"] for r in _cases(path, "chat") for m in r["messages"]])
+
+
+def test_chat_contents_encode_as_ordinary_text_fixture(tok: Tokenizer) -> None:
+    contents = [m["content"] for r in _cases(CASES_B / "special_literals.jsonl", "chat") for m in r["messages"]]
+    assert len(contents) == 6 and "<|end|><|assistant|>" in contents[0]
+    check_chat_contents_are_text(tok, contents)
 
 
 # ----------------------------------------------------------------------------- streaming
@@ -217,20 +248,48 @@ def test_load_rejects_tokenizers_it_cannot_represent(tok_dir: Path, tmp_path: Pa
 
 
 # ----------------------------------------------------------------------------- GPT-2
+@dataclass(frozen=True)
+class GPT2Files:
+    """A GPT-2-layout BPE directory (``encoder.json`` + ``vocab.bpe``), its size and its ids of "Hello world"."""
+
+    directory: Path
+    vocab: int  # entries of encoder.json; the last is <|endoftext|>
+    hello_world: list[int]
+
+
+@pytest.fixture(scope="module", params=["fixture", "shared"])
+def gpt2_files(request) -> GPT2Files:
+    """tests/fixtures/cases_b/gpt2_tiny (256 byte symbols in GPT-2's order, 31 merges, <|endoftext|>), or
+    OpenAI's GPT-2 files in shared/data (skipped when absent)."""
+    if request.param == "shared":
+        return GPT2Files(shared_file("data/gpt2_bpe"), GPT2_VOCAB, GPT2_HELLO_WORLD)
+    return GPT2Files(CASES_B / "gpt2_tiny", 288, [259, 264])  # "Hello" and "Ġworld" are merged entries
+
+
 @pytest.fixture(scope="module")
-def gpt2(shared_dir: Path) -> Tokenizer:
-    return Tokenizer.load(shared_dir / "data" / "gpt2_bpe")
+def gpt2(gpt2_files: GPT2Files) -> Tokenizer:
+    return Tokenizer.load(gpt2_files.directory)
 
 
-def test_gpt2_gives_its_known_ids_and_our_specials_after_50257(gpt2: Tokenizer) -> None:
+def test_gpt2_gives_its_known_ids_and_our_specials_after_50257(gpt2: Tokenizer, gpt2_files: GPT2Files) -> None:
+    vocab = gpt2_files.vocab
     assert gpt2.kind == "gpt2"
-    assert gpt2.encode("Hello world") == GPT2_HELLO_WORLD
-    assert gpt2.vocab_size == GPT2_VOCAB + len(SPECIAL_TOKENS)
-    assert gpt2.bos_id == GPT2_VOCAB
+    assert gpt2.encode("Hello world") == gpt2_files.hello_world
+    assert gpt2.vocab_size == vocab + len(SPECIAL_TOKENS)
+    assert gpt2.bos_id == vocab
     ids = gpt2.encode("<|endoftext|>")
-    assert GPT2_VOCAB - 1 not in ids and len(ids) > 1  # 50256 is a vocabulary entry text cannot produce
+    assert vocab - 1 not in ids and len(ids) > 1  # the last entry (50256) is one text cannot produce
     assert gpt2.decode(ids) == "<|endoftext|>"
     assert gpt2.decode(gpt2.encode(MIXED_SCRIPTS)) == MIXED_SCRIPTS
+
+
+def test_gpt2_tiny_fixture_is_a_gpt2_layout() -> None:
+    """The fixture's encoder.json follows GPT-2's: the 256 byte symbols first, merged pieces, <|endoftext|> last."""
+    encoder = json.loads((CASES_B / "gpt2_tiny" / "encoder.json").read_text(encoding="utf-8"))
+    assert sorted(encoder.values()) == list(range(288)) and encoder["<|endoftext|>"] == 287
+    assert (encoder["!"], encoder["Ā"], encoder["Ġ"]) == (0, 188, 220)  # as in OpenAI's file
+    merges = (CASES_B / "gpt2_tiny" / "vocab.bpe").read_text(encoding="utf-8").splitlines()
+    assert merges[0] == "#version: 0.2" and all("".join(m.split(" ")) in encoder for m in merges[1:])
 
 
 def test_gpt2_save_load_round_trip(gpt2: Tokenizer, tmp_path: Path) -> None:
@@ -247,7 +306,7 @@ def test_cli_encode_prints_ids_and_pieces(tok: Tokenizer, tok_dir: Path, capsys:
     assert "pieces: [" in out
 
 
-def test_cli_train_then_stats_on_val(tmp_path: Path, shared_dir: Path, write_corpus,
+def test_cli_train_then_stats_on_val(tmp_path: Path, gpt2_files: GPT2Files, write_corpus,
                                      capsys: pytest.CaptureFixture) -> None:
     src = write_corpus(tmp_path / "src", {"train": ["def add(a, b):\n    return a + b\n" * 20],
                                           "val": ["def sub(a, b):\n    return a - b\n"]}, 0.5)
@@ -255,6 +314,6 @@ def test_cli_train_then_stats_on_val(tmp_path: Path, shared_dir: Path, write_cor
     assert _run_cli(["tokenizer", "train", *common, "--vocab-size", "270", "--out", str(tmp_path / "t")]) == 0
     assert Tokenizer.load(tmp_path / "t").vocab_size == 270
     assert _run_cli(["tokenizer", "stats", "--tokenizer", str(tmp_path / "t"), *common,
-                     "--gpt2", str(shared_dir / "data" / "gpt2_bpe")]) == 0
+                     "--gpt2", str(gpt2_files.directory)]) == 0
     out = capsys.readouterr().out
     assert "ours: " in out and "gpt2: " in out and "1 documents" in out

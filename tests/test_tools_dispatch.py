@@ -20,8 +20,11 @@ import pytest
 from codechat.tools import Tool, ToolError, load_executors
 from codechat.tools.builtins import BUILTIN_NAMES, CalculatorError, builtin_tools, calculate
 from codechat.tools.dispatch import CallResult, DispatchLimits, Dispatcher, dispatch
+from conftest import FIXTURES, shared_params
 
-CASES_12B = Path(__file__).resolve().parents[2] / "shared" / "cases" / "12b-calculator-tool-exprs.jsonl"
+CASE_12B = "cases/12b-calculator-tool-exprs.jsonl"  # in shared/ (skipped when absent)
+#: The project's own hostile calculator expressions (names, imports, dunder walks, power and product bombs).
+CALCULATOR_EXPRS = FIXTURES / "cases_b" / "calculator_exprs.jsonl"
 
 EXECUTORS = textwrap.dedent('''
     import os
@@ -433,14 +436,13 @@ def test_python_tool_timeout_is_the_sandbox_s(dispatcher: Dispatcher) -> None:
                                                    "required property"
 
 
-def _cases_12b() -> list[dict[str, str]]:
-    assert CASES_12B.is_file(), f"{CASES_12B} is missing: clone the shared folder beside the repository"
-    return [json.loads(line) for line in CASES_12B.read_text().splitlines() if line.strip()]
+def _read_cases(path: Path) -> list[dict[str, str]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("case", _cases_12b(), ids=lambda c: c["id"])
-def test_calculator_case_12b(dispatcher: Dispatcher, case: dict[str, str]) -> None:
-    """Every line of the 12b case file, through the dispatcher's worker and in this process."""
+def check_calculator_case(dispatcher: Dispatcher, case: dict[str, str]) -> None:
+    """One expression through the dispatcher's worker and in this process: an integer ``expected`` is the value;
+    anything else must be rejected quickly (with the error ``message`` when the case gives one), the worker alive."""
     pid = dispatcher.worker_pid
     r = dispatcher(call("calculator", expression=case["expr"]))
     assert r.wall_s < 1.0
@@ -450,10 +452,27 @@ def test_calculator_case_12b(dispatcher: Dispatcher, case: dict[str, str]) -> No
     else:
         message = error_of(r)
         assert message.startswith("'calculator' failed: CalculatorError: ")
-        assert "is not allowed" in message or "the limit is" in message
-        with pytest.raises(CalculatorError):
+        if "message" in case:
+            assert message.startswith("'calculator' failed: CalculatorError: " + case["message"])
+        else:
+            assert "is not allowed" in message or "the limit is" in message
+        with pytest.raises(CalculatorError) as e:
             calculate(case["expr"])
+        assert str(e.value).startswith(case.get("message", ""))
     assert dispatcher.worker_pid == pid  # the process lives
+
+
+@pytest.mark.parametrize("case", shared_params(CASE_12B, _read_cases, lambda c: c["id"]))
+def test_calculator_case_12b(dispatcher: Dispatcher, case: dict[str, str]) -> None:
+    """Every line of the 12b case file, through the dispatcher's worker and in this process."""
+    check_calculator_case(dispatcher, case)
+
+
+@pytest.mark.parametrize("case", _read_cases(CALCULATOR_EXPRS), ids=lambda c: c["id"])
+def test_calculator_hostile_expressions_fixture(dispatcher: Dispatcher, case: dict[str, str]) -> None:
+    """The project's own expressions: two values, then attribute and name access, an import, a dunder walk,
+    indexing into globals, and power and product bombs, each with its exact error."""
+    check_calculator_case(dispatcher, case)
 
 
 @pytest.mark.parametrize("expr, expected", [

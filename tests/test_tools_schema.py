@@ -13,6 +13,7 @@ from codechat.chat.conversation import TOOLS_HEADER, Conversation, Message, spli
 from codechat.data.formats import load_records
 from codechat.tools import (Tool, ToolError, check_schema, load_callables, load_executors, normalize_schema,
                             parse_docstring, tool, tool_from_function, tool_from_schema, validate_arguments)
+from conftest import shared_file
 
 
 def one_param(annotation: Any, **default: Any) -> Any:
@@ -492,17 +493,35 @@ def test_tool_from_schema_unwraps_openai_normalises_and_checks():
         tool_from_schema(wrapped, "w", fn=convert)
 
 
-def test_every_tool_schema_of_the_glaive_demo_loads(shared_dir):
-    records = load_records(shared_dir / "data/function_calling_glaive/glaive_toolcall_en_demo.json")
+def check_data_tool_schemas(path: Path, n_tools: int, n_distinct: int) -> dict[str, Tool]:
+    """Every tool schema of a function-calling data file loads as written (nothing to repair); returns them by name."""
+    records = load_records(path)
     tools = [tool_from_schema(schema, f"{r.source}:{r.line}: tools[{i}]")
              for r in records for i, schema in enumerate(r.conversation.tools or ())]
-    assert len(tools) == 219 and len({json.dumps(t.schema(), sort_keys=True) for t in tools}) == 177
-    assert sum(len(t.changes) for t in tools) == 0  # this sample is clean JSON Schema: nothing to repair
+    assert len(tools) == n_tools and len({json.dumps(t.schema(), sort_keys=True) for t in tools}) == n_distinct
+    assert sum(len(t.changes) for t in tools) == 0  # clean JSON Schema: nothing to repair
     assert all(check_schema(t.parameters, t.source) == t.parameters for t in tools)
-    by_name = {t.name: t for t in tools}
+    return {t.name: t for t in tools}
+
+
+def test_every_tool_schema_of_the_glaive_demo_loads():
+    by_name = check_data_tool_schemas(shared_file("data/function_calling_glaive/glaive_toolcall_en_demo.json"), 219,
+                                      177)
     assert validate_arguments(by_name["search_recipes"], {"ingredients": ["rice"]}) is None
     assert validate_arguments(by_name["search_recipes"], {"ingredients": "rice"}) == \
         "ingredients: 'rice' is not of type 'array'"
+
+
+def test_every_tool_schema_of_the_sharegpt_fixture_loads():
+    by_name = check_data_tool_schemas(Path(__file__).parent / "fixtures/cases_b/glaive_sharegpt/sample.json", 12, 5)
+    assert sorted(by_name) == ["convert_units", "find_recipes", "get_stock_price", "set_reminder", "split_bill"]
+    assert by_name["find_recipes"].source.endswith("sample.json:11: tools[0] (find_recipes)")  # the last record
+    assert validate_arguments(by_name["find_recipes"], {"ingredients": ["rice"]}) is None
+    assert validate_arguments(by_name["find_recipes"], {"ingredients": "rice"}) == \
+        "ingredients: 'rice' is not of type 'array'"
+    assert validate_arguments(by_name["set_reminder"], {"text": "x", "when": {"day": "Mon", "hour": "9"}}) == \
+        "when.hour: '9' is not of type 'integer'"
+    assert validate_arguments(by_name["split_bill"], {"total": 10}) == "arguments: 'people' is a required property"
 
 
 # ----------------------------------------------------------------------------- arguments and the system turn
