@@ -13,7 +13,9 @@ from codechat.data.corpus import _token_dtype, add_cli, build_corpus, load_index
 from codechat.data.sources import SourceFile, Skipped, collect_files, iter_split_texts, read_documents, split_of
 from codechat.tokenizer import Tokenizer
 
-from conftest import N_FILES, VAL_FRACTION
+from conftest import FIXTURES, N_FILES, VAL_FRACTION
+
+MINI_MBPP = FIXTURES / "cases_a" / "mbpp_mini.jsonl"  # MBPP-shaped: test problems 11-14 and 510
 
 
 def _split_docs(ids: list[int], end_id: int) -> list[list[int]]:
@@ -187,8 +189,8 @@ def test_cli_data_corpus_builds_shards_and_leaves_room_for_more_commands(tok_dir
     assert parser.parse_args(["data", "other"]).data_command == "other"
 
 
-def test_documents_holding_a_benchmark_problem_are_left_out_and_listed(tok_dir: Path, tmp_path: Path, write_corpus,
-                                                                       shared_dir: Path) -> None:
+def check_benchmark_documents_left_out(mbpp_file: Path, n_mbpp_test: int, tok_dir: Path, tmp_path: Path,
+                                       write_corpus) -> None:
     """A vendored HumanEval solution and a copy of MBPP test asserts are excluded, whichever split they are in;
     a file that only shares a function name is kept; the shards equal a build of the clean files alone."""
     import gzip
@@ -196,23 +198,34 @@ def test_documents_holding_a_benchmark_problem_are_left_out_and_listed(tok_dir: 
     from codechat.data.mining import humaneval_file
     with gzip.open(humaneval_file(), "rt") as f:
         he0 = json.loads(f.readline())
-    mbpp = {r["task_id"]: r for r in map(json.loads, (shared_dir / "data/mbpp/mbpp.jsonl").read_text().splitlines())}
+    mbpp = {r["task_id"]: r for r in map(json.loads, mbpp_file.read_text().splitlines())}
     vendored = "# benchmark copy\nimport math\n\n" + he0["prompt"] + he0["canonical_solution"] + "\n\nprint(1)\n"
     asserts = "def test_it():\n    " + "\n    ".join(mbpp[11]["test_list"]) + "\n"
     clean = ["a = 1\n", "def has_close_elements(xs):\n    return len(set(xs)) < len(xs)\n", "b = [2, 3]\n"]
     src = write_corpus(tmp_path / "src", {"train": [clean[0], vendored, clean[1]], "val": [asserts, clean[2]]}, 0.5)
     ref = write_corpus(tmp_path / "ref", {"train": clean[:2], "val": clean[2:]}, 0.5)
-    decon = benchmark_decontaminator(shared_dir / "data/mbpp/mbpp.jsonl")
+    decon = benchmark_decontaminator(mbpp_file)
     index = build_corpus([src], tok_dir, tmp_path / "out", val_fraction=0.5, workers=2, show_progress=False,
                          decontaminator=decon)
     excluded = [(e["problem"], e["part"], e["share"]) for e in index["decontamination"]["excluded"]]
     assert excluded == [("HumanEval/0", "prompt", 1.0), ("MBPP/11", "tests", 1.0)]  # in source order
     assert [e["document"].split("_")[0] for e in index["decontamination"]["excluded"]] == ["train0001", "val0000"]
     assert index["skipped"]["contaminated"] == 2
-    assert index["decontamination"]["problems"] == {"HumanEval": 164, "MBPP": 500}
+    assert index["decontamination"]["problems"] == {"HumanEval": 164, "MBPP": n_mbpp_test}
     plain = build_corpus([ref], tok_dir, tmp_path / "plain", val_fraction=0.5, workers=1, show_progress=False)
     for split in ("train", "val"):
         assert index["splits"][split]["documents"] == plain["splits"][split]["documents"]
         assert index["splits"][split]["bytes"] == plain["splits"][split]["bytes"]
         assert np.concatenate(read_split(tmp_path / "out", split)).tolist() == \
             np.concatenate(read_split(tmp_path / "plain", split)).tolist()
+
+
+def test_documents_holding_a_benchmark_problem_are_left_out_and_listed(tok_dir: Path, tmp_path: Path, write_corpus,
+                                                                       shared_dir: Path) -> None:
+    check_benchmark_documents_left_out(shared_dir / "data/mbpp/mbpp.jsonl", 500, tok_dir, tmp_path, write_corpus)
+
+
+def test_documents_holding_a_mini_mbpp_problem_are_left_out_and_listed(tok_dir: Path, tmp_path: Path,
+                                                                        write_corpus) -> None:
+    """The same on the project's MBPP-shaped file: its test problem 11's asserts are found in a document."""
+    check_benchmark_documents_left_out(MINI_MBPP, 5, tok_dir, tmp_path, write_corpus)

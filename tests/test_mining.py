@@ -1,7 +1,14 @@
-"""Offline (docstring -> function) SFT pairs and decontamination against HumanEval and MBPP."""
+"""Offline (docstring -> function) SFT pairs and decontamination against HumanEval and MBPP.
+
+MBPP, Code Alpaca and the glaive sample come from ``shared/`` (those tests skip, saying what is missing,
+when it is absent); the same decontamination rules are pinned on the project's own small files in
+``tests/fixtures/cases_a/``: ``mbpp_mini.jsonl`` (MBPP-shaped, 5 test problems, one train problem a
+near-copy of test problem 13), ``alpaca_mini.json`` and ``glaive_mini.json``."""
 from __future__ import annotations
 
 import ast
+import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -16,7 +23,12 @@ from codechat.data.mining import (BenchmarkProblem, Decontaminator, MiningCounts
 from codechat.data.benchmarks import mbpp_split
 from codechat.data.mixture import Mixture
 
-MINE_SRC = Path(__file__).parent / "fixtures" / "mine_src"
+from conftest import FIXTURES
+
+MINE_SRC = FIXTURES / "mine_src"
+MINI_MBPP = FIXTURES / "cases_a" / "mbpp_mini.jsonl"
+MINI_ALPACA = FIXTURES / "cases_a" / "alpaca_mini.json"
+MINI_GLAIVE = FIXTURES / "cases_a" / "glaive_mini.json"
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +129,51 @@ def test_ordinary_sft_data_is_kept(benchmarks, shared_dir):
     assert all(dec.keep(r) for r in load_records(shared_dir / "data/function_calling_glaive"))
 
 
+@pytest.fixture(scope="module")
+def mini_benchmarks() -> list[BenchmarkProblem]:
+    return humaneval_problems() + mbpp_problems(MINI_MBPP)
+
+
+def test_mini_humaneval_and_mbpp_test_problems_are_all_excluded(mini_benchmarks):
+    dec = Decontaminator(mini_benchmarks)
+    assert dec.benchmarks == {"HumanEval": 164, "MBPP": 5}  # MBPP: the test split (11-510) only
+    humaneval = load_records(mining.humaneval_file())
+    assert sum(not dec.keep(r) for r in humaneval) == 164
+    records = load_records(MINI_MBPP)
+    excluded = {int(r.task_id) for r in records if not dec.keep(r)}
+    # every test and validation task (by task id), and the train task that copies test problem 13's text
+    assert excluded == {11, 12, 13, 14, 510, 511, 600, 603}
+    assert {int(r.task_id) for r in records if mbpp_split(int(r.task_id)) == "train"} - excluded == {601, 602, 974}
+    report = dec.report()
+    assert report["by_benchmark"] == {"HumanEval": 164, "MBPP": 8} and report["checked"] == 164 + 16
+    assert report["by_rule"] == {"ngram": 165, "task_id": 7}
+    assert report["examples"][0]["problem"] == "HumanEval/0"
+
+
+def test_mini_a_near_copy_of_a_test_problem_is_excluded_by_the_overlap_rule(mini_benchmarks):
+    dec = Decontaminator(mini_benchmarks)
+    by_id = {int(r.task_id): r for r in load_records(MINI_MBPP)}
+    hit = dec.overlap(by_id[603].conversation)  # its text is test problem 13's, plus "of numbers"
+    assert (hit.problem, hit.part) == ("MBPP/13", "prompt") and hit.fraction == pytest.approx(5 / 6)
+    assert dec.overlap(by_id[601].conversation) is None and dec.overlap(by_id[602].conversation) is None
+
+
+def test_mini_ordinary_sft_data_is_kept(mini_benchmarks, tmp_path):
+    dec = Decontaminator(mini_benchmarks)
+    assert all(dec.keep(r) for r in mine_records([MINE_SRC]))
+    # a genuine copy of HumanEval/13 among ordinary Code Alpaca-style rows (one of them a different gcd)
+    he13 = next(p for p in mini_benchmarks if p.id == "HumanEval/13")
+    rows = json.loads(MINI_ALPACA.read_text())
+    rows.insert(3, {"instruction": "Return the greatest common divisor of two integers a and b.", "input": "",
+                    "output": he13.prompt.strip() + "\n" + he13.solution})
+    (tmp_path / "alpaca.json").write_text(json.dumps(rows))
+    alpaca = load_records(tmp_path / "alpaca.json")
+    assert [r.line for r in alpaca if not dec.keep(r)] == [4]
+    assert dec.examples[-1]["problem"] == "HumanEval/13"
+    glaive = load_records(MINI_GLAIVE)
+    assert len(glaive) == 12 and all(dec.keep(r) for r in glaive)
+
+
 def test_overlap_rule_normalises_case_and_whitespace_and_uses_the_threshold():
     problem = BenchmarkProblem("X/1", "Return the sum of the squares of the odd numbers in the list xs, ignoring "
                                       "negative values and zero.", "def f(xs):\n    return sum(x * x for x in xs if "
@@ -130,11 +187,20 @@ def test_overlap_rule_normalises_case_and_whitespace_and_uses_the_threshold():
     assert normalized_tokens("A_b(1,  2)") == ["a_b", "(", "1", ",", "2", ")"]
 
 
-def test_decontaminator_from_config_warns_when_a_benchmark_is_missing(monkeypatch, shared_dir):
+def check_from_config_warns(monkeypatch, caplog, mbpp: Path, n_test: int) -> None:
     monkeypatch.setattr(mining, "humaneval_file", lambda: None)
-    with pytest.warns(UserWarning, match="shipped with codechat is missing"):
-        dec = Decontaminator.from_config(SFTConfig(decontam_mbpp=str(shared_dir / "data/mbpp/mbpp.jsonl")))
-    assert dec.benchmarks == {"MBPP": 500}
-    with pytest.warns(UserWarning) as caught:
-        Decontaminator.from_config(SFTConfig())
-    assert any("does not check MBPP" in str(w.message) for w in caught)
+    caplog.set_level(logging.WARNING, logger="codechat")  # log records (one line each), not Python warnings
+    dec = Decontaminator.from_config(SFTConfig(decontam_mbpp=str(mbpp)))
+    assert [r.message for r in caplog.records if "shipped with codechat is missing" in r.message]
+    assert dec.benchmarks == {"MBPP": n_test}
+    caplog.clear()
+    Decontaminator.from_config(SFTConfig())
+    assert any("does not check MBPP" in r.message for r in caplog.records)
+
+
+def test_decontaminator_from_config_warns_when_a_benchmark_is_missing(monkeypatch, shared_dir, caplog):
+    check_from_config_warns(monkeypatch, caplog, shared_dir / "data/mbpp/mbpp.jsonl", 500)
+
+
+def test_mini_decontaminator_from_config_warns_when_a_benchmark_is_missing(monkeypatch, caplog):
+    check_from_config_warns(monkeypatch, caplog, MINI_MBPP, 5)

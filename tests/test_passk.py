@@ -1,4 +1,7 @@
-"""pass@k (case 10), the pre-RL verdict, and the pass-rate filter."""
+"""pass@k (case 10), the pre-RL verdict, and the pass-rate filter.
+
+Case 10 of ``shared/cases`` is checked when ``shared/`` is there; the same rules are pinned on the
+project's own rows (``VALID``, ``DEGENERATE``) whether or not it is."""
 from __future__ import annotations
 
 import argparse
@@ -14,23 +17,72 @@ from hypothesis import strategies as st
 from codechat.eval import cli as eval_cli
 from codechat.eval import passk
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-CASE = json.loads((SHARED / "cases" / "10-passk-n-lt-k.json").read_text())
+from conftest import shared_params
+
+CASE_10 = "cases/10-passk-n-lt-k.json"
 
 
 def exact_pass_at_k(n: int, c: int, k: int) -> Fraction:
     return 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
 
 
-@pytest.mark.parametrize("row", CASE["valid"], ids=lambda r: f"n{r['n']}-c{r['c']}-k{r['k']}")
+def _nck(r: dict) -> str:
+    return f"n{r['n']}-c{r['c']}-k{r['k']}"
+
+
+@pytest.mark.parametrize("row", shared_params(CASE_10, lambda p: json.loads(p.read_text())["valid"], _nck))
 def test_case_10_valid_values(row):
     assert passk.pass_at_k(row["n"], row["c"], row["k"]) == pytest.approx(row["expected"], abs=1e-9)
 
 
-@pytest.mark.parametrize("row", CASE["degenerate"], ids=lambda r: f"n{r['n']}-c{r['c']}-k{r['k']}")
+@pytest.mark.parametrize("row", shared_params(CASE_10, lambda p: json.loads(p.read_text())["degenerate"], _nck))
 def test_case_10_degenerate_inputs_raise(row):
     with pytest.raises(ValueError):
         passk.pass_at_k(row["n"], row["c"], row["k"])
+
+
+# The same rules on the project's own rows. Expected values are 1 - C(n-c,k)/C(n,k) worked by hand
+# (written out to 12 places, so a wrong formula is caught to 1e-9, not only a crash).
+VALID = [
+    (5, 2, 1, 0.4),                # 1 - 3/5
+    (5, 2, 2, 0.7),                # 1 - C(3,2)/C(5,2) = 1 - 3/10
+    (8, 1, 3, 0.375),              # 1 - C(7,3)/C(8,3) = 1 - 35/56
+    (50, 3, 10, 0.495918367347),   # 1 - (40*39*38)/(50*49*48) = 1 - 247/490
+    (12, 4, 6, 0.969696969697),    # 1 - C(8,6)/C(12,6) = 1 - 28/924
+    (5, 2, 4, 1.0),                # n - c < k: every draw of 4 holds a correct sample
+    (3, 1, 3, 1.0),                # k == n with one correct
+    (3, 0, 3, 0.0),                # k == n with none correct: not the shortcut's 1.0
+    (6, 0, 2, 0.0),
+    (6, 6, 1, 1.0),
+    (1, 1, 1, 1.0),
+    (1, 0, 1, 0.0),
+]
+DEGENERATE = [
+    (0, 0, 1, "n < 1 (no samples)"),
+    (-3, 0, 1, "n < 1"),
+    (4, 1, 0, "k < 1"),
+    (4, 1, -2, "k < 1"),
+    (3, 0, 4, "k > n: the shortcut `if n - c < k: return 1.0` gives 1.0"),
+    (3, 2, 7, "k > n"),
+    (1, 1, 2, "k > n with every sample correct"),
+    (4, -1, 2, "c < 0"),
+    (4, 5, 1, "c > n"),
+    (4, 5, 4, "c > n and k == n"),
+]
+
+
+@pytest.mark.parametrize("n,c,k,expected", VALID, ids=[f"n{n}-c{c}-k{k}" for n, c, k, _ in VALID])
+def test_valid_values_to_1e9(n, c, k, expected):
+    assert passk.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-9)
+    assert float(exact_pass_at_k(n, c, k)) == pytest.approx(expected, abs=1e-9)  # the hand values are right
+
+
+@pytest.mark.parametrize("n,c,k,why", DEGENERATE, ids=[f"n{n}-c{c}-k{k}" for n, c, k, _ in DEGENERATE])
+def test_degenerate_inputs_raise_and_never_return_one(n, c, k, why):
+    with pytest.raises(ValueError):
+        passk.pass_at_k(n, c, k)
+    with pytest.raises(ValueError):  # nor through the mean over problems
+        passk.mean_pass_at_k([(n, c)], k)
 
 
 def test_k_larger_than_n_is_never_one():

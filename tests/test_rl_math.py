@@ -3,17 +3,31 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from codechat.train.rl import group_advantages, policy_loss, sequence_logprobs
 
-CASE_15 = json.loads((Path(__file__).resolve().parents[2] / "shared" / "cases" / "15-grpo-equal-rewards.json")
-                     .read_text())
-EQUAL_GROUPS = [g["rewards"] for g in CASE_15["groups"] if "expected_advantages" in g]
-OUTLIER = next(g for g in CASE_15["groups"] if "expected" in g)
+from conftest import shared_file
+
+
+def case_15() -> tuple[dict, list[list[float]], dict]:
+    """Case 15 of ``shared/cases`` (the test skips, naming the file, when it is absent): the case, its
+    equal-reward groups and its outlier group."""
+    case = json.loads(shared_file("cases/15-grpo-equal-rewards.json").read_text())
+    return (case, [g["rewards"] for g in case["groups"] if "expected_advantages" in g],
+            next(g for g in case["groups"] if "expected" in g))
+
+
+# The same rules on the project's own groups. Every group is flat: 0.1 x 10, 0.7 x 9 and 0.2 x 12 leave a
+# float32 residue in torch's mean (checked below), 0.0 x 5 has std exactly 0 (0/0 without a guard).
+OWN_EQUAL_GROUPS = [[0.1] * 10, [0.7] * 9, [0.2] * 12, [0.0] * 5, [1.0] * 3]
+# One outlier: mean 0.2; r - mean = -0.1 (x5), 0.5; sum of squares 0.3; sample var 0.3 / 5 = 0.06,
+# std 0.244949: -0.408248 and 2.041241 ("std"); -0.1 and 0.5 ("none"). (Population std would give
+# -0.447214 / 2.236068 and leave-one-out -0.12 / 0.6: neither is the documented baseline.)
+OWN_OUTLIER = [0.1] * 5 + [0.7]
+OWN_OUTLIER_EXPECTED = {"std": (-0.408248, 2.041241), "none": (-0.1, 0.5)}
 
 
 def ln(x: float) -> float:
@@ -24,7 +38,8 @@ def ln(x: float) -> float:
 @pytest.mark.parametrize("scale", ["std", "none"])
 @pytest.mark.parametrize("as_tensor", [True, False], ids=["float32-tensor", "list"])
 def test_case_15_equal_rewards_give_exactly_zero_advantages(scale, as_tensor):
-    for rewards in EQUAL_GROUPS:
+    _, equal_groups, _ = case_15()
+    for rewards in equal_groups:
         given = torch.tensor(rewards, dtype=torch.float32) if as_tensor else list(rewards)
         adv, stats = group_advantages(given, ["p"] * len(rewards), scale=scale)
         assert adv.dtype == torch.float32
@@ -34,8 +49,9 @@ def test_case_15_equal_rewards_give_exactly_zero_advantages(scale, as_tensor):
 
 @pytest.mark.parametrize("scale", ["std", "none"])
 def test_case_15_all_groups_in_one_batch_outlier_gets_the_documented_baseline(scale):
+    case, _, outlier = case_15()
     rewards, ids, sizes = [], [], []
-    for k, g in enumerate(CASE_15["groups"]):
+    for k, g in enumerate(case["groups"]):
         rewards += g["rewards"]
         ids += [f"g{k}"] * len(g["rewards"])
         sizes.append(len(g["rewards"]))
@@ -46,12 +62,62 @@ def test_case_15_all_groups_in_one_batch_outlier_gets_the_documented_baseline(sc
     # hand: mean = 3.4 / 8 = 0.425; r - mean = -0.075 (x7), 0.525; sample var = 0.315 / 7 = 0.045
     others, last = (-0.353553, 2.474874) if scale == "std" else (-0.075, 0.525)
     if scale == "std":
-        exp = OUTLIER["expected"]["grpo_sample_std"]
+        exp = outlier["expected"]["grpo_sample_std"]
         assert (exp["others"], exp["last"]) == (others, last)
     assert len(set(out[:7].tolist())) == 1  # no float residue among the seven equal rewards
     assert out[0].item() == pytest.approx(others, abs=1e-5)
     assert out[7].item() == pytest.approx(last, abs=1e-5)
     assert stats.n_groups == 4 and stats.n_groups_zero_std == 3 and stats.frac_reward_zero_std == 0.75
+
+
+def test_own_flat_groups_leave_a_float_residue_without_the_guard():
+    """The fixture groups are a real test: naive float32 GRPO ((r - mean) / (std + eps)) gives O(1) values
+    or NaN on them."""
+    naive = []
+    for g in OWN_EQUAL_GROUPS:
+        r = torch.tensor(g, dtype=torch.float32)
+        naive.append(((r - r.mean()) / r.std()).abs().max().item())
+    assert sum(v > 0.1 for v in naive) >= 3 and any(math.isnan(v) for v in naive)
+
+
+@pytest.mark.parametrize("scale", ["std", "none"])
+@pytest.mark.parametrize("as_tensor", [True, False], ids=["float32-tensor", "list"])
+def test_equal_rewards_give_exactly_zero_advantages(scale, as_tensor):
+    for rewards in OWN_EQUAL_GROUPS:
+        given = torch.tensor(rewards, dtype=torch.float32) if as_tensor else list(rewards)
+        adv, stats = group_advantages(given, ["p"] * len(rewards), scale=scale)
+        assert adv.dtype == torch.float32
+        assert torch.equal(adv, torch.zeros(len(rewards)))  # exactly 0: no NaN, no residue
+        assert stats.frac_reward_zero_std == 1.0 and stats.n_groups_zero_std == 1
+
+
+@pytest.mark.parametrize("scale", ["std", "none"])
+def test_flat_groups_and_an_outlier_in_one_batch_get_zeros_and_the_documented_baseline(scale):
+    groups = OWN_EQUAL_GROUPS + [OWN_OUTLIER]
+    rewards = [r for g in groups for r in g]
+    ids = [f"g{k}" for k, g in enumerate(groups) for _ in g]
+    adv, stats = group_advantages(torch.tensor(rewards, dtype=torch.float32), ids, scale=scale)
+    n_equal = len(rewards) - len(OWN_OUTLIER)
+    assert torch.equal(adv[:n_equal], torch.zeros(n_equal))
+    out = adv[n_equal:]
+    others, last = OWN_OUTLIER_EXPECTED[scale]
+    assert len(set(out[:5].tolist())) == 1  # no float residue among the five equal rewards
+    assert out[0].item() == pytest.approx(others, abs=1e-5)
+    assert out[5].item() == pytest.approx(last, abs=1e-5)
+    assert stats.n_groups == 6 and stats.n_groups_zero_std == 5 and stats.frac_reward_zero_std == pytest.approx(5 / 6)
+
+
+def test_own_flat_groups_give_zero_loss_and_zero_gradient():
+    # a batch made only of equal-reward groups: policy-gradient loss 0 and gradient 0
+    ids = [k for k, g in enumerate(OWN_EQUAL_GROUPS) for _ in g]
+    adv, _ = group_advantages([r for g in OWN_EQUAL_GROUPS for r in g], ids)
+    n = len(ids)
+    torch.manual_seed(1)
+    lp = torch.log(torch.rand(n, 4) * 0.9 + 0.05).requires_grad_(True)
+    old = lp.detach() + 0.3 * torch.randn(n, 4)
+    loss, _ = policy_loss(lp, old, adv, torch.ones(n, 4))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(lp.grad, torch.zeros(n, 4))
 
 
 def test_one_hot_group_of_four_uses_the_sample_std():
@@ -220,7 +286,8 @@ def test_a_batch_with_no_counted_token_gives_a_connected_zero():
 
 def test_flat_groups_give_zero_loss_and_zero_gradient():
     # case 15's loss_check: a batch made only of equal-reward groups
-    adv, _ = group_advantages(EQUAL_GROUPS[0] + EQUAL_GROUPS[1], ["a"] * 7 + ["b"] * 8)
+    _, equal_groups, _ = case_15()
+    adv, _ = group_advantages(equal_groups[0] + equal_groups[1], ["a"] * 7 + ["b"] * 8)
     torch.manual_seed(0)
     lp = torch.log(torch.rand(15, 5) * 0.9 + 0.05).requires_grad_(True)
     old = lp.detach() + 0.3 * torch.randn(15, 5)

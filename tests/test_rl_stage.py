@@ -28,6 +28,8 @@ from codechat.model import build_model
 from codechat.train.grpo import RLStageConfig, TaskSchedule, run_rl
 from codechat.train.sft import run_sft
 
+from conftest import FIXTURES
+
 DIGITS = range(10)
 
 
@@ -183,7 +185,7 @@ def test_settings_that_cannot_learn_are_refused_when_the_config_is_built(policy,
         rl_config(policy, tmp_path / "t.jsonl", tmp_path / "rl", **setting)
 
 
-def test_bad_tasks_and_a_reward_of_the_wrong_kind_are_errors_before_step_0(policy, tmp_path, shared_dir):
+def check_bad_tasks_refused(policy: Path, tmp_path: Path, glaive: Path) -> None:
     def refused(tasks: str, **over: str) -> str:
         cfg = load(RLStageConfig, None, {"init": str(policy), "rl.tasks": tasks, "run.out": str(tmp_path / "rl"),
                                          "run.device": "cpu", **over})
@@ -201,9 +203,18 @@ def test_bad_tasks_and_a_reward_of_the_wrong_kind_are_errors_before_step_0(polic
     tasks = write_tasks(tmp_path / "tasks.jsonl")
     msg = refused(f"tasks:{tasks}", **{"rl.reward": "funcall_tiered"})
     assert "--reward funcall_tiered judges funcall tasks" in msg and "ret" in msg and "--reward binary" in msg
-    glaive = shared_dir / "data" / "function_calling_glaive" / "glaive_toolcall_en_demo.json"
     msg = refused(f"funcall:{glaive}", **{"rl.reward": "binary"})
     assert "--reward binary judges code tasks" in msg and "--reward funcall_tiered" in msg
+
+
+def test_bad_tasks_and_a_reward_of_the_wrong_kind_are_errors_before_step_0(policy, tmp_path, shared_dir):
+    check_bad_tasks_refused(policy, tmp_path, shared_dir / "data" / "function_calling_glaive" /
+                            "glaive_toolcall_en_demo.json")
+
+
+def test_bad_tasks_and_a_reward_of_the_wrong_kind_are_errors_before_step_0_on_the_mini_glaive_file(policy, tmp_path):
+    """The same with the project's glaive-style conversations (tests/fixtures/cases_a/glaive_mini.json)."""
+    check_bad_tasks_refused(policy, tmp_path, FIXTURES / "cases_a" / "glaive_mini.json")
 
 
 def test_kl_several_updates_per_batch_and_sequence_norm_run_and_are_logged(policy, tmp_path):

@@ -5,6 +5,12 @@ root, programs as nobody; "userns": the path a non-root evaluator takes; "none":
 processes, the macOS / locked-down-container fallback). After every hostile program the test
 checks that the evaluator and its parent live, that no process the program started is left
 (a walk of /proc under this test process), and that the next program is still judged.
+
+The rows of cases 12 and 13 come from ``shared/cases`` (skipped, naming the file, when it is
+absent); the project's own hostile programs, ``tests/fixtures/cases_a/hostile.jsonl``, cover the
+same kinds of fault (leaving early with status 0, killing the parent or a group, busy loops in
+Python and in one C call, blocking waits, memory bombs, processes that outlive the program) and
+run the same way whether or not ``shared/`` is there.
 """
 from __future__ import annotations
 
@@ -24,8 +30,9 @@ import pytest
 from codechat.eval import sandbox as sb
 from codechat.eval.sandbox import pool
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-CASES = SHARED / "cases"
+from conftest import FIXTURES, shared_file, shared_params
+
+CASE_FILES = {"12": "cases/12-sandbox-exit-and-kill.jsonl", "13": "cases/13-sandbox-timeout-resources.jsonl"}
 LINUX = sys.platform.startswith("linux")
 MODES = ["auto", "userns", "none"] if LINUX else ["none"]
 
@@ -52,14 +59,20 @@ EXPECTED = {
 TIMEOUT_S = 1.5  # deadline for the case rows; "within timeout_s + 1 s" is asserted
 
 
-def _rows(name: str) -> list[dict]:
-    with open(CASES / name) as f:
+def _rows(path: Path) -> list[dict]:
+    with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-CASE_ROWS = [(f"{n[:2]}:{r['id']}", r) for n in ("12-sandbox-exit-and-kill.jsonl",
-                                                   "13-sandbox-timeout-resources.jsonl")
-             for r in _rows(n)]
+def _case_params(number: str) -> list:
+    """The rows of case ``number`` as parameters ``12:<row id>`` (one skipped case when shared/ is absent)."""
+    return shared_params(CASE_FILES[number], _rows, lambda r: f"{number}:{r['id']}")
+
+
+#: The project's own hostile programs (always present): id, kind, program (``{marker}`` is replaced by a
+#: unique word that the leftover check looks for), tests, expect (a list of statuses, "not passed", or
+#: null for any) and timeout_s (default ``TIMEOUT_S``).
+HOSTILE = _rows(FIXTURES / "cases_a" / "hostile.jsonl")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -157,10 +170,11 @@ def _require(b: sb.Sandbox, *names: str) -> None:
 
 # ----------------------------------------------------------------------------- cases 12, 13
 def test_every_case_row_has_an_expectation():
-    assert {r["id"] for _, r in CASE_ROWS} == set(EXPECTED)
+    ids = {r["id"] for rel in CASE_FILES.values() for r in _rows(shared_file(rel))}
+    assert ids == set(EXPECTED)
 
 
-@pytest.mark.parametrize("row", [r for _, r in CASE_ROWS], ids=[i for i, _ in CASE_ROWS])
+@pytest.mark.parametrize("row", _case_params("12") + _case_params("13"))
 def test_case_row(box, row):
     parent = os.getppid()
     t0 = time.monotonic()
@@ -172,6 +186,35 @@ def test_case_row(box, row):
     if r.status == "timeout":  # killed on the wall clock, not left to run
         assert elapsed <= TIMEOUT_S + 1.0, elapsed
     assert_no_leftovers(marker="time.sleep(600)")
+    assert_survivors(box, parent)
+
+
+# ----------------------------------------------------------------------------- own hostile programs
+def test_the_hostile_fixture_covers_every_kind_of_fault():
+    kinds = [r["kind"] for r in HOSTILE]
+    assert set(kinds) == {"exit", "kill", "timeout", "memory", "orphan", "control"}
+    assert kinds[-1] == "control" and len({r["id"] for r in HOSTILE}) == len(HOSTILE)
+    assert all(r["expect"] == ["timeout"] for r in HOSTILE if r["kind"] == "timeout")
+
+
+@pytest.mark.parametrize("row", HOSTILE, ids=[r["id"] for r in HOSTILE])
+def test_hostile_program(box, row):
+    """Each own hostile program under each isolation mode: the verdict it must get (an early exit with
+    status 0 never passes, a runaway is stopped on the wall clock), nothing it started is left, and
+    the evaluator lives and judges the next program."""
+    parent = os.getppid()
+    marker = f"codechat-hostile-{uuid.uuid4().hex}"
+    timeout_s = row.get("timeout_s", TIMEOUT_S)
+    t0 = time.monotonic()
+    r = box.run(row["program"].replace("{marker}", marker), row["tests"], timeout_s=timeout_s)
+    elapsed = time.monotonic() - t0
+    if row["expect"] == "not passed":
+        assert r.status in NOT_PASSED and r.tests_passed == 0 and not r.passed, r
+    elif row["expect"] is not None:
+        assert r.status in row["expect"], r
+    if r.status == "timeout":
+        assert elapsed <= timeout_s + 1.0, elapsed
+    assert_no_leftovers(marker=marker)
     assert_survivors(box, parent)
 
 

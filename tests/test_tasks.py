@@ -1,6 +1,10 @@
 """RL tasks (codechat.data.tasks): every loader on real files, doctest mining, and bad input.
 
-One sandbox pool is shared by the module; MBPP and the glaive sample come from ``shared/``.
+One sandbox pool is shared by the module. MBPP and the glaive sample come from ``shared/`` (those tests
+skip, naming the file, when it is absent); each behaviour they pin is pinned as well on the project's own
+MBPP-shaped file and glaive-style conversations in ``tests/fixtures/cases_a/`` (``mbpp_mini.jsonl``: prompt
+tasks 1-4 and 10, test tasks 11-14 and 510, validation 511 and 600, train 601-603 and 974;
+``glaive_mini.json``: 12 conversations, 8 train and 4 held out).
 """
 from __future__ import annotations
 
@@ -19,9 +23,13 @@ from codechat.eval import rewards, sandbox
 from codechat.eval.cli import _cli_filter
 from codechat.eval.problems import load_humaneval
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-MBPP = SHARED / "data" / "mbpp" / "mbpp.jsonl"
-GLAIVE = SHARED / "data" / "function_calling_glaive" / "glaive_toolcall_en_demo.json"
+from conftest import FIXTURES, shared_file
+
+MBPP_REL = "data/mbpp/mbpp.jsonl"
+GLAIVE_REL = "data/function_calling_glaive/glaive_toolcall_en_demo.json"
+MINI_MBPP = FIXTURES / "cases_a" / "mbpp_mini.jsonl"
+MINI_GLAIVE = FIXTURES / "cases_a" / "glaive_mini.json"
+MINI_TRAIN_IDS = [601, 602, 603, 974]
 
 
 @pytest.fixture(scope="module")
@@ -35,28 +43,69 @@ def fenced(code: str) -> str:
 
 
 # ----------------------------------------------------------------------------- MBPP / HumanEval
-def test_mbpp_default_split_is_train_601_to_974_and_references_pass(box):
-    tasks = T.load_tasks(f"mbpp:{MBPP}", check_references=True, box=box)
-    assert [t.task_id for t in tasks] == [f"MBPP/{i}" for i in range(601, 975)]
+def check_mbpp_default_split_and_references(mbpp: Path, train_ids: list[int], box) -> None:
+    tasks = T.load_tasks(f"mbpp:{mbpp}", check_references=True, box=box)
+    assert [t.task_id for t in tasks] == [f"MBPP/{i}" for i in train_ids]
     t = tasks[0]
-    assert t.kind == "code" and t.problem.split == "train" and t.source == str(MBPP)
+    assert t.kind == "code" and t.problem.split == "train" and t.source == str(mbpp)
     assert [m.role for m in t.prompt.messages] == ["user"]
     assert t.prompt.messages[0].content == t.problem.prompt and "Your code should pass these tests" in t.problem.prompt
     assert len(t.tests) == 3 and t.entry_point and t.reference
 
 
-def test_mbpp_task_judges_a_chat_answer_like_eval(box):
-    t = T.load_tasks(f"mbpp:{MBPP}", limit=1)[0]
+def test_mbpp_default_split_is_train_601_to_974_and_references_pass(box):
+    check_mbpp_default_split_and_references(shared_file(MBPP_REL), list(range(601, 975)), box)
+
+
+def test_mini_mbpp_default_split_is_its_train_tasks_and_references_pass(box):
+    check_mbpp_default_split_and_references(MINI_MBPP, MINI_TRAIN_IDS, box)
+    [first] = T.load_tasks(f"mbpp:{MINI_MBPP}", limit=1)
+    assert first.entry_point == "common_prefix" and first.tests[0] == "assert common_prefix(['flower', 'flow', 'flight']) == 'fl'"
+    assert "\r" not in first.reference  # the release's CRLF line ends are normalised
+
+
+def check_mbpp_task_judges_a_chat_answer(mbpp: Path, box) -> None:
+    t = T.load_tasks(f"mbpp:{mbpp}", limit=1)[0]
     good, bad = box.run_many([t.job(fenced(t.reference)), t.job(fenced("def nothing():\n    return 1"))])
     assert good.passed and rewards.tiered(good) == 1.0
     assert not bad.passed and bad.tests_total == 3
     assert t.code("no code at all") == ""
 
 
-def test_mbpp_other_splits_and_limit():
-    assert [t.task_id for t in T.load_tasks(f"mbpp:{MBPP}", split="prompt")] == [f"MBPP/{i}" for i in range(1, 11)]
+def test_mbpp_task_judges_a_chat_answer_like_eval(box):
+    check_mbpp_task_judges_a_chat_answer(shared_file(MBPP_REL), box)
+
+
+def test_mini_mbpp_task_judges_a_chat_answer_like_eval(box):
+    check_mbpp_task_judges_a_chat_answer(MINI_MBPP, box)
+    # the test set-up code of a task is part of its program: task 12's asserts read SAMPLE from it
     with pytest.warns(UserWarning, match="evaluation reports on"):
-        assert len(T.load_tasks(f"mbpp:{MBPP}", split="test", limit=5)) == 5
+        t12 = next(t for t in T.load_tasks(f"mbpp:{MINI_MBPP}", split="test") if t.task_id == "MBPP/12")
+    assert t12.problem.test_setup_code == "SAMPLE = [4, 7, 1, 9, 3]"
+    ok, off = box.run_many([t12.job(fenced("def even_position_sum(items):\n    return sum(items[::2])")),
+                            t12.job(fenced("def even_position_sum(items):\n    return sum(items[1::2])"))])
+    assert ok.passed and ok.tests_passed == 3 and not off.passed and off.tests[0].outcome == "failed"
+
+
+def test_mbpp_other_splits_and_limit():
+    mbpp = shared_file(MBPP_REL)
+    assert [t.task_id for t in T.load_tasks(f"mbpp:{mbpp}", split="prompt")] == [f"MBPP/{i}" for i in range(1, 11)]
+    with pytest.warns(UserWarning, match="evaluation reports on"):
+        assert len(T.load_tasks(f"mbpp:{mbpp}", split="test", limit=5)) == 5
+
+
+def test_mini_mbpp_other_splits_and_limit():
+    """Splits follow the task ids at their edges: 10 | 11, 510 | 511, 600 | 601, 974."""
+    ids = lambda **kw: [t.task_id for t in T.load_tasks(f"mbpp:{MINI_MBPP}", **kw)]  # noqa: E731
+    assert ids(split="prompt") == ["MBPP/1", "MBPP/2", "MBPP/3", "MBPP/4", "MBPP/10"]
+    with pytest.warns(UserWarning, match="evaluation reports on"):
+        assert ids(split="test") == ["MBPP/11", "MBPP/12", "MBPP/13", "MBPP/14", "MBPP/510"]
+    with pytest.warns(UserWarning, match="evaluation reports on"):
+        assert ids(split="validation") == ["MBPP/511", "MBPP/600"]
+    with pytest.warns(UserWarning, match="evaluation reports on"):
+        assert len(ids(split="test", limit=3)) == 3
+    with pytest.warns(UserWarning, match="evaluation reports on"):
+        assert len(ids(split="all")) == 16
 
 
 def test_humaneval_shipped_and_by_path_with_references(box):
@@ -70,9 +119,9 @@ def test_humaneval_shipped_and_by_path_with_references(box):
 
 
 # ----------------------------------------------------------------------------- tasks.jsonl
-def test_tasks_jsonl_written_by_eval_filter_round_trips(tmp_path, box):
+def check_tasks_jsonl_round_trip(mbpp: Path, tmp_path: Path, box) -> None:
     """Sample rows as ``codechat eval run`` writes them -> ``codechat eval filter`` -> load_tasks."""
-    problems = [T.load_tasks(f"mbpp:{MBPP}", limit=2)[i].problem for i in range(2)]
+    problems = [T.load_tasks(f"mbpp:{mbpp}", limit=2)[i].problem for i in range(2)]
     with pytest.warns(UserWarning):
         problems += [t.problem for t in T.load_tasks("humaneval", limit=2)]
     samples = tmp_path / "samples.jsonl"
@@ -97,11 +146,19 @@ def test_tasks_jsonl_written_by_eval_filter_round_trips(tmp_path, box):
     assert [t.task_id for t in T.load_tasks(f"tasks:{out}", split="test")] == ["HumanEval/0", "HumanEval/1"]
 
 
+def test_tasks_jsonl_written_by_eval_filter_round_trips(tmp_path, box):
+    check_tasks_jsonl_round_trip(shared_file(MBPP_REL), tmp_path, box)
+
+
+def test_mini_tasks_jsonl_written_by_eval_filter_round_trips(tmp_path, box):
+    check_tasks_jsonl_round_trip(MINI_MBPP, tmp_path, box)
+
+
 # ----------------------------------------------------------------------------- funcall
-def test_funcall_tasks_are_train_call_turns_with_tools():
-    raw = json.loads(GLAIVE.read_text())
-    tasks = T.load_tasks(f"funcall:{GLAIVE}")
-    assert len(tasks) == 171  # the call turns of the 238 train conversations of 300
+def check_funcall_tasks(glaive: Path, n_train_calls: int) -> list[T.Task]:
+    raw = json.loads(glaive.read_text())
+    tasks = T.load_tasks(f"funcall:{glaive}")
+    assert len(tasks) == n_train_calls
     for t in tasks:
         _, line, turn = t.task_id.rsplit(":", 2)
         record = raw[int(line) - 1]
@@ -113,9 +170,31 @@ def test_funcall_tasks_are_train_call_turns_with_tools():
     with pytest.raises(ValueError, match="funcall task"):
         tasks[0].job("{}")
     with pytest.warns(UserWarning, match="evaluation reports on"):
-        held = T.load_tasks(f"funcall:{GLAIVE}", split="heldout")
+        held = T.load_tasks(f"funcall:{glaive}", split="heldout")
     assert held and all(conversation_split(raw[int(t.task_id.rsplit(":", 2)[1]) - 1]) == "heldout" for t in held)
-    assert len(T.load_tasks(f"funcall:{GLAIVE}", limit=7)) == 7
+    assert len(T.load_tasks(f"funcall:{glaive}", limit=7)) == 7
+    return tasks
+
+
+def test_funcall_tasks_are_train_call_turns_with_tools():
+    check_funcall_tasks(shared_file(GLAIVE_REL), 171)  # the call turns of the 238 train conversations of 300
+
+
+def test_mini_funcall_tasks_are_train_call_turns_with_tools():
+    # the 8 train conversations hold 7 call turns (one of them has no call)
+    tasks = check_funcall_tasks(MINI_GLAIVE, 7)
+    assert [t.task_id for t in tasks] == [f"glaive_mini.json:{line}:{turn}" for line, turn in
+                                          [(1, 1), (3, 1), (5, 1), (6, 3), (8, 1), (9, 1), (12, 1)]]
+    first = tasks[0]
+    assert first.expected_call == {"name": "convert_temperature", "arguments": {"value": 30, "to_unit": "F"}}
+    assert [m.content for m in first.prompt.messages] == ["What is 30 degrees Celsius in Fahrenheit?"]
+    assert [tool["name"] for tool in first.tools] == ["convert_temperature"]
+    with pytest.warns(UserWarning, match="evaluation reports on"):
+        held = T.load_tasks(f"funcall:{MINI_GLAIVE}", split="heldout")
+    assert [t.task_id.split(":", 1)[1] for t in held] == ["2:1", "4:1", "11:1", "11:5"]
+    # the second call of a conversation sees the first call, its result and the answer before it
+    assert [m.role for m in held[-1].prompt.messages] == ["user", "assistant", "function_response", "assistant", "user"]
+    assert held[-1].expected_call == {"name": "stock_quote", "arguments": {"symbol": "BOOK"}}
 
 
 # ----------------------------------------------------------------------------- doctests
@@ -184,14 +263,14 @@ def test_doctest_examples_become_asserts():
     )
 
 
-def test_doctest_mining_keeps_passing_drops_failing_and_contaminated(tmp_path, box):
+def check_doctest_mining(mbpp: Path, tmp_path: Path, box) -> None:
     he = json.loads(gzip.open(HUMANEVAL_FILE, "rt").readline())  # HumanEval/0 has doctests in its prompt
     (tmp_path / "good.py").write_text(GOOD)
     (tmp_path / "bad.py").write_text(BAD)
     (tmp_path / "leak.py").write_text(he["prompt"] + he["canonical_solution"])
     (tmp_path / "broken.py").write_text("def f(:\n    '''>>> f()'''\n")
     counts = D.DoctestCounts()
-    tasks = D.mine_doctest_tasks([tmp_path], mbpp_file=MBPP, box=box, counts=counts)
+    tasks = D.mine_doctest_tasks([tmp_path], mbpp_file=mbpp, box=box, counts=counts)
     assert [t.task_id for t in tasks] == ["doctest/good.py::words", "doctest/good.py::safe_div"]
     assert counts.as_dict() == {"files": 4, "files_with_doctests": 3, "unparsable_files": 1, "functions": 4,
                                 "candidates": 3, "kept": 2, "skipped": {"contaminated": 1},
@@ -210,11 +289,51 @@ def test_doctest_mining_keeps_passing_drops_failing_and_contaminated(tmp_path, b
     assert ok.passed and not ko.passed and empty.status == "syntax"
 
 
-def test_doctest_spec_on_the_standard_library(box):
-    tasks = T.load_tasks("doctest", limit=4, mbpp_file=MBPP, box=box)
-    assert len(tasks) == 4 and len({t.task_id for t in tasks}) == 4
+def test_doctest_mining_keeps_passing_drops_failing_and_contaminated(tmp_path, box):
+    check_doctest_mining(shared_file(MBPP_REL), tmp_path, box)
+
+
+# A vendored copy of the mini MBPP's test problem 13 (its text as the docstring, its asserts as doctests).
+MBPP_LEAK = '''def merge_sorted(a, b):
+    """Write a function to merge two already sorted lists into a single sorted list.
+
+    >>> merge_sorted([1, 4, 9], [2, 3, 10])
+    [1, 2, 3, 4, 9, 10]
+    >>> merge_sorted([], [5, 6])
+    [5, 6]
+    """
+    return sorted(a + b)
+'''
+
+
+def test_mini_doctest_mining_keeps_passing_drops_failing_and_contaminated(tmp_path, box):
+    (tmp_path / "a").mkdir()
+    check_doctest_mining(MINI_MBPP, tmp_path / "a", box)
+    # an MBPP test problem is contaminated only when the MBPP file is given
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "leak.py").write_text(MBPP_LEAK)
+    counts = D.DoctestCounts()
+    assert D.mine_doctest_tasks([tmp_path / "b"], mbpp_file=MINI_MBPP, box=box, counts=counts) == []
+    assert counts.as_dict() == {"files": 1, "files_with_doctests": 1, "unparsable_files": 0, "functions": 1,
+                                "candidates": 0, "kept": 0, "skipped": {"contaminated": 1}, "reference_failures": {}}
+    with pytest.warns(UserWarning, match="HumanEval only"):
+        kept = D.mine_doctest_tasks([tmp_path / "b"], box=box)
+    assert [t.task_id for t in kept] == ["doctest/leak.py::merge_sorted"]
+
+
+def check_doctest_spec_on_the_standard_library(mbpp: Path, box, limit: int = 4, max_files: int = 0) -> None:
+    tasks = T.load_tasks("doctest", limit=limit, max_files=max_files, mbpp_file=mbpp, box=box)
+    assert len(tasks) == limit and len({t.task_id for t in tasks}) == limit
     assert all(t.kind == "code" and t.task_id.startswith("doctest/") and t.tests and t.reference for t in tasks)
     assert T.failing_references(tasks, box=box) == []
+
+
+def test_doctest_spec_on_the_standard_library(box):
+    check_doctest_spec_on_the_standard_library(shared_file(MBPP_REL), box)
+
+
+def test_mini_doctest_spec_on_the_standard_library(box):
+    check_doctest_spec_on_the_standard_library(MINI_MBPP, box, limit=2, max_files=100)  # the first files: fast
 
 
 def test_doctest_mining_warns_without_mbpp(tmp_path, box):
@@ -243,17 +362,25 @@ def test_bad_specs(spec, match):
         T.load_tasks(spec)
 
 
-def test_bad_split_and_limit():
+def check_bad_split_and_limit(mbpp: Path, glaive: Path) -> None:
     with pytest.raises(ValueError, match="unknown MBPP split 'dev'"):
-        T.load_tasks(f"mbpp:{MBPP}", split="dev")
+        T.load_tasks(f"mbpp:{mbpp}", split="dev")
     with pytest.raises(ValueError, match="only a test split"):
         T.load_tasks("humaneval", split="train")
     with pytest.raises(ValueError, match="funcall split|split must be one of"):
-        T.load_tasks(f"funcall:{GLAIVE}", split="test")
+        T.load_tasks(f"funcall:{glaive}", split="test")
     with pytest.raises(ValueError, match="no splits"):
         T.load_tasks("doctest", split="train")
     with pytest.raises(ValueError, match="limit must be >= 1"):
-        T.load_tasks(f"mbpp:{MBPP}", limit=0)
+        T.load_tasks(f"mbpp:{mbpp}", limit=0)
+
+
+def test_bad_split_and_limit():
+    check_bad_split_and_limit(shared_file(MBPP_REL), shared_file(GLAIVE_REL))
+
+
+def test_mini_bad_split_and_limit():
+    check_bad_split_and_limit(MINI_MBPP, MINI_GLAIVE)
 
 
 def test_task_rows_without_tests_or_bad_json_name_file_and_line(tmp_path):
@@ -271,16 +398,16 @@ def test_task_rows_without_tests_or_bad_json_name_file_and_line(tmp_path):
         T.load_tasks(f"tasks:{path}")
 
 
-def test_failing_references_raise_naming_the_task_ids(tmp_path, box):
+def check_failing_references(mbpp_file: Path, tmp_path: Path, box) -> None:
     good = {**ROW, "reference": "def f():\n    return 1"}
     bad = {**ROW, "task_id": 9, "reference": "def f():\n    return 2"}
     path = write_rows(tmp_path / "t.jsonl", [good, bad])
     assert len(T.load_tasks(f"tasks:{path}")) == 2  # not checked unless asked
     with pytest.raises(ValueError, match=r"references of 1 tasks fail .*9 \(.*t.jsonl:2\): failed"):
         T.load_tasks(f"tasks:{path}", check_references=True, box=box)
-    rows = [json.loads(line) for line in MBPP.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in mbpp_file.read_text().splitlines() if line.strip()]
     broken = next(r for r in rows if r["task_id"] == 601)
-    broken["code"] = "def max_chain_length(arr, n):\n    return -1\n"
+    broken["code"] = "def max_chain_length(arr, n):\n    return -1\n"  # not even the function the tests call
     mbpp = write_rows(tmp_path / "mbpp.jsonl", [broken] + [r for r in rows if r["task_id"] in (602, 603)])
     with pytest.raises(ValueError, match=r"references of 1 tasks fail .*MBPP/601"):
         T.load_tasks(f"mbpp:{mbpp}", check_references=True, box=box)
@@ -289,20 +416,43 @@ def test_failing_references_raise_naming_the_task_ids(tmp_path, box):
         T.load_tasks(f"tasks:{nothing}", check_references=True, box=box)
 
 
-@pytest.mark.filterwarnings("ignore:RL on funcall")
-def test_empty_results_are_errors(tmp_path, box):
+def test_failing_references_raise_naming_the_task_ids(tmp_path, box):
+    check_failing_references(shared_file(MBPP_REL), tmp_path, box)
+
+
+def test_mini_failing_references_raise_naming_the_task_ids(tmp_path, box):
+    check_failing_references(MINI_MBPP, tmp_path, box)
+    # a reference that defines the right function but returns a wrong value is caught too
+    rows = [json.loads(line) for line in MINI_MBPP.read_text().splitlines()]
+    wrong = {**next(r for r in rows if r["task_id"] == 602), "code": "def rotate_right(items, k):\n    return items\n"}
+    mbpp = write_rows(tmp_path / "wrong.jsonl", [r for r in rows if r["task_id"] == 601] + [wrong])
+    with pytest.raises(ValueError, match=r"references of 1 tasks fail .*MBPP/602 \(.*wrong.jsonl\): failed"):
+        T.load_tasks(f"mbpp:{mbpp}", check_references=True, box=box)
+
+
+def check_empty_results_are_errors(mbpp: Path, tmp_path: Path, box) -> None:
     path = write_rows(tmp_path / "t.jsonl", [ROW])
     with pytest.raises(ValueError, match=r"split 'test'\): no task"):
         T.load_tasks(f"tasks:{path}", split="test")
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "bad.py").write_text(BAD)
     with pytest.raises(ValueError, match=r"no doctest task survived: .*\"reference_failures\": \{\"failed\": 1\}"):
-        T.load_tasks(f"doctest:{tmp_path / 'src'}", mbpp_file=MBPP, box=box)
+        T.load_tasks(f"doctest:{tmp_path / 'src'}", mbpp_file=mbpp, box=box)
     empty = tmp_path / "empty.json"
     chat = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]
     empty.write_text(json.dumps([{"conversations": chat, "tools": "[]"}] * 3))
     with pytest.raises(ValueError, match="no task"):
         T.load_tasks(f"funcall:{empty}", split="all")
+
+
+@pytest.mark.filterwarnings("ignore:RL on funcall")
+def test_empty_results_are_errors(tmp_path, box):
+    check_empty_results_are_errors(shared_file(MBPP_REL), tmp_path, box)
+
+
+@pytest.mark.filterwarnings("ignore:RL on funcall")
+def test_mini_empty_results_are_errors(tmp_path, box):
+    check_empty_results_are_errors(MINI_MBPP, tmp_path, box)
 
 
 @pytest.mark.filterwarnings("ignore:RL on funcall")
