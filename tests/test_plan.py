@@ -2,6 +2,8 @@
 optimizer, the seed's table, the logits at large vocabularies, layouts, bad input and the CLI."""
 from __future__ import annotations
 
+import logging
+import re
 import warnings
 
 import pytest
@@ -190,20 +192,24 @@ def test_cli_bad_input_exits_2_with_one_line(capsys):
     assert e.value.code == 2 and "invalid choice: 'zero3'" in capsys.readouterr().err
 
 
-def test_training_start_warns_only_when_the_plan_exceeds_the_device():
+def test_training_start_warns_only_when_the_plan_exceeds_the_device(caplog):
     lines: list[str] = []
     cfg = PlanConfig(model=preset("8b"), gpu_mem_gib=80.0)
     est = print_plan(cfg, lines.append)
     assert len(lines) == 1 and lines[0].startswith(f"memory plan: ~{est.total / GIB:.1f} GiB per GPU of 80.0 GiB")
-    with pytest.warns(UserWarning, match="does not fit .* Try nothing fits on 1 GPU"):
+    with caplog.at_level(logging.WARNING, logger="codechat"):  # a log record (one line), not a Python warning
         assert warn_if_exceeds(cfg, est)
+    [rec] = caplog.records
+    assert rec.name == "codechat.train.plan" and re.search("does not fit .* Try nothing fits on 1 GPU", rec.message)
+    caplog.clear()
     small = PlanConfig(model=preset("tiny"))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="codechat"):
         warnings.simplefilter("error")
         assert not warn_if_exceeds(small, estimate(small))
+    assert caplog.records == []
 
 
-def test_training_check_prints_one_line_on_cuda_and_nothing_on_cpu(monkeypatch):
+def test_training_check_prints_one_line_on_cuda_and_nothing_on_cpu(monkeypatch, caplog):
     from codechat.config.stages import TrainConfig
     from codechat.train import plan
     lines: list[str] = []
@@ -211,8 +217,9 @@ def test_training_check_prints_one_line_on_cuda_and_nothing_on_cpu(monkeypatch):
     assert check_training_memory(preset("8b"), train, OptimConfig(), 2048, torch.device("cpu"), lines.append) is None
     assert lines == []
     monkeypatch.setattr(plan, "device_memory_gib", lambda device: 139.8)  # an H200, as torch reports it
-    with pytest.warns(UserWarning, match="ddp on 1 GPU.* of 139.8 GiB: does not fit"):
+    with caplog.at_level(logging.WARNING, logger="codechat"):
         est = check_training_memory(preset("8b"), train, OptimConfig(), 2048, torch.device("cuda"), lines.append)
+    assert re.search("ddp on 1 GPU.* of 139.8 GiB: does not fit", caplog.records[0].message)
     assert len(lines) == 1 and lines[0].startswith("memory plan: ~")
     assert est == estimate(PlanConfig(model=preset("8b"), micro_batch_size=2, seq_len=2048))  # the run's settings
 

@@ -323,15 +323,17 @@ def read_split(data_dir: str | os.PathLike, split: str) -> list[np.memmap]:
 
 
 # ----------------------------------------------------------------------------- CLI
-def benchmark_decontaminator(mbpp_file: str | os.PathLike | None = None) -> Any:
+def benchmark_decontaminator(mbpp_file: str | os.PathLike | None = None,
+                              unchecked: Sequence[str] | None = None) -> Any:
     """The check a corpus gets: HumanEval's 164 problems, plus MBPP's test split from ``mbpp_file``
-    (:meth:`codechat.data.mining.Decontaminator.from_config`; warns when MBPP is not checked)."""
+    (:meth:`codechat.data.mining.Decontaminator.from_config`, which logs a warning naming the
+    ``unchecked`` sources when MBPP is not checked; ``()``: nothing to say, None: a general one)."""
     from codechat.data.mining import Decontaminator
-    return Decontaminator.from_config(SFTConfig(decontam_mbpp=str(mbpp_file or "")))
+    return Decontaminator.from_config(SFTConfig(decontam_mbpp=str(mbpp_file or "")), unchecked=unchecked)
 
 
 def _cmd_corpus(args: argparse.Namespace) -> int:
-    decon = benchmark_decontaminator(args.decontam_mbpp) if args.decontaminate or args.decontam_mbpp else None
+    decon = benchmark_decontaminator(args.decontam_mbpp, args.src) if args.decontaminate or args.decontam_mbpp else None
     index = build_corpus(args.src, args.tokenizer, args.out, extensions=tuple(args.ext),
                          val_fraction=args.val_fraction, max_files=args.max_files, max_bytes=args.max_bytes,
                          text_fields=tuple(args.text_fields), skip_bad=args.skip_bad, workers=args.workers,

@@ -44,6 +44,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import logging
 import re
 import warnings
 from collections import Counter
@@ -59,6 +60,8 @@ from codechat.config.sft import MINE_STYLES, SFTConfig
 from codechat.data.benchmarks import HUMANEVAL_FILE, MBPP_SPLITS, mbpp_split
 from codechat.data.formats import HUMANEVAL_PROMPT, Record
 from codechat.data.sources import collect_files
+
+log = logging.getLogger(__name__)
 
 #: The user turn of a mined pair.
 MINED_PROMPT = "Write a Python function `{signature}` that: {doc}"
@@ -389,31 +392,39 @@ class Decontaminator:
         self.examples: list[dict[str, Any]] = []
 
     @classmethod
-    def from_config(cls, cfg: SFTConfig, mbpp_sources: Sequence[str | os.PathLike] = ()) -> Decontaminator:
-        """HumanEval (warns if its shipped file is missing), the MBPP test problems in ``cfg.decontam_mbpp``, and the
-        held-out tasks (outside :data:`MBPP_SFT_SPLITS`) of the MBPP files among the SFT sources (``mbpp_sources``,
-        see :func:`codechat.data.mixture.mbpp_files`). Warns when MBPP is checked neither way.
+    def from_config(cls, cfg: SFTConfig, mbpp_sources: Sequence[str | os.PathLike] = (),
+                    unchecked: Sequence[str] | None = None) -> Decontaminator:
+        """HumanEval, the MBPP test problems in ``cfg.decontam_mbpp``, and the held-out tasks (outside
+        :data:`MBPP_SFT_SPLITS`) of the MBPP files among the SFT sources (``mbpp_sources``, see
+        :func:`codechat.data.provenance.mbpp_files`).
+
+        Logs a warning (one line, logger ``codechat.data.mining``) when HumanEval's shipped file is
+        missing, when an MBPP source holds no held-out task, and when MBPP is checked neither way
+        while there is data it matters for: ``unchecked`` names the sources that could hold copies
+        of MBPP's test problems (an empty list: none, so nothing to say; None: not known, so the
+        warning is general).
         """
         problems: list[BenchmarkProblem] = []
         if humaneval_file() is not None:
             problems += humaneval_problems()
         else:
-            warnings.warn("decontamination cannot check HumanEval: the HumanEval.jsonl.gz shipped with codechat is "
-                          "missing (codechat/data/shipped/); reinstall codechat", stacklevel=2)
+            log.warning("decontamination cannot check HumanEval: the HumanEval.jsonl.gz shipped with codechat is "
+                        "missing (codechat/data/shipped/); reinstall codechat")
         if cfg.decontam_mbpp:
             problems += mbpp_problems(cfg.decontam_mbpp)
-        elif not mbpp_sources:
-            warnings.warn("decontamination does not check MBPP: give the MBPP file as --sft.decontam_mbpp "
-                          "PATH/mbpp.jsonl", stacklevel=2)
+        elif not mbpp_sources and (unchecked is None or unchecked):
+            which = "" if unchecked is None else f" for {', '.join(unchecked)}"
+            log.warning(f"decontamination does not check MBPP's test problems{which}: give the MBPP file as "
+                        "--sft.decontam_mbpp PATH/mbpp.jsonl")
         held_out = tuple(s for s in MBPP_SPLITS if s not in MBPP_SFT_SPLITS)
         for f in mbpp_sources:
             try:
                 problems += mbpp_problems(f, held_out)
             except ValueError:  # e.g. a train-only file: its own tasks are fine, but nothing to check others against
                 if not cfg.decontam_mbpp:
-                    warnings.warn(f"the MBPP source {f} holds no {'/'.join(held_out)} task, so the other sources are "
-                                  "not checked against MBPP's test problems; give the full MBPP file as "
-                                  "--sft.decontam_mbpp PATH/mbpp.jsonl", stacklevel=2)
+                    log.warning(f"the MBPP source {f} holds no {'/'.join(held_out)} task, so the other sources are "
+                                "not checked against MBPP's test problems; give the full MBPP file as "
+                                "--sft.decontam_mbpp PATH/mbpp.jsonl")
         return cls(dict.fromkeys(problems), ngram=cfg.decontam_ngram, threshold=cfg.decontam_threshold,
                    mbpp_sources=[str(f) for f in mbpp_sources])
 

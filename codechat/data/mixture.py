@@ -179,38 +179,6 @@ def missing_sources(spec: str, base_dir: str | os.PathLike | None = None) -> lis
     return out
 
 
-def mbpp_files(spec: str, cfg: SFTConfig, base_dir: str | os.PathLike | None = None) -> list[str]:
-    """The data files of the positive-weight local sources of ``spec`` that hold MBPP records.
-
-    A file counts when its format is forced to ``mbpp`` (``PATH#mbpp`` or ``sft.format``) or, under
-    ``auto``, when its first record is detected as ``mbpp``. ``hf:`` sources are not read here.
-
-    Raises:
-        ConfigError: a local source does not exist.
-    """
-    out = []
-    for item in parse_spec(spec):
-        if item.weight == 0 or item.source.startswith(("hf:", "mine:")):
-            continue
-        fmt = item.format if item.format != "auto" else cfg.format
-        try:
-            files = data_files(_resolve(item.source, base_dir))
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        out += [str(f) for f in files if fmt == "mbpp" or (fmt == "auto" and _first_format(f) == "mbpp")]
-    return out
-
-
-def _first_format(path: Path) -> str | None:
-    """The detected format of the first record of one file (``None``: unreadable, loading reports it)."""
-    from codechat.data.formats import detect_format
-    try:
-        first = next((v for _, v in read_rows(path)), None)
-    except ValueError:
-        return None
-    return detect_format(first) if isinstance(first, dict) else None
-
-
 def _resolve(path: str, base_dir: str | os.PathLike | None) -> str:
     p = Path(path).expanduser()
     return str(p if p.is_absolute() or base_dir is None else Path(base_dir) / p)
@@ -318,10 +286,17 @@ class Mixture:
         """The mixture of ``cfg.data`` (``""``: ``mine:`` pairs), decontaminated when ``cfg.decontaminate``.
 
         The decontaminator is kept as ``mixture.decontaminator`` (its ``counts`` say what was excluded).
+        That MBPP is not checked is logged only when there are sources it matters for
+        (:func:`third_party_sources`): pairs mined from Python source have nothing to say about it.
         """
         from codechat.data.mining import Decontaminator
-        dec = Decontaminator.from_config(cfg, mbpp_sources=mbpp_files(cfg.data or "mine:", cfg, base_dir)) \
-            if cfg.decontaminate else None
+        dec = None
+        if cfg.decontaminate:
+            spec = cfg.data or "mine:"
+            from codechat.data.provenance import mbpp_files, third_party_sources
+            mbpp = mbpp_files(spec, cfg, base_dir)
+            unchecked = [] if cfg.decontam_mbpp else third_party_sources(spec, cfg, base_dir, mbpp)
+            dec = Decontaminator.from_config(cfg, mbpp_sources=mbpp, unchecked=unchecked)
         mix = cls.from_spec(cfg.data or "mine:", cfg, base_dir=base_dir, keep=dec.keep if dec else None,
                             progress=progress)
         mix.decontaminator = dec
@@ -482,5 +457,5 @@ class Mixture:
                          for r in self.report(realised))
 
 
-__all__ = ["BLOCK", "SourceSpec", "Source", "Mixture", "parse_spec", "load_source", "missing_sources", "mbpp_files",
+__all__ = ["BLOCK", "SourceSpec", "Source", "Mixture", "parse_spec", "load_source", "missing_sources",
            "FORMATS", "SKIP_BAD_HINT"]

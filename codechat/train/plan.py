@@ -69,7 +69,7 @@ this planner models; the GPU runs of the parallel layer are the check that matte
 """
 from __future__ import annotations
 
-import warnings
+import logging
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -79,6 +79,7 @@ from codechat.config.stages import ConfigError, ModelConfig, OptimConfig, TrainC
 STRATEGIES = ("ddp", "hsdp", "fsdp")  # cheapest first: replicated, sharded in a node, sharded everywhere
 AC_MODES = ("none", "selective", "full")  # cheapest first: recomputation costs compute
 GIB = 2 ** 30
+log = logging.getLogger(__name__)
 FP32 = 4
 #: fp32 (B, T, V) tensors alive at once in the cross-entropy's backward (see the module docstring).
 LOGITS_FP32_COPIES = 3
@@ -398,7 +399,8 @@ def format_plan(cfg: PlanConfig) -> str:
              f"{names[cfg.compute_bytes]}",
              "activations per GPU (" + ", ".join(f"--ac {a}: {estimate(replace(cfg, ac=a)).activations / GIB:.1f}"
                                                  for a in AC_MODES) + " GiB)",
-             f"{'GiB per GPU':<19}" + "".join(f"{n:>8}" for n in COLUMNS.values()) + "   total"]
+             f"{'GiB per GPU':<19}" + "".join(f"{n:>8}" for n in COLUMNS.values()) + "    peak"]
+    peaks: dict[bool, list[str]] = {}  # the rows of each peak formula: compiled or eager (Estimate.tensors)
     for pp in sorted({1, cfg.pp}):
         for strategy in STRATEGIES:
             try:  # offload is FSDP's: the DDP and pipeline rows are without it
@@ -409,13 +411,28 @@ def format_plan(cfg: PlanConfig) -> str:
             if strategy == "hsdp" and alt.shard == alt.dp and cfg.parallel != "hsdp":
                 continue  # within one node HSDP is FSDP
             e = estimate(alt)
+            peaks.setdefault(e.compiled, []).append(e.layout)
             mark = "*" if (strategy, pp) == (cfg.parallel, cfg.pp) else " "
             lines.append(f"{mark} {e.layout:<17}" + "".join(f"{getattr(e, n) / GIB:8.1f}" for n in COLUMNS)
                          + f"{e.total / GIB:8.1f}" + ("  fits" if fits(alt, e) else "  too big"))
+    lines += [peak_note(c, rows if len(peaks) > 1 else None) for c, rows in sorted(peaks.items())]
     if cfg.cpu_offload:
         lines.append(f"host memory per rank (--train.cpu_offload): {estimate(cfg).host / GIB:.1f} GiB of model states")
     lines += [verdict(cfg), f"recommendation: {recommend(cfg)}"]
     return "\n".join(lines)
+
+
+def peak_note(compiled: bool, rows: list[str] | None = None) -> str:
+    """The table's footnote: ``peak`` (what the verdict compares) is not the sum of the columns
+    (:attr:`Estimate.tensors`): a compiled step peaks before any gradient exists, and neither kind
+    holds the backward's working set and the optimizer step's at once. ``rows``: the layouts the
+    formula is for, when the table mixes both."""
+    which = f" ({', '.join(rows)})" if rows else ""
+    if compiled:
+        return (f"peak{which} is not the sum of the columns: a compiled step peaks as its backward starts, before "
+                "any gradient exists: weights + optim + master + max(activ + logits + buffers, grads + step) + margin")
+    return (f"peak{which} is not the sum of the columns: weights + grads + optim + master + max(activ + logits + "
+            "buffers, step) + margin (the optimizer step runs once the backward has freed its working set)")
 
 
 def verdict(cfg: PlanConfig, est: Estimate | None = None) -> str:
@@ -450,15 +467,15 @@ def print_plan(cfg: PlanConfig, echo: Callable[[str], None] = print) -> Estimate
 
 
 def warn_if_exceeds(cfg: PlanConfig, est: Estimate) -> bool:
-    """Warn (``warnings.warn``) when ``est`` exceeds ``cfg.gpu_mem_gib``, with the recommendation.
+    """Log a warning (one line, logger ``codechat.train.plan``) when ``est`` exceeds
+    ``cfg.gpu_mem_gib``, with the recommendation.
 
     Returns:
         whether it warned.
     """
     if fits(cfg, est):
         return False
-    warnings.warn(f"{verdict(cfg, est)}; this run will likely run out of memory. Try {recommend(cfg)}",
-                  stacklevel=2)
+    log.warning(f"{verdict(cfg, est)}; this run will likely run out of memory. Try {recommend(cfg)}")
     return True
 
 
