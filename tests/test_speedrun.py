@@ -37,7 +37,8 @@ def _resume(out: Path) -> subprocess.CompletedProcess:
 def _assert_complete(out: Path) -> dict:
     """The finished run's metrics and report hold every stage's figures (the smoke-run checks)."""
     m = _metrics(out)
-    assert [s for s, st in m["stages"].items() if st["status"] != "done"] == []
+    skipped = ["rl"] if m["eval"]["humaneval"]["verdict"] == "stall" else []  # RL skipped by the verdict
+    assert [s for s, st in m["stages"].items() if st["status"] != "done"] == skipped
     for stage, st in m["stages"].items():
         assert st["wall_s"] > 0 and st["planned_s"] > 0 and m[stage]["wall_s"] == st["wall_s"], stage
     assert abs(sum(st["planned_s"] for st in m["stages"].values()) - 0.3 * 60) < 1e-6
@@ -59,6 +60,8 @@ def _assert_complete(out: Path) -> dict:
     if h["verdict"] == "stall":  # the tiny model's: no RL, and the report says why
         assert m["rl"] == {"skipped": True, "reason": f"HumanEval {h['verdict_text']}",
                            "wall_s": m["stages"]["rl"]["wall_s"]}
+        assert m["stages"]["rl"]["status"] == "skipped" and m["stages"]["rl"]["reason"] == m["rl"]["reason"]
+        assert f"| rl | skipped: HumanEval {h['verdict_text']} |" in (out / "report.md").read_text()
         assert not (out / "rl").exists()
     dec = m["data"]["decontamination"]
     assert dec["problems"]["HumanEval"] == 164 and m["data"]["skipped"]["contaminated"] == len(dec["excluded"])

@@ -66,20 +66,36 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
+#: The curves :func:`plot_loss` draws: a ``metrics.jsonl`` key, its legend label and its line style.
+#: ``eval_loss`` is the SFT stage's loss on a fixed set of its examples (``sft.eval_examples``,
+#: taken from the training data: not held out).
+CURVES = (("loss", "train loss (nats/token)", "-"), ("val_loss", "val loss (nats/token)", "o-"),
+          ("eval_loss", "loss on a fixed set of its examples (nats/token)", "o-"))
+
+
+def loss_curves(rows: Iterable[dict[str, Any]]) -> list[tuple[str, str, list[int], list[float]]]:
+    """``(label, style, steps, losses)`` of every curve of :data:`CURVES` that ``rows`` (a
+    ``metrics.jsonl``'s) hold, losses in nats/token."""
+    rows = list(rows)
+    out = []
+    for key, label, style in CURVES:
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        if points:
+            out.append((label, style, [s for s, _ in points], [v for _, v in points]))
+    return out
+
+
 def plot_loss(rows: Iterable[dict[str, Any]], png: Path, title: str) -> Path:
-    """Training loss and validation bits per byte against step, as a PNG."""
+    """The curves of :func:`loss_curves` (train loss; the validation loss in pretraining, the
+    fixed-examples loss in SFT) against the optimizer step on one pair of axes with a legend, as a
+    PNG. Returns ``png``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = list(rows)
     fig, ax = plt.subplots(figsize=(7, 4))
-    tr = [(r["step"], r["loss"]) for r in rows if "loss" in r]
-    va = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
-    if tr:
-        ax.plot(*zip(*tr), label="train loss (nats/token)")
-    if va:
-        ax.plot(*zip(*va), "o-", label="val loss (nats/token)")
+    for label, style, steps, losses in loss_curves(rows):
+        ax.plot(steps, losses, style, label=label)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
     ax.set_title(title)
@@ -104,8 +120,12 @@ def markdown_table(rows: Sequence[tuple[str, Any]]) -> str:
     return "| | |\n|---|---|\n" + "".join(f"| {k} | {_fmt(v)} |\n" for k, v in rows)
 
 
+#: A finished stage's status: ``done``, or ``skipped`` with a ``reason`` (:class:`codechat.speedrun.run.Speedrun`).
+FINISHED = ("done", "skipped")
+
+
 def _section(m: dict[str, Any], stage: str) -> bool:
-    return m.get("stages", {}).get(stage, {}).get("status") == "done" and stage in m
+    return m.get("stages", {}).get(stage, {}).get("status") in FINISHED and stage in m
 
 
 def _decontamination_lines(dec: dict[str, Any] | None) -> list[str]:
@@ -144,7 +164,7 @@ def speedrun_report(m: dict[str, Any]) -> str:
     stages = m["stages"]
     order = list(stages)
     failed = [s for s in order if stages[s]["status"] == "failed"]
-    done = [s for s in order if stages[s]["status"] == "done"]
+    done = [s for s in order if stages[s]["status"] in FINISHED]
     head = f"# codechat speedrun — `{m['preset']}` on {m['device']}"
     lines = [head, ""]
     if failed:
@@ -266,11 +286,13 @@ def speedrun_report(m: dict[str, Any]) -> str:
 
 
 def _time_table(stages: dict[str, dict[str, Any]], total: float) -> str:
+    """The table of stages: status (a skipped stage with its reason), planned, granted and actual seconds."""
     rows = []
     for s, st in stages.items():
         granted = f"{st['granted_s']:.0f} s" if st.get("granted_s") is not None else "-"
         actual = f"{st['wall_s']:.1f} s" if st.get("wall_s") is not None else "-"
-        rows.append(f"| {s} | {st['status']} | {st['planned_s']:.0f} s | {granted} | {actual} |")
+        status = f"skipped: {st['reason']}" if st["status"] == "skipped" and st.get("reason") else st["status"]
+        rows.append(f"| {s} | {status.replace('|', '/')} | {st['planned_s']:.0f} s | {granted} | {actual} |")
     planned = sum(st["planned_s"] for st in stages.values())
     rows.append(f"| **total** | | {planned:.0f} s | | {total:.1f} s |")
     return ("## Time per stage (planned up front vs actual)\n\n| stage | status | planned | granted at start | actual |\n"

@@ -62,6 +62,11 @@ from codechat.train.pretrain import bpb_evaluator, run_pretrain
 from codechat.train.sft import run_sft
 
 
+#: Stage statuses of a finished stage: ``done``, or ``skipped`` (finished without doing its work, the
+#: stage's ``reason`` saying why); neither runs again on ``--resume``.
+FINISHED = ("done", "skipped")
+
+
 class SpeedrunFailed(RuntimeError):
     """A stage raised; ``metrics.json`` and ``report.md`` hold the finished stages and the error."""
 
@@ -69,9 +74,11 @@ class SpeedrunFailed(RuntimeError):
 class Speedrun:
     """One run directory's stages, their grants, and the metrics/report written after each.
 
-    ``metrics["stages"][name]`` is ``{"status": "pending"|"running"|"done"|"failed", "planned_s"
-    (up front), "granted_s" (when it started), "wall_s", "error", "traceback"}``; ``wall_s`` adds
-    up over attempts when a run is resumed. A stage left ``running`` was killed mid-way.
+    ``metrics["stages"][name]`` is ``{"status": "pending"|"running"|"done"|"skipped"|"failed",
+    "planned_s" (up front), "granted_s" (when it started), "wall_s", "reason", "error", "traceback"}``;
+    ``wall_s`` adds up over attempts when a run is resumed. A stage left ``running`` was killed
+    mid-way. ``skipped`` (with ``reason``, one line) is a stage that finished without doing its
+    work: RL when the verdict says it would stall; like ``done`` it is not run again on resume.
     """
 
     def __init__(self, p: SpeedrunPlan, run: Path, device: torch.device, device_arg: str, seed: int,
@@ -123,8 +130,9 @@ class Speedrun:
         stages = self.p.stages
         for i, name in enumerate(stages):
             st = self.m["stages"][name]
-            if st["status"] == "done":
-                print(f"[{i + 1}/{len(stages)}] {name}: done in an earlier attempt, skipped")
+            if st["status"] in FINISHED:
+                print(f"[{i + 1}/{len(stages)}] {name}: " + ("done in an earlier attempt, skipped" if st["status"] ==
+                      "done" else f"skipped in an earlier attempt ({st.get('reason')})"))
                 continue
             grant = st.get("granted_s") if st["status"] in ("running", "failed") else None
             st.update(status="running", granted_s=grant or self._grant(name), error=None)
@@ -145,7 +153,10 @@ class Speedrun:
                                      f"continue with --out {self.run} --resume") from e
             st["wall_s"] = st.get("wall_s", 0.0) + time.perf_counter() - t0
             self.m[name]["wall_s"] = st["wall_s"]
-            st["status"] = "done"
+            if self.m[name].get("skipped") is True:  # (the data stage's "skipped" counts files)
+                st.update(status="skipped", reason=" ".join(str(self.m[name]["reason"]).split()))
+            else:
+                st["status"] = "done"
             self._write()
         self.m["invocation_wall_s"] = time.perf_counter() - t_invocation
         self._write()
@@ -157,7 +168,7 @@ class Speedrun:
         """Seconds for stage ``name``: the budget left times its share of the stages still to run."""
         stages = self.p.stages
         spent = sum(self.m["stages"][s].get("wall_s", 0.0) for s in stages)
-        rest = [s for s in stages[stages.index(name):] if self.m["stages"][s]["status"] != "done"]
+        rest = [s for s in stages[stages.index(name):] if self.m["stages"][s]["status"] not in FINISHED]
         left = self.p.time_budget_min * 60 - spent
         return max(0.0, left) * self.p.shares[name] / sum(self.p.shares[s] for s in rest)
 
@@ -190,7 +201,8 @@ class Speedrun:
         print(f"{tag} corpus -> {data_dir}")
         build_corpus(self.p.sources, self.run / "tokenizer", data_dir, extensions=d.extensions,
                      val_fraction=d.val_fraction, max_files=self.p.max_files,
-                     decontaminator=benchmark_decontaminator(self.p.mbpp))
+                     # without --mbpp the run reports no MBPP score, and with it MBPP is checked: no warning either way
+                     decontaminator=benchmark_decontaminator(self.p.mbpp, unchecked=()))
         if self.p.background_cpu_work:
             self._start_background()
         index = load_index(data_dir)

@@ -1,0 +1,83 @@
+"""The speedrun's stage table says ``skipped`` and why for a stage that did not do its work (RL
+under a "stall" verdict) — in ``metrics.json`` (``status``, ``reason``) and ``report.md`` — and a
+resumed run does not redo it; the SFT plot draws the train loss and the fixed-examples loss."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from codechat.speedrun.plan import plan
+from codechat.speedrun.report import loss_curves, plot_loss, speedrun_report
+from codechat.speedrun.run import Speedrun
+
+VERDICT = "pass@10 0.0% (0 of 2 problems solved): RL would stall; improve SFT first"
+
+
+class Stubbed(Speedrun):
+    """Every stage but RL stubbed to a few figures; RL is the real stage, which the verdict skips."""
+
+    calls: list[str] = []
+
+    def _stub(self, name: str, result: dict) -> dict:
+        Stubbed.calls.append(name)
+        return result
+
+    def _tokenizer(self, grant, tag): return self._stub("tokenizer", {"vocab_size": 300})
+    def _data(self, grant, tag): return self._stub("data", {"files_seen": 3})
+    def _pretrain(self, grant, tag): return self._stub("pretrain", {"val_bpb_final": 2.5})
+    def _baseline(self, grant, tag): return self._stub("baseline", {"gzip_bpb": 3.0})
+    def _samples(self, grant, tag): return self._stub("samples", {"n": 0})
+    def _sft(self, grant, tag): return self._stub("sft", {"steps": 1})
+    def _chat(self, grant, tag): return self._stub("chat", {"n": 0})
+    def _eval(self, grant, tag): return self._stub("eval", {"humaneval": {"verdict": "stall", "verdict_text": VERDICT}})
+
+    def _rl(self, grant, tag):
+        Stubbed.calls.append("rl")
+        return super()._rl(grant, tag)
+
+    def _write(self) -> None:  # metrics.json only: the stubs hold too little for the report's sections
+        self.m["total_wall_s"] = sum(self.m["stages"][s].get("wall_s", 0.0) for s in self.p.stages)
+        (self.run / "metrics.json").write_text(json.dumps(self.m))
+
+
+def test_a_skipped_stage_says_skipped_and_why_and_is_not_run_again(tmp_path, capsys):
+    p = plan(torch.device("cpu"), "tiny", 1.0)
+    run = tmp_path / "run"
+    run.mkdir()
+    Stubbed.calls = []
+    m = Stubbed(p, run, torch.device("cpu"), "cpu", 0, resume=False).execute()
+    assert Stubbed.calls == list(p.stages)
+    rl = m["stages"]["rl"]
+    assert rl["status"] == "skipped" and rl["reason"] == f"HumanEval {VERDICT}" and rl["wall_s"] >= 0
+    assert m["rl"] == {"skipped": True, "reason": f"HumanEval {VERDICT}", "wall_s": rl["wall_s"]}
+    assert [s for s, st in m["stages"].items() if st["status"] != "done"] == ["rl"]
+    assert json.loads((run / "metrics.json").read_text())["stages"]["rl"]["status"] == "skipped"
+    assert f"RL skipped: HumanEval {VERDICT}" in capsys.readouterr().out
+
+    Stubbed.calls = []
+    Stubbed(p, run, torch.device("cpu"), "cpu", 0, resume=True).execute()
+    assert Stubbed.calls == []  # every stage finished: done or skipped
+    out = capsys.readouterr().out
+    assert f"[9/9] rl: skipped in an earlier attempt (HumanEval {VERDICT})" in out
+    assert "[8/9] eval: done in an earlier attempt, skipped" in out
+
+    report = speedrun_report({"preset": "tiny", "device": "cpu", "stages": m["stages"], "rl": m["rl"],
+                              "total_wall_s": m["total_wall_s"]})
+    row = next(line for line in report.splitlines() if line.startswith("| rl |"))
+    assert row.startswith(f"| rl | skipped: HumanEval {VERDICT} | ")
+    assert f"| skipped | HumanEval {VERDICT} |" in report  # the RL section says why too
+    assert "Run in progress" not in report and "stopped at stage" not in report
+
+
+def test_the_sft_plot_draws_the_train_loss_and_the_fixed_examples_loss(tmp_path):
+    rows = [{"step": 0, "eval_loss": 3.609}, {"step": 1, "loss": 3.7, "lr": 1e-3}, {"step": 2, "loss": 3.1},
+            {"step": 3, "loss": 2.9}, {"step": 3, "eval_loss": 2.744}]
+    curves = loss_curves(rows)
+    assert [(label, steps, losses) for label, _, steps, losses in curves] == [
+        ("train loss (nats/token)", [1, 2, 3], [3.7, 3.1, 2.9]),
+        ("loss on a fixed set of its examples (nats/token)", [0, 3], [3.609, 2.744])]
+    png = plot_loss(rows, tmp_path / "sft_loss.png", "tiny chat SFT on cpu")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    pre = loss_curves([{"step": 0, "val_loss": 5.0}, {"step": 1, "loss": 5.5}])
+    assert [c[0] for c in pre] == ["train loss (nats/token)", "val loss (nats/token)"]
