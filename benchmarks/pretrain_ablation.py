@@ -25,10 +25,16 @@ the whole-split evaluation, then deleted unless ``--keep``).
 
 Variants are dotted settings of the pretraining config applied over the baseline (:data:`VARIANTS`,
 or ``--variant NAME:KEY=VALUE,KEY=VALUE``); ``--pretrain.KEY VALUE`` changes the baseline and every
-variant alike. Prints one line per variant and a table; ``--json`` (default ``$OUT/pretrain_ablation.json``
-when ``$OUT`` is set) gets every figure and each run's logged rows, rewritten after each variant, so
-a command cut short keeps what finished. A variant that raises is reported with its error and the
-others still run.
+variant alike. They run in this order: the baseline, the ``--variant`` ones, then those of
+``--variants`` (the order is printed first). ``--stop-after-s S`` starts no variant that would end
+after S seconds of the command (its training time plus ``--overhead-s``, the compile and evaluations),
+so that a command under a time limit ends with what it finished rather than being killed mid-run.
+
+Prints one line per variant and a table; ``--json`` (default ``$OUT/pretrain_ablation.json`` when
+``$OUT`` is set) gets every figure and each run's logged rows, rewritten after each variant, so a
+command cut short keeps what finished. A variant that raises is reported with its error and the
+others still run. ``--commit`` names the code's commit (a device machine's copy of the tree may
+carry a stale ``.git``: its HEAD is printed otherwise).
 """
 from __future__ import annotations
 
@@ -96,7 +102,8 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
     return name, settings
 
 
-def prepare_shards(sources: tuple[str, ...], data_cfg: Any, max_files: int, mbpp: str, work: Path) -> tuple[Path, Path, dict]:
+def prepare_shards(sources: tuple[str, ...], data_cfg: Any, max_files: int, mbpp: str, work: Path
+                   ) -> tuple[Path, Path, dict[str, Any]]:
     """The speedrun's tokenizer and token shards under ``work`` (its ``_tokenizer`` and ``_data``
     stages, without the background jobs), reused when ``work/shards.json`` says they were built
     from the same inputs. Returns (tokenizer dir, data dir, what was done and how long it took)."""
@@ -190,12 +197,13 @@ def _commit() -> str | None:
 def table(results: list[dict[str, Any]]) -> str:
     """The results as a Markdown table, each val bits/byte beside the baseline's."""
     ref = next((r["val_bpb"] for r in results if r["name"] == "baseline" and "val_bpb" in r), None)
-    lines = ["| variant | settings | steps | compile s | train s | tokens/s | whole-split val bits/byte | vs baseline |",
+    lines = ["| variant | settings | steps | compile s | train s | tokens/s | whole-split val bits/byte "
+             "| vs baseline |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
         s = ", ".join(f"{k}={v}" for k, v in r["settings"].items()) or "today's recipe"
         if "error" in r:
-            lines.append(f"| {r['name']} | {s} | failed: {r['error'][:80]} | | | | | |")
+            lines.append(f"| {r['name']} | {s} | {r['error'][:100]} | | | | | |")
             continue
         delta = f"{r['val_bpb'] - ref:+.4f}" if ref is not None and r["name"] != "baseline" else ""
         lines.append(f"| {r['name']} | {s} | {r['steps']:,} | {r['compile_s']:.1f} | {r['train_s']:.1f} | "
@@ -204,6 +212,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    started = time.perf_counter()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="", help=f"comma-separated names among {', '.join(VARIANTS)}")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
@@ -220,6 +229,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--work", type=Path, default=Path("runs/ablation"), help="shards and runs; shards are reused")
     ap.add_argument("--keep", action="store_true", help="keep each variant's final checkpoint")
     ap.add_argument("--json", type=Path, help="default: $OUT/pretrain_ablation.json when $OUT is set")
+    ap.add_argument("--stop-after-s", type=float, default=0.0,
+                    help="start no variant that would end after this many seconds of the command (0: no limit)")
+    ap.add_argument("--overhead-s", type=float, default=50.0,
+                    help="a variant's seconds besides training (compile, evaluations), for --stop-after-s")
+    ap.add_argument("--commit", help="the code's commit, for the report (default: git's HEAD, where there is a .git)")
     args, rest = ap.parse_known_args(argv)
     common = parse_overrides(rest)  # --pretrain.KEY VALUE -> every variant, baseline included
     bad = [k for k in common if not k.startswith("pretrain.")]
@@ -231,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           "one checkpoint)")
     if args.train_s <= 0:
         raise ConfigError(f"--train-s must be > 0, got {args.train_s}")
-    variants = [parse_variant(v) for v in args.variants.split(",") if v] + [parse_variant(v) for v in args.variant]
+    variants = [parse_variant(v) for v in args.variant] + [parse_variant(v) for v in args.variants.split(",") if v]
     variants = [("baseline", {})] + [v for v in variants if v[0] != "baseline"]
     if len({n for n, _ in variants}) != len(variants):
         raise ConfigError("two variants share a name")
@@ -249,8 +263,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     compile_on = base.train.compile and not args.eager
     seed = args.seed if args.seed is not None else base.run.seed
-    print(f"pretrain ablation: {p.preset} on {name}, torch {torch.__version__}, commit {_commit()}; "
-          f"{args.train_s:g} s of training a variant after its first step, compile={compile_on}, seed {seed}")
+    commit = args.commit or _commit()
+    print(f"pretrain ablation: {p.preset} on {name}, torch {torch.__version__}, commit {commit}; "
+          f"{args.train_s:g} s of training a variant after its first step, compile={compile_on}, seed {seed}; "
+          f"runs: {', '.join(n for n, _ in variants)}")
 
     t0 = time.perf_counter()
     tok_dir, data_dir, shards = prepare_shards(p.sources, data_cfg, p.max_files, args.mbpp, work)
@@ -261,11 +277,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"val {sp['val']['tokens']:,} tokens ({sp['val']['documents']:,} files), sources {', '.join(p.sources)}")
     base = replace(base, data=replace(data_cfg, data_dir=str(data_dir), tokenizer_dir=str(tok_dir)))
     report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"), "commit": _commit(), "command": " ".join(sys.argv), "device": name,
+        "date": time.strftime("%Y-%m-%d"), "commit": commit, "device": name,
+        "command": " ".join([sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
         "torch": torch.__version__, "preset": p.preset, "train_s": args.train_s, "compile": compile_on, "seed": seed,
         "baseline_config": to_dict(base), "common_overrides": common, "shards": {**shards, "splits": sp},
         "variants": []}
     for vname, settings in variants:
+        if args.stop_after_s and time.perf_counter() - started + args.train_s + args.overhead_s > args.stop_after_s:
+            r = {"name": vname, "settings": settings, "error": f"not run: would end after --stop-after-s "
+                                                                f"{args.stop_after_s:g}"}
+            print(f"{vname}: {r['error']}", flush=True)
+            report["variants"].append(r)
+            continue
         try:
             r = run_variant(vname, settings, base, args.train_s, compile_on, work, device, args.device,
                             seed, args.keep)
