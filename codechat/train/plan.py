@@ -423,16 +423,14 @@ def format_plan(cfg: PlanConfig) -> str:
 
 
 def peak_note(compiled: bool, rows: list[str] | None = None) -> str:
-    """The table's footnote: ``peak`` (what the verdict compares) is not the sum of the columns
-    (:attr:`Estimate.tensors`): a compiled step peaks before any gradient exists, and neither kind
-    holds the backward's working set and the optimizer step's at once. ``rows``: the layouts the
-    formula is for, when the table mixes both."""
+    """The line under the table: ``peak`` (what the verdict compares) is not the sum of the columns
+    (:attr:`Estimate.tensors`); ``rows``: the layouts it is for, when the table mixes both kinds."""
+    held = "max(activ + logits + buffers, grads + step)" if compiled else "grads + max(activ + logits + buffers, step)"
     which = f" ({', '.join(rows)})" if rows else ""
-    if compiled:
-        return (f"peak{which} is not the sum of the columns: a compiled step peaks as its backward starts, before "
-                "any gradient exists: weights + optim + master + max(activ + logits + buffers, grads + step) + margin")
-    return (f"peak{which} is not the sum of the columns: weights + grads + optim + master + max(activ + logits + "
-            "buffers, step) + margin (the optimizer step runs once the backward has freed its working set)")
+    why = ("a compiled step peaks as its backward starts, before any gradient exists" if compiled else
+           "the optimizer step runs once the backward has freed its working set")
+    return (f"peak{which} is not the sum of the columns: weights + optim + "
+            f"master + {held} + margin ({why})")
 
 
 def verdict(cfg: PlanConfig, est: Estimate | None = None) -> str:
