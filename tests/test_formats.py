@@ -56,7 +56,7 @@ def test_mbpp_jsonl_user_asks_with_the_tests_and_assistant_answers_with_code(tok
 
 def test_mbpp_jsonl_fixture(tok):
     path = CASES_B / "mbpp/mbpp.jsonl"
-    check_mbpp_jsonl(tok, path, 10)
+    check_mbpp_jsonl(tok, path, 11)
     user, assistant = load_records(path)[0].conversation.messages
     assert user.content == ("Write a function to count the vowels in a string.\nYour code should pass these tests:\n\n"
                             "assert count_vowels('hello') == 2\nassert count_vowels('xyz') == 0\n"

@@ -1,8 +1,13 @@
 """Hugging Face interoperability, checked against real ``transformers`` on CPU: export, import, tokenizer,
-chat template, generation, refused configs (codechat.hf)."""
+chat template, generation, refused configs (codechat.hf).
+
+Data files are the project's own (tests/fixtures/cases_b); GPT-2's BPE is checked both on the fixture's GPT-2-layout
+BPE and on OpenAI's files in shared/ (skipped when absent).
+"""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,6 +28,7 @@ from codechat.hf.tokenizer import import_tokenizer, write_tokenizer
 from codechat.tokenizer import SPECIAL_TOKENS, Tokenizer
 from codechat.train.pretrain import run_pretrain
 from codechat.train.sft import run_sft
+from conftest import FIXTURES, shared_file
 
 CODE_FILES = ("json/encoder.py", "textwrap.py", "fractions.py", "heapq.py")
 PROSE = ["The quick brown fox jumps over the lazy dog.", "Ünïcödé: naïve café, 東京, emoji 🐍🚀, Ελληνικά, русский",
@@ -32,6 +38,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                           "required": ["city"]}}}]
 ATOL = 1e-4
+CASES_B = FIXTURES / "cases_b"
 GENERATE_STEPS = 100  # a 3-step model repeats one token whatever the prompt: generation would prove nothing
 
 
@@ -260,9 +267,11 @@ def hf_tokenizer_ids(directory: Path, text: str) -> list[int]:
     return AutoTokenizer.from_pretrained(directory)(text, split_special_tokens=True)["input_ids"]
 
 
-def test_sft_runs_from_an_imported_model_and_exports_back(hf_made, shared_dir, tmp_path):
+def test_sft_runs_from_an_imported_model_and_exports_back(hf_made, tmp_path):
     directory, hf, _ = hf_made
-    data = shared_dir / "data" / "code_alpaca" / "code_alpaca_2k.json"
+    # the fixture's Alpaca records under a Code Alpaca name: the card's licence comes from the source's name
+    data = tmp_path / "code_alpaca_2k.json"
+    shutil.copy(CASES_B / "alpaca" / "instructions.json", data)
     cfg = SFTStageConfig(init=f"hf:{directory}", sft=SFTConfig(data=str(data), max_examples=16, max_length=128),
                          train=TrainConfig(max_steps=2, micro_batch_size=2, log_every=10**6, eval_every=10**6),
                          run=RunConfig(out=str(tmp_path / "sft"), device="cpu"))
@@ -324,8 +333,17 @@ def test_unsupported_checkpoint_is_refused_end_to_end(hf_made, tmp_path):
 
 
 # ----------------------------------------------------------------------------- GPT-2's BPE
-def test_gpt2_tokenizer_exports_and_reloads_with_identical_ids(shared_dir, tmp_path):
-    gpt2 = Tokenizer.load(shared_dir / "data" / "gpt2_bpe")
+@pytest.fixture(params=["fixture", "shared"])
+def gpt2_dir(request) -> Path:
+    """A GPT-2-layout BPE (encoder.json + vocab.bpe): tests/fixtures/cases_b/gpt2_tiny (288 entries) or OpenAI's
+    GPT-2 in shared/data (skipped when absent)."""
+    return shared_file("data/gpt2_bpe") if request.param == "shared" else CASES_B / "gpt2_tiny"
+
+
+def test_gpt2_tokenizer_exports_and_reloads_with_identical_ids(gpt2_dir, tmp_path):
+    gpt2 = Tokenizer.load(gpt2_dir)
+    n_bpe = len(json.loads((gpt2_dir / "encoder.json").read_text(encoding="utf-8")))  # 50257 for GPT-2
+    assert gpt2.kind == "gpt2" and gpt2.vocab_size == n_bpe + len(SPECIAL_TOKENS)
     gpt2.save(tmp_path / "tok")
     out = tmp_path / "hf"
     out.mkdir()
@@ -337,6 +355,6 @@ def test_gpt2_tokenizer_exports_and_reloads_with_identical_ids(shared_dir, tmp_p
     for text in texts:
         ids = gpt2.encode(text)
         assert ht(text, split_special_tokens=True)["input_ids"] == ids == back.encode(text)
-    assert ht("x<|end|>")["input_ids"] == gpt2.encode("x") + [gpt2.end_id] and gpt2.end_id == 50258
+    assert ht("x<|end|>")["input_ids"] == gpt2.encode("x") + [gpt2.end_id] and gpt2.end_id == n_bpe + 1
     assert back.vocab_size == gpt2.vocab_size and layout["codechat_new"] == [gpt2.vocab_size] * 2
     assert all(back.special_id(n) == gpt2.special_id(n) for n in SPECIAL_TOKENS)

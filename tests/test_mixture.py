@@ -77,12 +77,12 @@ class MbppData:
 
 @pytest.fixture(scope="module", params=["fixtures", "shared"])
 def mbpp_data(request) -> MbppData:
-    """tests/fixtures/cases_b/mbpp (tasks 2, 3, 11-13, 511, 601-604; 604 copies test task 12), or the real MBPP
+    """tests/fixtures/cases_b/mbpp (tasks 2-4, 11-13, 511, 601-604; 604 copies test task 12), or the real MBPP
     from shared/data (skipped when absent)."""
     if request.param == "shared":
         return MbppData(shared_file("data/mbpp/mbpp.jsonl"), shared_file("data/mbpp/sanitized-mbpp.json"), 974, 500,
                         590, 257 + 43, 10)
-    return MbppData(CASES_B / "mbpp/mbpp.jsonl", CASES_B / "mbpp/sanitized-mbpp.json", 10, 3, 4, 3, 2)
+    return MbppData(CASES_B / "mbpp/mbpp.jsonl", CASES_B / "mbpp/sanitized-mbpp.json", 11, 3, 4, 3, 3)
 
 
 def mix(spec: str, base: Path, **cfg) -> Mixture:
@@ -325,11 +325,11 @@ def test_an_mbpp_source_keeps_only_its_train_and_prompt_tasks(mbpp_data, tmp_pat
 def test_an_mbpp_fixture_source_excludes_a_train_copy_of_a_test_task():
     """Exactly which fixture tasks survive: train task 604 copies test task 12's code, so n-gram overlap drops it."""
     m = Mixture.from_config(SFTConfig(data=str(CASES_B / "mbpp/mbpp.jsonl"), seed=0))
-    assert sorted(int(r.task_id) for r in m.sources[0].records) == [2, 3, 601, 602, 603]
+    assert sorted(int(r.task_id) for r in m.sources[0].records) == [2, 3, 4, 601, 602, 603]
     rep = m.decontaminator.report()
     assert rep["by_rule"] == {"task_id": 4, "ngram": 1} and rep["by_benchmark"] == {"MBPP": 5}
     assert [(e["line"], e["problem"], e["part"]) for e in rep["examples"] if e["part"] != "task_id"] == \
-        [(10, "MBPP/12", "solution")]
+        [(11, "MBPP/12", "solution")]
 
 
 def test_missing_sources_are_named_without_reading_records(case21):

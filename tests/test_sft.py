@@ -1,4 +1,8 @@
-"""SFT through the real loader, trainer and CLI: budgets, packing, pad == eos, resume, preflight."""
+"""SFT through the real loader, trainer and CLI: budgets, packing, pad == eos, resume, preflight.
+
+Cases 01/02 and the MBPP / Code Alpaca data come from shared/ (skipped when absent); the same behaviours run on the
+project's own inputs in tests/fixtures/cases_b.
+"""
 from __future__ import annotations
 
 import json
@@ -18,8 +22,26 @@ from codechat.data.mixture import Mixture
 from codechat.data.sft import SFTLoader, collate, pack_best_fit
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.model import IGNORE_INDEX, build_model
+from conftest import shared_file
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sft"
+CASES_B = Path(__file__).parent / "fixtures" / "cases_b"
+
+
+@pytest.fixture(params=["fixtures", "shared"])
+def mbpp_file(request) -> Path:
+    """An MBPP-layout JSON-lines file: tests/fixtures/cases_b/mbpp/mbpp.jsonl (11 tasks) or shared/'s (974; skipped
+    when absent)."""
+    return shared_file("data/mbpp/mbpp.jsonl") if request.param == "shared" else CASES_B / "mbpp/mbpp.jsonl"
+
+
+@pytest.fixture(params=["fixtures", "shared"])
+def alpaca_file(request) -> Path:
+    """An Alpaca JSON array: tests/fixtures/cases_b/alpaca/instructions.json (7) or Code Alpaca 2k (skipped when
+    shared/ is absent)."""
+    if request.param == "shared":
+        return shared_file("data/code_alpaca/code_alpaca_2k.json")
+    return CASES_B / "alpaca/instructions.json"
 
 
 def tiny_model(tok, **kw):
@@ -41,9 +63,10 @@ def one_epoch(path, tok, cfg, mbs=2):
     return loader, [first] + [loader.next_batch() for _ in range(len(loader._batches) - 1)]
 
 
-def test_case01_every_batch_is_supervised_and_the_loss_finite(tok, shared_dir, tmp_path):
+def check_prompt_budget_batches(tok, path: Path) -> None:
+    """Three rows, two with a prompt over its 48-token budget: every batch is supervised, the loss finite and > 0."""
     cfg = SFTConfig(max_length=64, max_prompt_length=48, decontaminate=False)
-    loader, batches = one_epoch(shared_dir / "cases/01-prompt-exceeds-max-len.jsonl", tok, cfg)
+    loader, batches = one_epoch(path, tok, cfg)
     assert loader.counts.kept == 3 and loader.counts.prompt_truncated == 2
     model = tiny_model(tok)
     for b in batches:
@@ -52,9 +75,18 @@ def test_case01_every_batch_is_supervised_and_the_loss_finite(tok, shared_dir, t
         assert torch.isfinite(loss) and loss > 0
 
 
-def test_case02_packing_oversized_rows_are_cut_and_an_epoch_is_bounded(tok, shared_dir):
+def test_case01_every_batch_is_supervised_and_the_loss_finite(tok, tmp_path):
+    check_prompt_budget_batches(tok, shared_file("cases/01-prompt-exceeds-max-len.jsonl"))
+
+
+def test_prompt_over_budget_every_batch_is_supervised_and_the_loss_finite_fixture(tok):
+    check_prompt_budget_batches(tok, CASES_B / "budget_prompts.jsonl")
+
+
+def check_packing_oversized(tok, path: Path) -> tuple[int, int]:
+    """Packing rows of 32 tokens, micro-batch 2: rows longer than a row are cut or dropped and counted, every batch
+    is supervised, an epoch ends in bounded steps; returns (records, completion-truncated)."""
     cfg = SFTConfig(max_length=32, max_prompt_length=16, packing=True, decontaminate=False, pad_to_multiple=1)
-    path = shared_dir / "cases/02-sft-packing-oversized.jsonl"
     n_records = len(path.read_text().splitlines())
     loader, batches = one_epoch(path, tok, cfg)
     c = loader.counts
@@ -64,6 +96,15 @@ def test_case02_packing_oversized_rows_are_cut_and_an_epoch_is_bounded(tok, shar
     for b in batches:
         assert b.inputs.size(1) <= 32 and b.inputs.size(0) <= 2
         assert int((b.labels != IGNORE_INDEX).sum()) >= 1
+    return n_records, c.completion_truncated
+
+
+def test_case02_packing_oversized_rows_are_cut_and_an_epoch_is_bounded(tok):
+    check_packing_oversized(tok, shared_file("cases/02-sft-packing-oversized.jsonl"))
+
+
+def test_packing_oversized_rows_are_cut_and_an_epoch_is_bounded_fixture(tok):
+    assert check_packing_oversized(tok, CASES_B / "packing_oversized.jsonl") == (7, 4)  # 4 long rows, 3 short
 
 
 def test_case04_end_label_survives_when_pad_equals_end(tok):
@@ -78,9 +119,9 @@ def test_case04_end_label_survives_when_pad_equals_end(tok):
     assert b.n_tokens == sum(len(e) - 1 for e in exs)
 
 
-def test_packed_and_padded_batches_give_the_same_loss(tok, shared_dir):
+def test_packed_and_padded_batches_give_the_same_loss(tok, mbpp_file):
     cfg = SFTConfig(max_length=512, max_prompt_length=384, decontaminate=False, pad_to_multiple=1)
-    mix = Mixture.from_spec(str(shared_dir / "data/mbpp/mbpp.jsonl"), cfg)
+    mix = Mixture.from_spec(str(mbpp_file), cfg)
     exs = [render_with_budget(tok, next(mix).conversation, cfg) for _ in range(6)]
     model = tiny_model(tok, max_seq_len=512).eval()
     padded = collate([[e] for e in exs], tok.end_id, 1, packed=False)
@@ -94,13 +135,12 @@ def test_packed_and_padded_batches_give_the_same_loss(tok, shared_dir):
     assert packed.n_tokens == padded.n_tokens
 
 
-def test_packed_micro_batches_all_have_one_shape_and_lose_no_example(tok, shared_dir):
+def test_packed_micro_batches_all_have_one_shape_and_lose_no_example(tok, alpaca_file):
     # 7 rows of 3 per micro-batch: the chunk's last micro-batch is filled with empty rows, so a
     # compiled attention kernel (flex attention on CUDA) sees one (B, T) on every step
     cfg = SFTConfig(max_length=128, max_prompt_length=64, packing=True, decontaminate=False, chunk_examples=40,
                     mix_mode="epoch")
-    path = shared_dir / "data/code_alpaca/code_alpaca_2k.json"
-    loader = SFTLoader(Mixture.from_spec(str(path), cfg), tok, cfg, micro_batch_size=3)
+    loader = SFTLoader(Mixture.from_spec(str(alpaca_file), cfg), tok, cfg, micro_batch_size=3)
     first = loader.next_batch()
     batches = [first] + [loader.next_batch() for _ in range(len(loader._batches) - 1)]
     kept = [r for b in loader._batches for r in b if r]
@@ -118,9 +158,9 @@ def test_best_fit_packs_tightly():
         pack_best_fit([11], 10)
 
 
-def test_loader_resume_continues_the_exact_batches(tok, shared_dir):
+def test_loader_resume_continues_the_exact_batches(tok, mbpp_file):
     cfg = SFTConfig(max_length=128, max_prompt_length=96, decontaminate=False, chunk_examples=16, packing=True)
-    path = shared_dir / "data/mbpp/mbpp.jsonl"
+    path = mbpp_file
     a = SFTLoader(mixture(path, cfg), tok, cfg, 2)
     seq = [a.next_batch() for _ in range(9)]
     b = SFTLoader(mixture(path, cfg), tok, cfg, 2)
@@ -167,21 +207,24 @@ def sft_cli(*args):
                           capture_output=True, text=True, timeout=600)
 
 
-def test_sft_cli_trains_reports_and_resumes(tiny_ckpt, shared_dir, tmp_path):
+def test_sft_cli_trains_reports_and_resumes(tiny_ckpt, tmp_path):
     out = tmp_path / "sft"
+    # the fixture's MBPP-layout file: 11 tasks, of which the 4 test and validation tasks go by task id (and train
+    # task 604, a copy of test task 12, by n-gram overlap)
     # no --sft.max_length: the budgets follow the model (max_seq_len 256, prompt 0.75 of it)
-    common = ["--init", str(tiny_ckpt), "--data", str(shared_dir / "data/mbpp/mbpp.jsonl"), "--out", str(out),
+    common = ["--init", str(tiny_ckpt), "--data", str(CASES_B / "mbpp/mbpp.jsonl"), "--out", str(out),
               "--train.micro_batch_size", "4", "--train.log_every", "1", "--train.save_every", "3",
               "--optim.lr", "3e-3"]
     p = sft_cli(*common, "--max-steps", "3")
     assert p.returncode == 0, p.stderr[-2000:]
     assert "preflight on" in p.stdout and "supervised tokens" in p.stdout and "max_length 256" in p.stdout
-    assert "does not check MBPP" not in p.stderr and "held-out MBPP tasks by task_id 590" in p.stdout
+    assert "does not check MBPP" not in p.stderr
+    assert "held-out MBPP tasks by task_id 4, by 10-gram overlap 1)" in p.stdout
     assert "realised 0.000" not in p.stdout and p.stdout.index("preflight on") < p.stdout.index("realised 1.000")
     report = json.loads((out / "data_report.json").read_text())
     assert report["preflight"]["kept"] > 0 and 0 < report["supervised_share"] < 1
     assert (report["max_length"], report["max_prompt_length"]) == (256, 192)
-    assert report["decontamination"]["by_rule"]["task_id"] == 590  # MBPP test + validation tasks, counted
+    assert report["decontamination"]["by_rule"] == {"task_id": 4, "ngram": 1}  # test + validation tasks, counted
     [src] = report["sources"]
     assert report["realised_at_step"] == 3 and src["drawn"] > 0 and src["share"] == 1.0  # written after training
     p = sft_cli(*common, "--max-steps", "6", "--resume")

@@ -3,7 +3,9 @@
 Each test runs the real command in a subprocess on a small slice of the standard library
 (``--max-files``) with a budget of seconds: one is killed with SIGKILL during its SFT stage,
 the other has its HumanEval stage fail; both then check what the run directory holds and that
-``--resume`` finishes the run without redoing pretraining.
+``--resume`` finishes the run without redoing pretraining. Their data files are the project's own
+(tests/fixtures/cases_b: an MBPP-layout file, an Alpaca array, a ShareGPT function-calling sample), so the
+tests run the same with or without the shared/ folder.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 SMALL = ["--time-budget-min", "0.3", "--max-files", "150", "--eval-limit", "2", "--device", "cpu",
          "--checkpoint-every-s", "1"]
 BEFORE_SFT = ("tokenizer", "data", "pretrain", "baseline", "samples")
+CASES_B = Path(__file__).parent / "fixtures" / "cases_b"
 
 
 def _cmd(out: Path, *extra: str) -> list[str]:
@@ -118,16 +121,18 @@ def test_speedrun_killed_during_sft_keeps_finished_stages_and_resumes_from_its_c
     assert "muon, 0.008, cosine" in (out / "report.md").read_text()
 
 
-def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_that_stage(tmp_path, shared_dir):
+def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_that_stage(tmp_path):
     out = tmp_path / "run"
-    glaive = shared_dir / "data" / "function_calling_glaive" / "glaive_toolcall_en_demo.json"
+    # 12 ShareGPT conversations (9 in the train part, 3 held out: 2 with a call), an MBPP-layout file of 11 tasks
+    # (the 3 few-shot prompt tasks, 3 test, 1 validation, 4 train of which 604 copies test task 12), 7 Alpaca records
+    glaive = CASES_B / "glaive_sharegpt" / "sample.json"
     # A HumanEval directory left by an evaluation with other settings: the stage refuses to mix them.
     stale = out / "eval" / "humaneval"
     stale.mkdir(parents=True)
     (stale / "run.json").write_text(json.dumps({"suite": "humaneval", "seed": -1}))
     (stale / "samples.jsonl").write_text(json.dumps({"task_id": "HumanEval/0", "sample": 0}) + "\n")
-    mbpp = shared_dir / "data" / "mbpp" / "mbpp.jsonl"
-    alpaca = shared_dir / "data" / "code_alpaca" / "code_alpaca_2k.json"
+    mbpp = CASES_B / "mbpp" / "mbpp.jsonl"
+    alpaca = CASES_B / "alpaca" / "instructions.json"
     p = subprocess.run(_cmd(out, "--funcall-data", str(glaive), "--mbpp", str(mbpp), "--data", f"{alpaca}:0.1"),
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 1, p.stderr[-3000:]
@@ -150,20 +155,20 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
     assert m["stages"]["eval"]["wall_s"] > 0
     # --funcall-data (kept by the resumed plan): function-calling SFT on FILE@train, then its evaluation
     assert [m["stages"][s]["status"] for s in ("funcall", "funcall_eval")] == ["done", "done"]
-    assert m["funcall"]["data"].endswith("@train") and m["funcall"]["examples_kept"] > 200
+    assert m["funcall"]["data"].endswith("@train") and m["funcall"]["examples_kept"] == 9
     f = m["funcall_eval"]
     assert f["call_turns"] > 0 and f["text_turns"] > 0 and 0.0 <= f["parse_rate"] <= 1.0
     assert json.loads((out / "eval" / "funcall" / "results.json").read_text())["split"] == "heldout"
     assert "## Function calling (held-out conversations)" in (out / "report.md").read_text()
-    # --mbpp and --data: MBPP's train split and 10% of Code Alpaca join the mined pairs in SFT, MBPP's test
-    # split is scored (2 problems x 10 samples), and the corpus is checked against MBPP's 500 test problems
+    # --mbpp and --data: MBPP's train split and 10% of the Alpaca records join the mined pairs in SFT, MBPP's test
+    # split is scored (2 problems x 10 samples), and the corpus is checked against the file's 3 test problems
     assert m["sft"]["data"] == f"mine:{m['plan']['sources'][0]}:1,{mbpp}#mbpp:3,{alpaca}:0.1"
     mined, from_mbpp, from_alpaca = m["sft"]["sources"]
-    # MBPP keeps train + prompt tasks (384) less those overlapping a test task; the 590 others go by task id
-    assert from_mbpp["records"] + from_mbpp["excluded"] == 974 and 300 < from_mbpp["records"] <= 384
-    assert from_alpaca["records"] + from_alpaca["excluded"] == 2017 and from_alpaca["records"] > 1900
+    # MBPP keeps train + prompt tasks (7) less the one copying a test task (604); the 4 held-out go by task id
+    assert (from_mbpp["records"], from_mbpp["excluded"]) == (6, 5)
+    assert (from_alpaca["records"], from_alpaca["excluded"]) == (7, 0)
     assert from_mbpp["drawn"] > 0 and from_alpaca["drawn"] > 0 and mined["drawn"] > 0
-    assert m["data"]["decontamination"]["problems"] == {"HumanEval": 164, "MBPP": 500}
+    assert m["data"]["decontamination"]["problems"] == {"HumanEval": 164, "MBPP": 3}
     b = m["mbpp"]
     assert b["stage"] == "sft" and b["n"] == 10 and 1 <= b["problems"] <= b["problems_planned"] == 2
     assert list(b["pass@k"]) == ["pass@1", "pass@10"]
