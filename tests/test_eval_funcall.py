@@ -42,7 +42,8 @@ def check_splits(glaive: Path, n_heldout: int, n_train: int, tmp_path: Path) -> 
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):  # FormatError names file and line
         load_cases(bad, "heldout")
     from codechat.config.sft import SFTConfig
-    from codechat.data.mixture import load_source, parse_spec
+    from codechat.data.mixture import load_source
+    from codechat.data.spec import parse_spec
     [spec] = parse_spec(f"{glaive}@train:2")
     assert (spec.split, spec.weight) == ("train", 2.0)
     assert len(load_source(spec, SFTConfig())) == n_train  # SFT on @train never sees a held-out conversation

@@ -20,7 +20,8 @@ import pytest
 from codechat.config.sft import SFTConfig
 from codechat.config.stages import ConfigError
 from codechat.data.benchmarks import mbpp_split
-from codechat.data.mixture import BLOCK, Mixture, SourceSpec, missing_sources, parse_spec
+from codechat.data.mixture import BLOCK, Mixture
+from codechat.data.spec import SourceSpec, missing_sources, parse_spec
 from conftest import shared_file
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sft"

@@ -1,6 +1,6 @@
 """Weighted SFT data mixtures: ``SOURCE[:WEIGHT],...`` -> a deterministic, resumable stream of records.
 
-Spec. Comma-separated sources, each ``SOURCE[#FORMAT][:WEIGHT]``. The last ``:`` field is the
+Spec (parsed by :mod:`codechat.data.spec`). Comma-separated sources, each ``SOURCE[#FORMAT][:WEIGHT]``. The last ``:`` field is the
 weight only if it parses as a number (so ``hf:org/name:config`` has no weight and
 ``hf:org/name:config:2`` has weight 2); a missing weight is 1.0. A source is
 
@@ -34,20 +34,19 @@ records among the first ``max_examples`` draws, which then form the whole mixtur
 """
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from codechat.config.sft import SFT_FORMATS, SFT_MIX_MODES, SFTConfig
+from codechat.config.sft import SFT_MIX_MODES, SFTConfig
 from codechat.config.stages import ConfigError
-from codechat.data.benchmarks import CONVERSATION_SPLITS, conversation_split
+from codechat.data.benchmarks import conversation_split
 from codechat.data.formats import FORMATS, Record, iter_records, records_from_rows
 from codechat.data.readers import LoadCounts, data_files, hub_rows, read_rows
+from codechat.data.spec import SourceSpec, parse_spec, resolve_path
 
 #: Appended to a bad record's error: the commands that load a mixture and take ``--skip-bad``
 #: (``speedrun`` loads mixtures without one; ``eval`` reads its files through
@@ -60,62 +59,6 @@ BLOCK = 4096
 #: Stream ids that keep the seeded generators of the different choices independent.
 _SOURCES, _RECORDS, _EPOCH_ROWS, _EPOCH_ORDER = 1, 2, 3, 4
 STATE_VERSION = 1
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    """One item of a mixture spec."""
-
-    source: str
-    weight: float = 1.0
-    format: str = "auto"
-    split: str = ""  # a local file's conversation split (data.benchmarks.conversation_split): train | heldout
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def parse_spec(spec: str) -> list[SourceSpec]:
-    """The items of ``SOURCE[@SPLIT][#FORMAT][:WEIGHT],...``, validated (``@train`` / ``@heldout``:
-    one part of a local file by :func:`codechat.data.benchmarks.conversation_split`).
-
-    Raises:
-        ConfigError: an empty item, an unknown format or split, a negative or non-finite weight, or all
-            weights zero.
-    """
-    if not spec or not spec.strip():
-        raise ConfigError("the data spec is empty; give --data SOURCE[:WEIGHT],...")
-    out = []
-    for k, item in enumerate(spec.split(",")):
-        item = item.strip()
-        if not item:
-            raise ConfigError(f"data spec {spec!r}: item {k + 1} is empty")
-        head, sep, tail = item.rpartition(":")
-        source, weight = (head, float(tail)) if sep and head and _is_number(tail) else (item, 1.0)
-        fmt, split = "auto", ""
-        if "#" in source and not Path(source).exists():
-            source, _, fmt = source.rpartition("#")
-            if fmt not in SFT_FORMATS:
-                raise ConfigError(f"data spec item {item!r}: unknown format {fmt!r} after '#'; known: "
-                                  f"{', '.join(SFT_FORMATS)}")
-        if "@" in source and not source.startswith("hf:") and not Path(source).exists():
-            source, _, split = source.rpartition("@")
-            if split not in CONVERSATION_SPLITS:
-                raise ConfigError(f"data spec item {item!r}: unknown split {split!r} after '@'; a local file "
-                                  f"takes {' or '.join(CONVERSATION_SPLITS)} (data.benchmarks.conversation_split)")
-        if not math.isfinite(weight):
-            raise ConfigError(f"data spec item {item!r}: the weight {tail} is not a finite number (non-finite weight)")
-        if weight < 0:
-            raise ConfigError(f"data spec item {item!r}: negative weight {weight}; weights must be >= 0")
-        out.append(SourceSpec(source.strip(), weight, fmt, split))
-    if not any(s.weight > 0 for s in out):
-        raise ConfigError(f"data spec {spec!r}: all weights are zero; give at least one source a positive weight")
-    return out
 
 
 # ----------------------------------------------------------------------------- loading
@@ -134,7 +77,7 @@ def load_source(spec: SourceSpec, cfg: SFTConfig, *, base_dir: str | os.PathLike
         from codechat.config.stages import default_corpus_dirs
         from codechat.data.mining import mine_records
         where = spec.source[len("mine:"):]
-        srcs = [_resolve(where, base_dir)] if where else list(cfg.mine_src or default_corpus_dirs())
+        srcs = [resolve_path(where, base_dir)] if where else list(cfg.mine_src or default_corpus_dirs())
         records = list(mine_records(srcs, max_files=cfg.mine_max_files, max_examples=cfg.mine_max_examples,
                                     style=cfg.mine_style, workers=cfg.mine_workers))
         counts.records += len(records)
@@ -143,7 +86,7 @@ def load_source(spec: SourceSpec, cfg: SFTConfig, *, base_dir: str | os.PathLike
         if spec.source.startswith("hf:"):
             return list(records_from_rows(hub_rows(spec.source), spec.source, format=fmt, skip_bad=cfg.skip_bad,
                                           counts=counts))
-        path = _resolve(spec.source, base_dir)
+        path = resolve_path(spec.source, base_dir)
         if spec.split:
             return [rec for f in data_files(path) for rec in records_from_rows(
                 ((line, r) for line, r in read_rows(f) if conversation_split(r) == spec.split), str(f),
@@ -153,35 +96,6 @@ def load_source(spec: SourceSpec, cfg: SFTConfig, *, base_dir: str | os.PathLike
         raise ConfigError(f"{e} ({SKIP_BAD_HINT})") from None
     except FormatError as e:
         raise ConfigError(str(e)) from None
-
-
-def missing_sources(spec: str, base_dir: str | os.PathLike | None = None) -> list[str]:
-    """One message per local source of ``spec`` (any weight; ``mine:DIR`` too) that does not exist or holds no data.
-
-    Cheap (no record is read), so a stage can report missing inputs before any other work.
-
-    Raises:
-        ConfigError: the spec itself is malformed (see :func:`parse_spec`).
-    """
-    out = []
-    for item in parse_spec(spec):
-        if item.source.startswith("hf:"):
-            continue
-        if item.source.startswith("mine:"):
-            where = item.source[len("mine:"):]
-            if where and not Path(_resolve(where, base_dir)).is_dir():
-                out.append(f"data source {item.source!r} (--data): directory {where!r} does not exist; fix the path")
-            continue
-        try:
-            data_files(_resolve(item.source, base_dir))
-        except ValueError as e:
-            out.append(f"{e} (--data); fix the path or remove it from the spec")
-    return out
-
-
-def _resolve(path: str, base_dir: str | os.PathLike | None) -> str:
-    p = Path(path).expanduser()
-    return str(p if p.is_absolute() or base_dir is None else Path(base_dir) / p)
 
 
 @dataclass
@@ -262,7 +176,7 @@ class Mixture:
             if item.weight == 0:
                 if not item.source.startswith(("hf:", "mine:")):
                     try:
-                        data_files(_resolve(item.source, base_dir))  # a typo is still an error
+                        data_files(resolve_path(item.source, base_dir))  # a typo is still an error
                     except ValueError as e:
                         raise ConfigError(str(e)) from None
                 sources.append(Source(item.source, 0.0, []))
@@ -457,5 +371,5 @@ class Mixture:
                          for r in self.report(realised))
 
 
-__all__ = ["BLOCK", "SourceSpec", "Source", "Mixture", "parse_spec", "load_source", "missing_sources",
+__all__ = ["BLOCK", "Source", "Mixture", "load_source",
            "FORMATS", "SKIP_BAD_HINT"]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from codechat.config.sft import SFTConfig
 from codechat.config.stages import ConfigError
-from codechat.data.mixture import _resolve, parse_spec
 from codechat.data.readers import data_files, read_rows
+from codechat.data.spec import parse_spec, resolve_path
 
 
 def mbpp_files(spec: str, cfg: SFTConfig, base_dir: str | os.PathLike | None = None) -> list[str]:
@@ -31,7 +31,7 @@ def mbpp_files(spec: str, cfg: SFTConfig, base_dir: str | os.PathLike | None = N
             continue
         fmt = item.format if item.format != "auto" else cfg.format
         try:
-            files = data_files(_resolve(item.source, base_dir))
+            files = data_files(resolve_path(item.source, base_dir))
         except ValueError as e:
             raise ConfigError(str(e)) from None
         out += [str(f) for f in files if fmt == "mbpp" or (fmt == "auto" and _first_format(f) == "mbpp")]
@@ -62,7 +62,7 @@ def third_party_sources(spec: str, cfg: SFTConfig, base_dir: str | os.PathLike |
             out.append(item.source)
             continue
         try:
-            files = data_files(_resolve(item.source, base_dir))
+            files = data_files(resolve_path(item.source, base_dir))
         except ValueError as e:
             raise ConfigError(str(e)) from None
         if any(str(f) not in mbpp and not _is_mined(f) for f in files):

@@ -193,7 +193,8 @@ def load_prompts(cfg: DistillConfig) -> list[Prompt]:
         ConfigError: a source cannot be read, two prompts share an id, or (without ``skip_bad``) a
             record has no user turn; each named by file and line.
     """
-    from codechat.data.mixture import load_source, parse_spec
+    from codechat.data.mixture import load_source
+    from codechat.data.spec import parse_spec
     sft = SFTConfig(format=cfg.format, skip_bad=cfg.skip_bad, decontaminate=False)
     out: list[Prompt] = []
     seen: dict[str, str] = {}

@@ -25,7 +25,8 @@ from typing import Any, Callable
 from .. import checkpoint as ckpt
 from codechat.config.sft import SFTStageConfig
 from codechat.config.stages import ConfigError, replace, save_yaml, to_dict
-from ..data.mixture import Mixture, missing_sources
+from ..data.mixture import Mixture
+from ..data.spec import missing_sources
 from codechat.chat.budget import RenderedExample
 from ..data.sft import SFTLoader, collate, preflight
 from codechat.parallel.world import RankSlice, init_world
