@@ -14,7 +14,7 @@ from codechat.config.stages import ConfigError, ModelConfig, PretrainConfig, bui
 from codechat.engine.runner import InferenceModel
 from codechat.hf import HFExportError, export_hf
 from codechat.hf.config import NOT_EXPORTABLE, hf_config
-from codechat.model import IGNORE_INDEX, build_model
+from codechat.model import GPT, IGNORE_INDEX, build_model
 from codechat.parallel.pipeline import Stage
 from codechat.train.trainer import same_model
 
@@ -188,3 +188,14 @@ def test_export_refuses_each_option_llama_and_qwen3_cannot_express(tmp_path):
     with pytest.raises(HFExportError, match="mlp_act.*logit_softcap"):
         export_hf(ckpt, tmp_path / "hf")
     assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".tmp*"))
+
+
+@pytest.mark.parametrize("act", ["swiglu", "relu2"])
+def test_the_planner_counts_the_parameters_of_either_mlp(act):
+    from codechat.train.plan import param_counts
+    cfg = preset("tiny", vocab_size=512, mlp_act=act)
+    pc = param_counts(cfg)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    assert pc.embedding + pc.n_layer * pc.block + pc.head == sum(p.numel() for p in model.parameters())
+    assert len(pc.block_matrices) == (6 if act == "relu2" else 7)

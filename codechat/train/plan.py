@@ -191,7 +191,8 @@ class ParamCounts:
 def param_counts(cfg: ModelConfig) -> ParamCounts:
     """Parameter counts of ``cfg`` from its shapes (see :class:`codechat.model.GPT`)."""
     h, q, kv, i = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.intermediate_size
-    matrices = ((q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i))
+    mlp = ((i, h), (h, i)) if cfg.mlp_act == "relu2" else ((i, h), (i, h), (h, i))  # ReLU² has no gate
+    matrices = ((q, h), (kv, h), (kv, h), (h, q)) + mlp
     block = 2 * h + sum(r * c for r, c in matrices) + (2 * cfg.head_dim if cfg.qk_norm else 0)
     lm_head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
     return ParamCounts(cfg.n_layer, cfg.vocab_size * h, block, h + lm_head, matrices, cfg.vocab_size * h)
