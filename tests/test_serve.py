@@ -134,15 +134,15 @@ def test_a_stream_is_the_same_answer_in_pieces_ending_with_done(client, served, 
 def test_n_seeded_choices_are_the_engines_seeded_samples(client, local):
     engine, tok = local
     messages = [{"role": "user", "content": "Write a story"}]
-    r = client.chat.completions.create(model="codechat", messages=messages, n=3, seed=1234, temperature=2.0,
+    r = client.chat.completions.create(model="codechat", messages=messages, n=3, seed=1234, temperature=1.0,
                                        max_tokens=12)
     assert [c.index for c in r.choices] == [0, 1, 2]
     want, samples, prompt = _alone(engine, tok, Conversation((Message("user", "Write a story"),)),
-                                   SamplingConfig(12, 2.0, 0, 1.0), n=3, seed=1234)
+                                   SamplingConfig(12, 1.0, 0, 1.0), n=3, seed=1234)
     assert [c.message.content for c in r.choices] == want
-    assert len(set(want)) > 1  # three different samples, one prefill (at 1.0 the memorised model repeats itself)
+    assert len(set(want)) > 1  # three different samples, one prefill
     assert r.usage.prompt_tokens == len(prompt) and r.usage.completion_tokens == sum(len(s.token_ids) for s in samples)
-    again = client.chat.completions.create(model="codechat", messages=messages, n=1, seed=1234, temperature=2.0,
+    again = client.chat.completions.create(model="codechat", messages=messages, n=1, seed=1234, temperature=1.0,
                                            max_tokens=12)
     assert again.choices[0].message.content == want[0]  # sample 0 of a seed, whatever runs beside it
 

@@ -45,7 +45,8 @@ ROLES: tuple[str, ...] = ("system", "user", "assistant", "function_response")
 ROLE_TOKENS: dict[str, str] = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>",
                                "function_response": "<|function_response|>"}
 #: The line that introduces the tool schemas in the system turn.
-TOOLS_HEADER = "You can call these functions (arguments: a JSON object matching the parameters):"
+TOOLS_HEADER = ("You can call these functions. To call one, answer with a function call whose arguments are a "
+                "JSON object matching its parameters:")
 
 
 # ----------------------------------------------------------------------------- messages

@@ -20,7 +20,7 @@ the dispatcher's worker process imports them by name.
   product is computed (``9**9**9`` is refused in microseconds, never attempted); floats must stay
   finite.
 
-Their schemas are short on purpose: with the ``tiny`` preset's context of 512 tokens both take 247
+Their schemas are short on purpose: with the ``tiny`` preset's context of 512 tokens both take 259
 tokens of the system turn (the speedrun's 4096-id tokenizer; 403 with the longer descriptions they
 had), leaving room for a question, a call and its response. Limits the schema does not state are
 checked by the tools themselves (an over-long expression is a :class:`CalculatorError` the model reads).
