@@ -72,6 +72,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "softcap15": {"model.logit_softcap": "15"},
     "softcap30": {"model.logit_softcap": "30"},
     "relu2_zero_init": {"model.mlp_act": "relu2", "model.zero_init_proj": "true"},
+    "relu2_softcap15": {"model.mlp_act": "relu2", "model.logit_softcap": "15"},
     "all3": {"model.mlp_act": "relu2", "model.zero_init_proj": "true", "model.logit_softcap": "15"},
 }
 #: Settings the harness owns (the equal budget and the one final checkpoint); a variant may not set them.
@@ -233,6 +234,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="start no variant that would end after this many seconds of the command (0: no limit)")
     ap.add_argument("--overhead-s", type=float, default=50.0,
                     help="a variant's seconds besides training (compile, evaluations), for --stop-after-s")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="exploration only: run the variants without today's recipe beside them (compare with a "
+                         "baseline of an earlier command on the same shards; the table then has no deltas)")
     ap.add_argument("--commit", help="the code's commit, for the report (default: git's HEAD, where there is a .git)")
     args, rest = ap.parse_known_args(argv)
     common = parse_overrides(rest)  # --pretrain.KEY VALUE -> every variant, baseline included
@@ -246,7 +250,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.train_s <= 0:
         raise ConfigError(f"--train-s must be > 0, got {args.train_s}")
     variants = [parse_variant(v) for v in args.variant] + [parse_variant(v) for v in args.variants.split(",") if v]
-    variants = [("baseline", {})] + [v for v in variants if v[0] != "baseline"]
+    variants = ([] if args.no_baseline else [("baseline", {})]) + [v for v in variants if v[0] != "baseline"]
+    if not variants:
+        raise ConfigError("--no-baseline with no --variant/--variants: nothing to run")
     if len({n for n, _ in variants}) != len(variants):
         raise ConfigError("two variants share a name")
 

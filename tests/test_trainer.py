@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from codechat import checkpoint as ckpt
-from codechat.config.stages import ModelConfig, OptimConfig, RunConfig, TrainConfig
+from codechat.config.stages import ConfigError, ModelConfig, OptimConfig, RunConfig, TrainConfig
 from codechat.data.windows import WindowLoader
 from codechat.model import IGNORE_INDEX, build_model
 from codechat.train.trainer import Trainer, TrainingDiverged, lr_at
@@ -316,6 +316,30 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(tie):
     for group in opt.param_groups:
         group["lr"] = 0.5
     assert {g["lr"] for g in opt.muon.param_groups + opt.adamw.param_groups} == {0.5}
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_embedding_and_head_lr_multipliers_scale_their_groups_only(tie):
+    """``optim.embed_lr_mult`` / ``head_lr_mult``: the embedding and the untied head step at their
+    multiple of the scheduled LR (a tied head follows the embedding); at 1 and 1 the AdamW groups are
+    the two of checkpoints written before; a non-positive multiplier is an error when built."""
+    from dataclasses import replace
+    from codechat.train.optim import build_optimizer, set_lr
+    model = build_model(replace(CFG, tie_embeddings=tie))
+    names = {id(p): n for n, p in model.named_parameters()}
+    plain = build_optimizer(model, OptimConfig(name="muon"), torch.device("cpu"))
+    assert len(plain.adamw.param_groups) == 2 and all("lr_mult" not in g for g in plain.adamw.param_groups)
+    opt = build_optimizer(model, OptimConfig(name="muon", embed_lr_mult=10.0, head_lr_mult=0.5), torch.device("cpu"))
+    set_lr(opt, 0.002)
+    lr_of = {names[id(p)]: g["lr"] for g in opt.param_groups for p in g["params"]}
+    assert sorted(lr_of) == sorted(names.values())  # every parameter exactly once
+    assert lr_of["embed_tokens.weight"] == pytest.approx(0.02)
+    if not tie:
+        assert lr_of["lm_head.weight"] == pytest.approx(0.001)
+    rest = {lr for n, lr in lr_of.items() if n not in ("embed_tokens.weight", "lm_head.weight")}
+    assert rest == {0.002}  # the hidden matrices (Muon) and the norms keep the scheduled LR
+    with pytest.raises(ConfigError, match="optim.embed_lr_mult must be a positive number"):
+        OptimConfig(embed_lr_mult=0.0)
 
 
 @pytest.mark.parametrize("ns_dtype", ["bf16", "fp32"])

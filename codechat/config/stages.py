@@ -179,6 +179,11 @@ class OptimConfig:
 
     The LR at progress ``p`` in [0, 1] after warmup is ``min_lr + (lr - min_lr) * f(p)``,
     with ``f`` cosine (``0.5 * (1 + cos(pi p))``), linear (``1 - p``) or constant (1).
+
+    ``embed_lr_mult`` and ``head_lr_mult`` scale the scheduled LR of the token embedding's and the
+    untied LM head's AdamW groups (a tied head follows the embedding). nanochat and modded-nanogpt
+    train the embedding with a far larger Adam LR than the hidden matrices (issue 32 measures it on
+    ours); 1 and 1 keep the two AdamW groups of checkpoints written before (decay, no decay).
     """
 
     name: str = "adamw"
@@ -193,6 +198,8 @@ class OptimConfig:
     grad_clip: float = 1.0  # 0 -> no clipping
     muon_momentum: float = 0.95
     muon_ns_dtype: str = "auto"  # auto | fp32 | bf16: dtype of Muon's Newton-Schulz iteration
+    embed_lr_mult: float = 1.0  # the token embedding's LR = this * the scheduled LR
+    head_lr_mult: float = 1.0  # the untied LM head's LR = this * the scheduled LR
 
     def __post_init__(self) -> None:
         _check(self.name in ("adamw", "muon"), f"optim.name must be adamw or muon, got {self.name!r}")
@@ -200,6 +207,9 @@ class OptimConfig:
         _check(self.muon_ns_dtype in ("auto", "fp32", "bf16"),
                f"optim.muon_ns_dtype must be auto, fp32 or bf16, got {self.muon_ns_dtype!r}")
         _check(self.lr > 0 and math.isfinite(self.lr), f"optim.lr must be a positive number, got {self.lr}")
+        for name in ("embed_lr_mult", "head_lr_mult"):
+            v = getattr(self, name)
+            _check(v > 0 and math.isfinite(v), f"optim.{name} must be a positive number (1: the scheduled LR), got {v}")
         _check(0.0 <= self.min_lr_ratio <= 1.0, f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         _check(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay}")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1 and optim.beta2 must be in [0, 1)")

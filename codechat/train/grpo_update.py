@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from codechat.config.device import autocast_for
+from .optim import set_lr
 from .rl import policy_loss, sequence_logprobs
 from .rollouts import RolloutBatch
 from .trainer import Trainer, lr_at
@@ -68,8 +69,7 @@ class GRPOStep:
         self._ent = self._mis = 0.0
         lr = lr_at(t.step, t.progress(), t.ocfg)
         for it in range(cfg.num_iterations):
-            for g in t.optimizer.param_groups:
-                g["lr"] = lr
+            set_lr(t.optimizer, lr)
             sums = {"loss": 0.0, "clip": 0.0, "ratio": 0.0, "kl": 0.0, "tok": 0.0}
             for j, (m, row) in enumerate(zip(micro, rows)):
                 with par.micro_step(last=j == n_micro - 1):

@@ -1,7 +1,8 @@
 """The optimizers of the training loop: AdamW, or Muon on hidden matrices with AdamW on the rest.
 
 Both are driven the same way by :class:`~codechat.train.trainer.Trainer`: it writes the scheduled
-learning rate into every entry of ``param_groups``, then calls ``step()`` and ``zero_grad()``,
+learning rate, times the group's ``lr_mult`` (1 where absent), into every entry of ``param_groups``
+(:func:`set_lr`), then calls ``step()`` and ``zero_grad()``,
 and saves/loads ``state_dict()`` with each checkpoint.
 """
 from __future__ import annotations
@@ -162,6 +163,12 @@ class MuonAdamW:
         self.adamw.load_state_dict(state["adamw"])
 
 
+def set_lr(optimizer: Any, lr: float) -> None:
+    """Write the scheduled ``lr`` into every param group, scaled by the group's ``lr_mult``."""
+    for g in optimizer.param_groups:
+        g["lr"] = lr * g.get("lr_mult", 1.0)
+
+
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig,
                     device: torch.device) -> torch.optim.AdamW | MuonAdamW:
     """The optimizer ``cfg.name`` names, over ``model``'s trainable parameters.
@@ -169,15 +176,29 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig,
     ``adamw``: decoupled weight decay on parameters of 2+ dims (matrices) only; fused on CUDA.
     ``muon``: :class:`Muon` (Nesterov momentum ``cfg.muon_momentum``, 5 Newton-Schulz steps in
     ``cfg.muon_ns_dtype``, the update RMS matched to AdamW's) on :func:`hidden_matrix_names`, with
-    weight decay; AdamW as above on the rest.
+    weight decay; AdamW as above on the rest. With ``cfg.embed_lr_mult`` or ``cfg.head_lr_mult``
+    other than 1, the embedding and the LM head get AdamW groups of their own whose ``lr_mult``
+    :func:`set_lr` applies.
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     hidden = hidden_matrix_names(model) if cfg.name == "muon" else set()
 
     def adamw(params: list[tuple[str, torch.Tensor]]) -> torch.optim.AdamW:
-        decay = [p for _, p in params if p.dim() >= 2]
-        no_decay = [p for _, p in params if p.dim() < 2]
+        own: dict[int, float] = {}  # id(param) -> lr_mult, for the embedding's and head's own groups
+        if (cfg.embed_lr_mult, cfg.head_lr_mult) != (1.0, 1.0):
+            head = getattr(model, "lm_head", None)
+            for p in (head.parameters() if head is not None else ()):
+                own[id(p)] = cfg.head_lr_mult
+            for m in model.modules():  # after the head: a tied head follows the embedding
+                if isinstance(m, torch.nn.Embedding):
+                    own.update({id(p): cfg.embed_lr_mult for p in m.parameters()})
+        decay = [p for _, p in params if p.dim() >= 2 and id(p) not in own]
+        no_decay = [p for _, p in params if p.dim() < 2 and id(p) not in own]
         groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        for mult in sorted(set(own.values())):
+            mine = [p for _, p in params if own.get(id(p)) == mult]
+            if mine:
+                groups.append({"params": mine, "weight_decay": cfg.weight_decay, "lr_mult": mult})
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                  fused=device.type == "cuda")
 

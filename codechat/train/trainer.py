@@ -31,7 +31,7 @@ from ..model import GPT, IGNORE_INDEX, build_model
 from codechat.parallel.state import whole_template
 from codechat.parallel.world import World
 from codechat.parallel.wrapper import Parallel
-from .optim import build_optimizer
+from .optim import build_optimizer, set_lr
 
 
 class BatchSource(Protocol):
@@ -282,8 +282,7 @@ class Trainer:
         micro_batches = [Batch(*b) for b in micro_batches]
         n_sup = int(self.par.data_sum(sum(int((b.labels != IGNORE_INDEX).sum()) for b in micro_batches)))
         lr = lr_at(self.step, self.progress(), self.ocfg)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
+        set_lr(self.optimizer, lr)
         if n_sup == 0:  # nothing to learn from: never let a 0/0 loss reach backward
             self.check_finite()  # the previous step's: what is left unchecked is this step's own
             nan = torch.full((), float("nan"), device=self.device)
