@@ -45,13 +45,15 @@ WEATHER = {"name": "get_weather", "description": "Weather in a city",
 class FaultServer:
     """An OpenAI-compatible ``POST /v1/chat/completions`` whose answer to each attempt is named in the prompt."""
 
-    def __init__(self, slow_s: float = 1.5, ok_delay_s: float = 0.0) -> None:
+    def __init__(self, slow_s: float = 1.5, ok_delay_s: float = 0.0, hold: frozenset[str] = frozenset()) -> None:
+        """``hold``: prompt ids whose ``ok`` answers wait for ``release`` (set) so a run cannot finish early."""
         self.attempts: Counter = Counter()
         self.log: list[tuple[str, str, float]] = []  # (prompt id, action, time)
         self.auth: set[str] = set()
         self.bodies: dict[str, dict] = {}
         self.lock = threading.Lock()
-        self.slow_s, self.ok_delay_s = slow_s, ok_delay_s
+        self.slow_s, self.ok_delay_s, self.hold = slow_s, ok_delay_s, hold
+        self.release = threading.Event()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -104,6 +106,8 @@ class FaultServer:
     def act(self, h, pid, action, auth):
         call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
         if action == "ok":
+            if pid in self.hold:
+                self.release.wait(60)
             time.sleep(self.ok_delay_s)
             return h.send(200, self.completion({"content": f"answer to {pid}"}))
         if action in ("429", "429ms"):
@@ -137,6 +141,7 @@ class FaultServer:
         h.send(200, self.completion(message, finish))
 
     def close(self):
+        self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -252,7 +257,8 @@ def wait_for_lines(path: Path, n: int, proc, timeout: float = 60) -> None:
 
 
 def test_kill_9_and_ctrl_c_then_rerun_lose_nothing_and_duplicate_nothing(tmp_path):
-    server = FaultServer(ok_delay_s=0.1)
+    # p20..p39 are held until both stops are done: however slowly this test is scheduled, neither run can finish
+    server = FaultServer(ok_delay_s=0.05, hold=frozenset(f"p{i:02d}" for i in range(20, 40)))
     try:
         (tmp_path / ".env").write_text(f"OPENAI_API_KEY={KEY}\n")  # the key from ./.env, not the environment
         plans = {f"p{i:02d}": ("500,ok" if i % 7 == 0 else "ok") for i in range(40)}
@@ -273,6 +279,7 @@ def test_kill_9_and_ctrl_c_then_rerun_lose_nothing_and_duplicate_nothing(tmp_pat
         assert len(lines(out / "completions.jsonl")) < 40  # stopped in the middle
         with open(out / "completions.jsonl", "a") as f:
             f.write('{"id": "p39", "answer": [{"role": "assis')  # a line a crash cut short
+        server.release.set()
         proc = distill_cli(server, prompts, out, tmp_path)
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 0, stderr
