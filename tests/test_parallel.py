@@ -220,11 +220,19 @@ def test_fsdp_with_cpu_offload_trains_like_fsdp_and_refuses_what_it_cannot_do(wo
     (["--pp", "3", "--train.micro_batch_size", "6"], "--pp 3 does not divide the world size 2"),
 ])
 def test_layouts_that_cannot_work_fail_on_every_rank_before_training(pretrain_args, tmp_path, extra, message):
-    # torchrun stops the other ranks as soon as it sees one fail (every 0.1 s by default), which can be
-    # before they print: a slower check lets each rank fail by itself, as it would with no launcher
-    p = run(pretrain_args(tmp_path / "bad", 2, *extra), [*TORCHRUN, "--monitor-interval", "5"], timeout=180)
-    assert p.returncode != 0
-    assert p.stderr.count(message) >= 2, p.stderr[-3000:]  # both ranks say it, nobody hangs
+    # the ranks start as torchrun would start them on one node (its environment), but with no agent that stops
+    # the others when one fails: each rank must fail by itself, whatever the order the machine runs them in
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    world = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    ranks = [subprocess.Popen([sys.executable, "-m", "codechat", *pretrain_args(tmp_path / "bad", 2, *extra)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**ENV, **world, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in (0, 1)]
+    errs = [r.communicate(timeout=180)[1] for r in ranks]  # nobody hangs
+    for rank, err in zip(ranks, errs):
+        assert rank.returncode == 2 and message in err, err[-3000:]  # each rank says it
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
 
 
