@@ -6,6 +6,7 @@ Training commands accept dotted config overrides after their own flags
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Callable
@@ -391,11 +392,17 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
                                                   "pass@10), and its test problems are kept out of every training set")
     p.add_argument("--data", metavar="SPEC", help="more chat-SFT sources, a mixture spec SOURCE[#FORMAT][:WEIGHT],... "
                                                   "(weight: copies per epoch), e.g. code_alpaca_2k.json:1")
+    p.add_argument("--record", metavar="FILE", help="append one JSON line for the finished run to FILE (date, commit, "
+                                                    "command, total_wall_s, val_bpb, humaneval and mbpp pass@1/10, "
+                                                    "function-calling rates, rl_ran, rl_steps; keys in "
+                                                    "codechat.speedrun.record), e.g. "
+                                                    "benchmarks/results/gpu_speedrun.jsonl")
     _add_common(p)
     p.epilog = ("Pretraining settings of the preset's recipe: --pretrain.SECTION.FIELD VALUE (sections model, "
                 "data, optim, train), e.g. --pretrain.optim.name muon --pretrain.optim.lr 2e-3; the data section "
-                "reaches the tokenizer and corpus too. On a GPU, d12 pretrains with --pretrain.optim.name muon "
-                "--pretrain.optim.lr 2e-3 unless told otherwise. SFT keeps half the preset's own learning rate.")
+                "reaches the tokenizer and corpus too. On a GPU, d12 pretrains with the settings of "
+                "codechat.speedrun.plan.GPU_RECIPE_OVERRIDES (Muon at lr 2e-3, ReLU² MLP, logits soft-capped at 15, "
+                "embedding LR x5, linear decay to 0) unless told otherwise. SFT keeps half the preset's own learning rate.")
     p.set_defaults(func=_cmd_speedrun, accepts_overrides=True)
 
 
@@ -410,7 +417,8 @@ def _cmd_speedrun(args: argparse.Namespace, overrides: dict[str, str]) -> int:
                      device=args.device or "auto", max_files=args.max_files, eval_limit=args.eval_limit,
                      checkpoint_every_s=args.checkpoint_every_s, resume=args.resume,
                      funcall_data=args.funcall_data or "", mbpp=args.mbpp or "", sft_data=args.data or "",
-                     pretrain_overrides={k[len("pretrain."):]: v for k, v in overrides.items()})
+                     pretrain_overrides={k[len("pretrain."):]: v for k, v in overrides.items()},
+                     record=args.record or "", command=shlex.join(["codechat", *args.argv]))
     except SpeedrunFailed as e:
         print(f"codechat speedrun: error: {e}", file=sys.stderr)
         return 1
@@ -471,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_cli_logging()  # the codechat loggers' messages: one line each on stderr
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line as given (speedrun --record)
     try:
         if getattr(args, "accepts_overrides", False):
             return args.func(args, parse_overrides(rest))

@@ -31,8 +31,9 @@ def _metrics(out: Path) -> dict:
     return json.loads((out / "metrics.json").read_text())
 
 
-def _resume(out: Path) -> subprocess.CompletedProcess:
-    p = subprocess.run(_cmd(out, "--resume"), capture_output=True, text=True, timeout=600)
+def _resume(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    p = subprocess.run(_cmd(out, "--resume", *extra), capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "CODECHAT_COMMIT": "abc1234"})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     return p
 
@@ -148,7 +149,10 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
 
     for f in stale.iterdir():  # the user removes the stale evaluation, then resumes
         f.unlink()
-    p = _resume(out)
+    history = tmp_path / "results" / "gpu_speedrun.jsonl"
+    history.parent.mkdir()
+    history.write_text('{"date": "an earlier run"}\n')
+    p = _resume(out, "--record", str(history))
     assert "sft: done in an earlier attempt, skipped" in p.stdout
     assert [(out / s / "metrics.jsonl").read_text() for s in ("pretrain", "sft")] == [pre_rows, sft_rows]
     m = _assert_complete(out)
@@ -174,6 +178,34 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
     assert list(b["pass@k"]) == ["pass@1", "pass@10"]
     assert json.loads((out / "eval" / "mbpp" / "results.json").read_text())["split"] == "test"
     assert "## MBPP (test split)" in (out / "report.md").read_text() and "CC BY 4.0" in (out / "report.md").read_text()
+    # --record: the finished run appended its line to the history, after the earlier one
+    earlier, line = (json.loads(r) for r in history.read_text().splitlines())
+    assert earlier == {"date": "an earlier run"} and line["commit"] == "abc1234"
+    assert line["command"] == f"codechat speedrun --out {out} {' '.join(SMALL)} --resume --record {history}"
+    assert (line["total_wall_s"], line["val_bpb"]) == (m["total_wall_s"], m["pretrain"]["val_bpb_final"])
+    assert line["humaneval"] == {"pass@1": m["eval"]["humaneval"]["pass@k"]["pass@1"], "pass@10": None}  # n 2
+    assert line["mbpp"] == b["pass@k"] and line["funcall"]["parse_rate"] == f["parse_rate"]
+    assert line["funcall"]["arguments_exact_match"] == f["arguments_exact_match"]
+    assert (line["rl_ran"], line["rl_steps"], line["humaneval_after_rl"]) == (False, 0, None)  # the verdict: stall
+
+
+def test_the_record_of_a_run_with_rl_names_its_steps_and_both_humaneval_figures(monkeypatch):
+    from codechat.speedrun.record import current_commit, record_line
+    m = {"preset": "d12", "device": "cuda:0", "total_wall_s": 512.5, "pretrain": {"val_bpb_final": 0.61},
+         "eval": {"humaneval": {"pass@k": {"pass@1": 0.011, "pass@10": 0.05}}},
+         "rl": {"skipped": False, "steps": 37, "humaneval": {"pass@k": {"pass@1": 0.02, "pass@10": 0.07}}},
+         "mbpp": {"pass@k": {"pass@1": 0.015, "pass@10": 0.06}}}
+    line = record_line(m, "codechat speedrun --mbpp m.jsonl", "c0ffee")
+    assert line["humaneval"] == {"pass@1": 0.011, "pass@10": 0.05}
+    assert line["humaneval_after_rl"] == {"pass@1": 0.02, "pass@10": 0.07}
+    assert (line["rl_ran"], line["rl_steps"], line["funcall"], line["val_bpb"]) == (True, 37, None, 0.61)
+    assert line["date"].endswith("Z") and line["commit"] == "c0ffee"
+    monkeypatch.setenv("CODECHAT_COMMIT", "feed123")
+    assert current_commit() == "feed123"
+    monkeypatch.delenv("CODECHAT_COMMIT")
+    head = subprocess.run(["git", "-C", str(Path(__file__).parents[1]), "rev-parse", "HEAD"], capture_output=True,
+                          text=True)
+    assert current_commit() is None if head.returncode else current_commit().startswith(head.stdout.strip())
 
 
 def test_a_second_speedrun_into_the_same_directory_is_refused(tmp_path):
@@ -193,6 +225,9 @@ def test_a_second_speedrun_into_the_same_directory_is_refused(tmp_path):
     q = subprocess.run([sys.executable, "-m", "codechat", "speedrun", "--out", str(tmp_path / "none"), "--resume",
                         "--device", "cpu"], capture_output=True, text=True, timeout=120)
     assert q.returncode == 2 and "does not exist" in q.stderr
+    r = subprocess.run([sys.executable, "-m", "codechat", "speedrun", "--out", str(tmp_path / "bad"), "--record",
+                        str(tmp_path), "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "is a directory: name the JSONL file" in r.stderr and not (tmp_path / "bad").exists()
 
 
 def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_path, tok_dir, corpus_dir):

@@ -215,11 +215,16 @@ class SpeedrunPlan:
 #: Pretraining settings the speedrun sets itself: ``--pretrain.KEY`` may not name them (nor ``run.*``).
 PRETRAIN_OWN_KEYS = frozenset({"train.max_steps", "train.time_budget_s", "train.compile", "train.save_every_s",
                                "data.data_dir", "data.tokenizer_dir", "data.src", "data.max_files"})
-#: Settings a GPU speedrun applies over a preset's recipe (``--pretrain.*`` wins over them). d12: Muon
-#: (hidden matrices; AdamW on the rest) at lr 2e-3 against the recipe's AdamW at 1e-3, H200, one
-#: speedrun each (2026-12-02, benchmarks/RESULTS.md): whole-split val 0.659 bits/byte after 194 s of
-#: training against 0.709 after 196 s (0.678 after 232 s), at 486k tokens/s against 547k.
-GPU_RECIPE_OVERRIDES: dict[str, dict[str, str]] = {"d12": {"optim.name": "muon", "optim.lr": "2e-3"}}
+#: Settings a GPU speedrun applies over a preset's recipe (``--pretrain.*`` wins over them). d12, each
+#: measured on one H200 (benchmarks/RESULTS.md): Muon (hidden matrices; AdamW on the rest) at lr 2e-3
+#: against the recipe's AdamW at 1e-3 (2026-12-02: whole-split val 0.659 bits/byte after 194 s against
+#: 0.709); then ReLU² MLP, logits soft-capped at 15, the embedding's AdamW group at 5x the LR and a linear
+#: decay to zero (2026-12-03, benchmarks/pretrain_ablation.py, 232 s of training each: 0.598 against 0.617).
+#: ReLU² and the soft-cap are not expressible in transformers' Llama / Qwen3: ``export --format hf``
+#: refuses such a checkpoint (our own format and every codechat command load it).
+GPU_RECIPE_OVERRIDES: dict[str, dict[str, str]] = {"d12": {
+    "optim.name": "muon", "optim.lr": "2e-3", "model.mlp_act": "relu2", "model.logit_softcap": "15",
+    "optim.embed_lr_mult": "5", "optim.schedule": "linear", "optim.min_lr_ratio": "0"}}
 #: Presets a GPU speedrun picks by whole-run budget: (minutes at most, preset).
 GPU_PRESET_BY_BUDGET = ((60.0, "d12"), (300.0, "d20"), (float("inf"), "1b"))
 CPU_TIME_BUDGET_MIN = 12.0

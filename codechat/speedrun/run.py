@@ -55,6 +55,7 @@ from codechat.data.windows import eval_windows
 from codechat.engine import Engine, EngineConfig, SamplingConfig
 from codechat.engine.completion import best_completion, sample_completions
 from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan
+from codechat.speedrun.record import append_record, current_commit, record_line
 from codechat.speedrun.report import (parses_after_dropping_last_line, plot_loss, read_metrics, speedrun_report,
                                       validation_baselines)
 from codechat.tokenizer import train_tokenizer
@@ -455,11 +456,14 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
                  seed: int | None = None, device: str = "auto", max_files: int = 0,
                  eval_limit: int | None = None, checkpoint_every_s: float | None = None,
                  resume: bool = False, funcall_data: str = "", mbpp: str = "", sft_data: str = "",
-                 pretrain_overrides: dict[str, str] | None = None) -> dict[str, Any]:
+                 pretrain_overrides: dict[str, str] | None = None, record: str = "",
+                 command: str = "codechat speedrun") -> dict[str, Any]:
     """Run every stage into ``out`` (``report.md``, ``metrics.json`` after each); returns the metrics.
 
     ``pretrain_overrides`` are dotted settings of the pretraining recipe (``{"optim.name": "muon"}``,
     :attr:`SpeedrunPlan.pretrain_overrides <codechat.speedrun.plan.SpeedrunPlan.pretrain_overrides>`).
+    ``record``: a file to which the finished run appends its line (:mod:`codechat.speedrun.record`),
+    ``command`` being the command line it names.
 
     Raises:
         ConfigError: a bad setting, ``--resume`` without a run to resume, or a new run over an old one.
@@ -474,10 +478,16 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
     if pretrain_overrides:
         p = replace(p, pretrain_overrides={**p.pretrain_overrides, **pretrain_overrides})
         p.pretrain_base()  # a bad setting stops here, before the run directory exists
+    if record and Path(record).is_dir():
+        raise ConfigError(f"--record {record} is a directory: name the JSONL file to append to")
     run = Path(out or f"runs/speedrun-{p.preset}")
     run.mkdir(parents=True, exist_ok=True)
     seed = seed if seed is not None else pretrain_recipe(p.preset).run.seed
-    return Speedrun(p, run, dev, device, seed, resume).execute()
+    m = Speedrun(p, run, dev, device, seed, resume).execute()
+    if record:
+        append_record(Path(record), record_line(m, command, current_commit()))
+        print(f"recorded in {record}")
+    return m
 
 
 def _full_split_bpb(stage: Path, data_dir: Path, cfg: PretrainConfig, device: torch.device) -> dict[str, float]:

@@ -1,0 +1,79 @@
+"""One JSON line per speedrun, appended to a history file (``codechat speedrun --record FILE``).
+
+The line (every key always present; ``None`` where the run had no such stage)::
+
+    date            UTC time the run ended, ISO 8601 (``2026-12-03T21:04:11Z``)
+    commit          $CODECHAT_COMMIT if set (a copy of the tree whose .git is stale), else ``git rev-parse HEAD``
+                    of the checkout codechat runs from, else None; ``+dirty`` appended when tracked files differ
+    command         the command line, ``codechat speedrun ...`` (shell-quoted)
+    preset, device  the model preset and the torch device
+    total_wall_s    seconds of all stages (setup excluded), float
+    val_bpb         whole-split validation bits per byte after pretraining
+    humaneval       {"pass@1": p, "pass@10": p} as fractions (None where k > n): the SFT model's
+    humaneval_after_rl  the same for the RL model, None when GRPO did not run
+    mbpp            {"pass@1": p, "pass@10": p} on MBPP's test split (with ``--mbpp``)
+    funcall         parse_rate, schema_valid_rate, name_accuracy, arguments_exact_match, no_call_accuracy
+                    (fractions) of the held-out function-calling evaluation (with ``--funcall-data``)
+    rl_ran          True when GRPO trained (not skipped), rl_steps its optimizer steps (0 when skipped)
+
+The file is appended with one ``write`` of a whole line, so concurrent runs and a crash never leave
+a half line in the middle of the history.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+FUNCALL_KEYS = ("parse_rate", "schema_valid_rate", "name_accuracy", "arguments_exact_match", "no_call_accuracy")
+
+
+def current_commit() -> str | None:
+    """$CODECHAT_COMMIT, else the HEAD of codechat's own checkout (``+dirty`` when tracked files changed)."""
+    if os.environ.get("CODECHAT_COMMIT"):
+        return os.environ["CODECHAT_COMMIT"]
+    repo = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return p.stdout.strip() if p.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    if head is None:
+        return None
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def _passk(ev: dict[str, Any] | None) -> dict[str, float | None] | None:
+    if not ev:
+        return None
+    return {k: ev.get("pass@k", {}).get(k) for k in ("pass@1", "pass@10")}
+
+
+def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str, Any]:
+    """The history line of a finished speedrun whose ``metrics.json`` is ``m`` (keys: module docstring)."""
+    rl = m.get("rl") or {}
+    rl_ran = bool(rl) and rl.get("skipped") is False
+    fc = m.get("funcall_eval")
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit, "command": command,
+            "preset": m.get("preset"), "device": m.get("device"), "total_wall_s": m.get("total_wall_s"),
+            "val_bpb": (m.get("pretrain") or {}).get("val_bpb_final"),
+            "humaneval": _passk((m.get("eval") or {}).get("humaneval")),
+            "humaneval_after_rl": _passk(rl.get("humaneval")) if rl_ran else None,
+            "mbpp": _passk(m.get("mbpp")), "funcall": {k: fc.get(k) for k in FUNCALL_KEYS} if fc else None,
+            "rl_ran": rl_ran, "rl_steps": int(rl.get("steps") or 0) if rl_ran else 0}
+
+
+def append_record(path: Path, line: dict[str, Any]) -> None:
+    """Append ``line`` as one JSON line to ``path`` (parents created; one ``write``, then fsync)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
