@@ -23,6 +23,10 @@ graph compiles longer would otherwise train less. Each variant starts from a res
 The LR schedule decays over the same ``--train-s``. Checkpoints: only the final one (read back for
 the whole-split evaluation, then deleted unless ``--keep``).
 
+``--steps N`` trains every variant N steps instead (same seed, same windows in the same order), logs
+the loss every 10 steps and prints each variant's largest relative loss gap to the baseline after
+``--loss-after`` (FP8 against bf16: ``--preset d20 --steps 300 --variant 'fp8:train.fp8=tensorwise'``).
+
 Variants are dotted settings of the pretraining config applied over the baseline (:data:`VARIANTS`,
 or ``--variant NAME:KEY=VALUE,KEY=VALUE``); ``--pretrain.KEY VALUE`` changes the baseline and every
 variant alike. They run in this order: the baseline, the ``--variant`` ones, then those of
@@ -76,6 +80,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "all3": {"model.mlp_act": "relu2", "model.zero_init_proj": "true", "model.logit_softcap": "15"},
 }
 #: Settings the harness owns (the equal budget and the one final checkpoint); a variant may not set them.
+#: ``--steps`` mode logs the training loss every this many steps.
+STEPS_LOG_EVERY = 10
 OWN_KEYS = frozenset({"train.max_steps", "train.time_budget_s", "train.epochs", "train.save_every",
                       "train.save_every_s", "train.compile"})
 
@@ -146,13 +152,15 @@ def _median(xs: list[float]) -> float | None:
 
 
 def run_variant(name: str, settings: dict[str, str], base: PretrainConfig, train_s: float,
-                compile_on: bool, work: Path, device: torch.device, device_arg: str, seed: int, keep: bool
-                ) -> dict[str, Any]:
-    """Pretrain one variant for ``train_s`` seconds after its first step; its figures."""
+                compile_on: bool, work: Path, device: torch.device, device_arg: str, seed: int, keep: bool,
+                steps: int = 0) -> dict[str, Any]:
+    """Pretrain one variant for ``train_s`` seconds after its first step (or ``steps`` steps); its figures."""
     out = work / "runs" / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    overrides = {**settings, "train.max_steps": 0, "train.epochs": 0, "train.time_budget_s": train_s,
+    budget = ({"train.max_steps": steps, "train.time_budget_s": 0, "train.log_every": STEPS_LOG_EVERY} if steps else
+              {"train.max_steps": 0, "train.time_budget_s": train_s})
+    overrides = {**settings, **budget, "train.epochs": 0,
                  "train.compile": compile_on, "train.save_every": 10**9, "train.save_every_s": 0}
     cfg = load(PretrainConfig, None, overrides, base=replace(base, run=RunConfig(out=str(out), seed=seed,
                                                                                   device=device_arg)))
@@ -185,6 +193,18 @@ def run_variant(name: str, settings: dict[str, str], base: PretrainConfig, train
             "val_bpb": full["val_bpb"], "val_loss": full["val_loss"], "val_tokens": full["val_tokens"],
             "peak_memory_gib": peak, "stage_wall_s": wall, "eval_s": time.perf_counter() - t1,
             "model": to_dict(cfg.model), "rows": rows}
+
+
+def loss_gap(rows: list[dict[str, Any]], ref_rows: list[dict[str, Any]], after: int) -> dict[str, Any] | None:
+    """The largest relative gap |loss - ref| / ref over the logged training steps after step ``after``
+    that both runs logged (``--steps`` mode: the same steps), with its step; None when none is shared."""
+    ref = {r["step"]: r["loss"] for r in ref_rows if "loss" in r and "tokens_per_s" in r and r["step"] > after}
+    gaps = [(abs(r["loss"] - ref[r["step"]]) / ref[r["step"]], r["step"]) for r in rows
+            if "loss" in r and "tokens_per_s" in r and r["step"] in ref]
+    if not gaps:
+        return None
+    gap, step = max(gaps)
+    return {"max_rel_gap": gap, "at_step": step, "steps_compared": len(gaps), "after_step": after}
 
 
 def _commit() -> str | None:
@@ -237,6 +257,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--no-baseline", action="store_true",
                     help="exploration only: run the variants without today's recipe beside them (compare with a "
                          "baseline of an earlier command on the same shards; the table then has no deltas)")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="equal steps instead of equal time: each variant trains this many steps, logging the loss "
+                         f"every {STEPS_LOG_EVERY}, and prints its largest relative loss gap to the baseline after "
+                         "--loss-after (e.g. FP8 against bf16: same seed, same windows in the same order)")
+    ap.add_argument("--loss-after", type=int, default=50, help="with --steps: compare the losses after this step")
     ap.add_argument("--commit", help="the code's commit, for the report (default: git's HEAD, where there is a .git)")
     args, rest = ap.parse_known_args(argv)
     common = parse_overrides(rest)  # --pretrain.KEY VALUE -> every variant, baseline included
@@ -247,8 +272,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if set(common) & OWN_KEYS:
         raise ConfigError(f"--pretrain.{sorted(set(common) & OWN_KEYS)[0]} is set by the harness (equal time, "
                           "one checkpoint)")
-    if args.train_s <= 0:
-        raise ConfigError(f"--train-s must be > 0, got {args.train_s}")
+    if args.train_s <= 0 or args.steps < 0:
+        raise ConfigError(f"--train-s must be > 0 and --steps >= 0, got {args.train_s} and {args.steps}")
     variants = [parse_variant(v) for v in args.variant] + [parse_variant(v) for v in args.variants.split(",") if v]
     variants = ([] if args.no_baseline else [("baseline", {})]) + [v for v in variants if v[0] != "baseline"]
     if not variants:
@@ -271,7 +296,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seed = args.seed if args.seed is not None else base.run.seed
     commit = args.commit or _commit()
     print(f"pretrain ablation: {p.preset} on {name}, torch {torch.__version__}, commit {commit}; "
-          f"{args.train_s:g} s of training a variant after its first step, compile={compile_on}, seed {seed}; "
+          + (f"{args.steps} steps a variant" if args.steps else
+             f"{args.train_s:g} s of training a variant after its first step")
+          + f", compile={compile_on}, seed {seed}; "
           f"runs: {', '.join(n for n, _ in variants)}")
 
     t0 = time.perf_counter()
@@ -297,7 +324,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             continue
         try:
             r = run_variant(vname, settings, base, args.train_s, compile_on, work, device, args.device,
-                            seed, args.keep)
+                            seed, args.keep, args.steps)
+            ref = next((v for v in report["variants"] if v["name"] == "baseline" and "rows" in v), None)
+            if args.steps and ref is not None:
+                r["loss_gap_vs_baseline"] = gap = loss_gap(r["rows"], ref["rows"], args.loss_after)
+                if gap:
+                    print(f"{vname}: loss within {gap['max_rel_gap']:.2%} of the baseline's at every logged step "
+                          f"after {args.loss_after} ({gap['steps_compared']} steps; largest at step {gap['at_step']})")
             print(f"{vname}: {r['steps']} steps, compile {r['compile_s']:.1f} s, train {r['train_s']:.1f} s, "
                   f"{r['tokens_per_s'] or 0:,.0f} tokens/s, whole-split val {r['val_bpb']:.4f} bits/byte "
                   f"(sampled {r['val_bpb_sampled']:.4f}), {r['stage_wall_s'] + r['eval_s']:.0f} s in all", flush=True)

@@ -30,6 +30,15 @@ same FLOPs per token for both (:meth:`codechat.model.GPT.flops_per_token`).
 batches, one as timed (``--compile``) and one eager (the plain path), and prints the largest and
 mean difference of their per-step losses (bf16 autocast in both: noise of order 1e-2 nats).
 
+``--fp8 RECIPE`` then trains the same model in FP8 (``train.fp8``: torchao's ``tensorwise`` or
+``rowwise`` on the blocks' linears) from the same initial weights on the same batches, at
+``--fp8-micro-batch-size`` (default: the same; FP8's smaller footprint may allow more), and prints the
+same figures prefixed ``fp8_`` and ``ratio_fp8_tokens_per_s`` (FP8 / bf16, same process). MFU of
+both is against the bf16 peak.
+
+    python benchmarks/pretrain_throughput.py --preset 1b --compile --seq-len 2048 --micro-batch-size 8 \
+        --fp8 tensorwise --fp8-micro-batch-size 12
+
 ``--profile N`` profiles N more trainer steps with ``torch.profiler`` and prints where the GPU
 time of a step went (:mod:`pretrain_profile`); ``--trace-dir`` also writes the Chrome trace.
 """
@@ -46,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from codechat.config.device import peak_flops
-from codechat.config.stages import (COMPILE_SCOPES, PARALLEL_STRATEGIES, OptimConfig, RunConfig, TrainConfig,
+from codechat.config.stages import (COMPILE_SCOPES, FP8_RECIPES, PARALLEL_STRATEGIES, OptimConfig, RunConfig, TrainConfig,
                                     pretrain_recipe, replace)
 from codechat.model import IGNORE_INDEX, build_model
 from codechat.parallel.world import init_world
@@ -136,6 +145,8 @@ def main() -> None:
     ap.add_argument("--ac", default="none", choices=["none", "selective", "full"], help="activation checkpointing")
     ap.add_argument("--vs-transformers", action="store_true", help="also time transformers' model of the same shape")
     ap.add_argument("--numerics-steps", type=int, default=0, metavar="N", help="compare N steps with the eager path")
+    ap.add_argument("--fp8", choices=FP8_RECIPES[1:], help="also time FP8 training with this torchao recipe")
+    ap.add_argument("--fp8-micro-batch-size", type=int, help="FP8's micro-batch (default: the bf16 run's)")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="profile N more steps (torch.profiler)")
     ap.add_argument("--trace-dir", type=Path, help="with --profile: write the Chrome trace here")
     args = ap.parse_args()
@@ -156,7 +167,7 @@ def main() -> None:
         trainer = Trainer(model, train=train, optim=optim, run=RunConfig(out=tmp), out_dir=Path(tmp),
                           batches=RandomTokens(cfg.vocab_size, mbs, seq), show_progress=False, world=world)
         batches = [trainer.batches.next_batch() for _ in range(4)]
-        keep = args.vs_transformers or args.numerics_steps
+        keep = args.vs_transformers or args.numerics_steps or args.fp8
         # on the host, so that the peak memory measured below is the training step's alone
         initial = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()} if keep else None
         dt, measured, first = timed(lambda i: trainer.train_step([batches[i % 4]]), args.warmup, args.steps, device)
@@ -196,6 +207,28 @@ def main() -> None:
         diff = [abs(a - b) for a, b in zip(curves[args.compile], curves[False])]
         print(f"numerics over {args.numerics_steps} steps (compile={args.compile} vs eager): loss {curves[False][0]:.4f} "
               f"-> {curves[False][-1]:.4f}; max |diff| {max(diff):.4f}, mean {sum(diff) / len(diff):.4f} nats")
+    if args.fp8:
+        model.load_state_dict(initial)
+        fp8_mbs = args.fp8_micro_batch_size or mbs
+        fp8_train = replace(train, fp8=args.fp8, micro_batch_size=fp8_mbs, batch_size=fp8_mbs * world.size)
+        torch._dynamo.reset()  # its compile from a clean state, as the bf16 run's
+        gc.collect()
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+        with tempfile.TemporaryDirectory() as tmp:
+            t = Trainer(model, train=fp8_train, optim=optim, run=RunConfig(out=tmp), out_dir=Path(tmp),
+                        batches=RandomTokens(cfg.vocab_size, fp8_mbs, seq), show_progress=False, world=world)
+            fp8_batches = [t.batches.next_batch() for _ in range(4)]
+            dt8, measured8, first8 = timed(lambda i: t.train_step([fp8_batches[i % 4]]), args.warmup, args.steps,
+                                           device)
+            t = None
+        tps8 = args.steps * fp8_mbs * seq * world.size / dt8
+        print(f"fp8 ({args.fp8}, torchao, the blocks' linears), micro-batch {fp8_mbs}x{seq}")
+        print(f"fp8_first_step_s: {first8:.1f}")
+        print(f"fp8_tokens_per_s: {tps8:,.0f}")
+        print(f"fp8_mfu (of the bf16 peak): {tps8 * fpt / peak:.1%}" if peak else "fp8_mfu: n/a")
+        if device.type == "cuda":
+            print(f"fp8_peak_memory_gib: {measured8:.2f}")
+        print(f"ratio_fp8_tokens_per_s: {tps8 / tps:.3f}x (bf16 at micro-batch {mbs}, fp8 at {fp8_mbs})")
     if args.vs_transformers:
         if world.distributed:
             raise SystemExit("--vs-transformers runs in one process: leave torchrun out")

@@ -125,3 +125,12 @@ def test_two_variants_train_equally_long_on_the_same_shards_and_are_scored_on_th
     again = ablation.main([*small, "--variants", "zero_init", "--stop-after-s", "1", "--json", str(out)])
     assert again["shards"]["reused"]
     assert [r["error"] for r in again["variants"]] == ["not run: would end after --stop-after-s 1"] * 2
+
+    # --steps: equal steps; the same settings give the same losses (gap 0), another LR a gap, at logged steps > 10
+    steps = ablation.main([*small, "--steps", "30", "--loss-after", "10", "--variant", "same:optim.lr=1e-2",
+                           "--variant", "lr:optim.lr=3e-3", "--pretrain.optim.lr", "1e-2"])
+    base, same, lr = steps["variants"]
+    assert [r["steps"] for r in steps["variants"]] == [30, 30, 30]
+    assert same["loss_gap_vs_baseline"] == {"max_rel_gap": 0.0, "at_step": 30, "steps_compared": 2, "after_step": 10}
+    assert lr["loss_gap_vs_baseline"]["max_rel_gap"] > 0.001
+    assert "same: loss within 0.00% of the baseline's at every logged step after 10" in capsys.readouterr().out

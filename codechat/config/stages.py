@@ -231,6 +231,9 @@ PP_SCHEDULES = ("gpipe", "1f1b")
 #: d12 on this CPU, cold caches, 22 s against 44 s; only the embedding runs eager). With ``--pp`` the
 #: blocks are always compiled on their own and the head runs eager (the schedule calls each stage).
 COMPILE_SCOPES = ("model", "blocks")
+#: ``train.fp8``: the blocks' linear layers in FP8 through torchao.float8 (codechat.train.fp8): none (bf16),
+#: tensorwise (one dynamic scale per tensor) or rowwise (one per row of the input, per column of the weight).
+FP8_RECIPES = ("none", "tensorwise", "rowwise")
 
 
 @dataclass(frozen=True)
@@ -266,6 +269,8 @@ class TrainConfig:
     pp: int = 1  # pipeline stages (--pp); the world's other factor, world_size / pp, is data parallel
     pp_schedule: str = "1f1b"  # gpipe | 1f1b (codechat.parallel.pipeline); only with pp > 1
     pp_microbatches: int = 0  # pipeline micro-batches each micro-batch is cut into; 0 -> pp. Divides micro_batch_size
+    fp8: str = "none"  # FP8_RECIPES: the blocks' linears compute in FP8 (torchao, a CUDA GPU of compute capability
+    # >= 8.9); weights, optimizer and checkpoints stay as without it; MFU stays relative to the bf16 peak
 
     def __post_init__(self) -> None:
         _check(self.ac in ("none", "selective", "full"), f"train.ac must be none, selective or full, got {self.ac!r}")
@@ -280,6 +285,10 @@ class TrainConfig:
         _check(self.pp_schedule != "1f1b" or n_mb >= self.pp,
                f"train.pp_schedule=1f1b needs train.pp_microbatches >= --pp {self.pp}, got {n_mb}: raise it or use "
                "--train.pp_schedule gpipe")
+        _check(self.fp8 in FP8_RECIPES, f"train.fp8 must be one of {', '.join(FP8_RECIPES)}, got {self.fp8!r}")
+        _check(self.fp8 == "none" or self.dtype != "fp32",
+               f"train.fp8={self.fp8} with train.dtype=fp32: FP8 matmuls run inside bf16 autocast; use --train.dtype "
+               "auto or bf16, or --train.fp8 none")
         _check(self.compile_scope in COMPILE_SCOPES,
                f"train.compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got {self.compile_scope!r}")
         _check(self.parallel in PARALLEL_STRATEGIES,

@@ -31,7 +31,9 @@ parallel ranks for FSDP, the ranks of one node for HSDP), ``tokens = micro_batch
   reduce-scatter) and the root unit (embedding, final norm, LM head) gathered with its gradients
   through the backward (FSDP2: the root is not resharded after forward). Under DDP with autocast,
   the compute-dtype copies of every matrix: ``torch.autocast`` caches each cast weight until the
-  forward's autocast region exits, checkpointed blocks or not;
+  forward's autocast region exits, checkpointed blocks or not. With ``fp8`` (``train.fp8``), one byte per
+  element of one block's matrices for their float8 casts (torchao casts each weight as its layer runs
+  and keeps the high-precision inputs for the backward, so the activations are as in bf16);
 - step: Muon's working set while it orthogonalises its largest batch of same-shape matrices (the
   Nesterov update and its stack in ``grad_bytes``, three bf16 iterates);
 - margin: ``context_gib`` (CUDA context, cuBLAS workspaces, NCCL buffers) plus ``fragmentation``
@@ -129,6 +131,7 @@ class PlanConfig:
     compiled: bool = False  # the step runs under torch.compile (train.compile): see activation_bytes
     compiled_blocks_only: bool = False  # train.compile_scope "blocks": blocks and head compiled apart (eager peak)
     cpu_offload: bool = False  # train.cpu_offload: FSDP/HSDP shards in host memory (AdamW only)
+    fp8: bool = False  # train.fp8 tensorwise / rowwise: see the module docstring's buffers
     gpu_mem_gib: float = DEFAULT_GPU_MEM_GIB
     context_gib: float = 1.0  # CUDA context + cuBLAS workspaces + NCCL buffers per GPU
     fragmentation: float = 0.1  # allocator reserve, as a share of the tensors' bytes
@@ -310,6 +313,8 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
         buffers = (matrices + (counts.head_matrix if last else 0)) * c
     else:
         buffers = 0
+    if cfg.fp8:  # the float8 casts of the block's weights being multiplied (1 byte each)
+        buffers += sum(rows * cols for rows, cols in counts.block_matrices)
     states = (params * cfg.param_bytes / shard, params * cfg.grad_bytes / shard, optimizer / shard,
               params * cfg.master_bytes / shard)
     host = 0.0
@@ -397,7 +402,7 @@ def format_plan(cfg: PlanConfig) -> str:
              f"{cfg.gpus_per_node} per node; optimizer {cfg.optim}; {'compiled' if cfg.compiled else 'eager'} step",
              f"dtypes: weights {names[cfg.param_bytes]}, grads {names[cfg.grad_bytes]}, optimizer state "
              f"{names[cfg.state_bytes]}, master copy {names.get(cfg.master_bytes, 'none')}, compute "
-             f"{names[cfg.compute_bytes]}",
+             f"{names[cfg.compute_bytes]}{' (block matmuls fp8)' if cfg.fp8 else ''}",
              "activations per GPU (" + ", ".join(f"--ac {a}: {estimate(replace(cfg, ac=a)).activations / GIB:.1f}"
                                                  for a in AC_MODES) + " GiB)",
              f"{'GiB per GPU':<19}" + "".join(f"{n:>8}" for n in COLUMNS.values()) + "    peak"]
@@ -448,6 +453,7 @@ def plan_config(model: ModelConfig, train: TrainConfig, optim: OptimConfig, seq_
     layout.setdefault("compiled", train.compile)
     layout.setdefault("compiled_blocks_only", train.compile and train.compile_scope == "blocks")
     layout.setdefault("cpu_offload", train.cpu_offload)
+    layout.setdefault("fp8", train.fp8 != "none")
     return PlanConfig(model=model, micro_batch_size=train.micro_batch_size, seq_len=seq_len, optim=optim.name,
                       compute_bytes=DTYPE_BYTES["fp32" if train.dtype == "fp32" else "bf16"], **layout)
 
