@@ -27,6 +27,11 @@ the whole-split evaluation, then deleted unless ``--keep``).
 the loss every 10 steps and prints each variant's largest relative loss gap to the baseline after
 ``--loss-after`` (FP8 against bf16: ``--preset d20 --steps 300 --variant 'fp8:train.fp8=tensorwise'``).
 
+A variant that sets ``data.quality`` / ``data.quality_weights`` (document quality bands,
+:mod:`codechat.data.quality`) trains on shards of its own, built once (``work/data-<quality>-<hash>``):
+the same tokenizer, the same validation split, a train split written by band
+(``--variant 'qfilter:data.quality=filter'``).
+
 Variants are dotted settings of the pretraining config applied over the baseline (:data:`VARIANTS`,
 or ``--variant NAME:KEY=VALUE,KEY=VALUE``); ``--pretrain.KEY VALUE`` changes the baseline and every
 variant alike. They run in this order: the baseline, the ``--variant`` ones, then those of
@@ -45,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import hashlib
 import json
 import os
 import shutil
@@ -53,7 +59,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -112,26 +118,41 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
 def prepare_shards(sources: tuple[str, ...], data_cfg: Any, max_files: int, mbpp: str, work: Path
                    ) -> tuple[Path, Path, dict[str, Any]]:
     """The speedrun's tokenizer and token shards under ``work`` (its ``_tokenizer`` and ``_data``
-    stages, without the background jobs), reused when ``work/shards.json`` says they were built
-    from the same inputs. Returns (tokenizer dir, data dir, what was done and how long it took)."""
-    tok_dir, data_dir, stamp_file = work / "tokenizer", work / "data", work / "shards.json"
+    stages, without the background jobs), each reused when its stamp file says it was built from the
+    same inputs. One tokenizer serves every variant; shards with ``data.quality`` on get a directory
+    of their own (``data-<quality>-<hash>``: their train split differs, their val split is the same).
+    Returns (tokenizer dir, data dir, what was done and how long it took)."""
     d = data_cfg
-    stamp = {"sources": list(sources), "vocab_size": d.vocab_size, "tokenizer_max_bytes": d.tokenizer_max_bytes,
-             "val_fraction": d.val_fraction, "extensions": list(d.extensions), "max_files": max_files, "mbpp": mbpp}
-    if stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp and (data_dir / "index.json").is_file():
-        return tok_dir, data_dir, {"reused": True}
-    shutil.rmtree(tok_dir, ignore_errors=True)
-    shutil.rmtree(data_dir, ignore_errors=True)
-    t0 = time.perf_counter()
-    texts = iter_split_texts(sources, "train", extensions=d.extensions, val_fraction=d.val_fraction,
-                             max_bytes=d.tokenizer_max_bytes, max_files=max_files)
-    train_tokenizer(texts, d.vocab_size, show_progress=False).save(tok_dir)
-    t1 = time.perf_counter()
-    build_corpus(sources, tok_dir, data_dir, extensions=d.extensions, val_fraction=d.val_fraction,
-                 max_files=max_files, decontaminator=benchmark_decontaminator(mbpp or None), show_progress=False)
-    t2 = time.perf_counter()
-    stamp_file.write_text(json.dumps(stamp))
-    return tok_dir, data_dir, {"reused": False, "tokenizer_s": t1 - t0, "corpus_s": t2 - t1}
+    tok_stamp = {"sources": list(sources), "vocab_size": d.vocab_size, "tokenizer_max_bytes": d.tokenizer_max_bytes,
+                 "val_fraction": d.val_fraction, "extensions": list(d.extensions), "max_files": max_files}
+    data_stamp = {**tok_stamp, "mbpp": mbpp, "quality": d.quality, "quality_weights": d.quality_weights}
+    tag = hashlib.sha256(json.dumps(data_stamp, sort_keys=True).encode()).hexdigest()[:8]
+    tok_dir = work / "tokenizer"
+    data_dir = work / ("data" if d.quality == "off" else f"data-{d.quality}-{tag}")
+    done: dict[str, Any] = {"reused": True, "data_dir": data_dir.name}
+    if not _stamped(tok_dir, tok_stamp):
+        shutil.rmtree(tok_dir, ignore_errors=True)
+        t0 = time.perf_counter()
+        texts = iter_split_texts(sources, "train", extensions=d.extensions, val_fraction=d.val_fraction,
+                                 max_bytes=d.tokenizer_max_bytes, max_files=max_files)
+        train_tokenizer(texts, d.vocab_size, show_progress=False).save(tok_dir)
+        (tok_dir / "stamp.json").write_text(json.dumps(tok_stamp))
+        done.update(reused=False, tokenizer_s=time.perf_counter() - t0)
+        shutil.rmtree(data_dir, ignore_errors=True)  # shards of another tokenizer
+    if not (_stamped(data_dir, data_stamp) and (data_dir / "index.json").is_file()):
+        shutil.rmtree(data_dir, ignore_errors=True)
+        t0 = time.perf_counter()
+        build_corpus(sources, tok_dir, data_dir, extensions=d.extensions, val_fraction=d.val_fraction,
+                     max_files=max_files, decontaminator=benchmark_decontaminator(mbpp or None), show_progress=False,
+                     quality=d.quality, quality_weights=d.quality_weights)
+        (data_dir / "stamp.json").write_text(json.dumps(data_stamp))
+        done.update(reused=False, corpus_s=time.perf_counter() - t0)
+    return tok_dir, data_dir, done
+
+
+def _stamped(directory: Path, stamp: dict[str, Any]) -> bool:
+    f = directory / "stamp.json"
+    return f.is_file() and json.loads(f.read_text()) == stamp
 
 
 def whole_split_bpb(stage: Path, data_dir: Path, cfg: PretrainConfig, device: torch.device) -> dict[str, float]:
@@ -153,8 +174,9 @@ def _median(xs: list[float]) -> float | None:
 
 def run_variant(name: str, settings: dict[str, str], base: PretrainConfig, train_s: float,
                 compile_on: bool, work: Path, device: torch.device, device_arg: str, seed: int, keep: bool,
-                steps: int = 0) -> dict[str, Any]:
-    """Pretrain one variant for ``train_s`` seconds after its first step (or ``steps`` steps); its figures."""
+                steps: int = 0, shards_for: Callable[[Any], Path] | None = None) -> dict[str, Any]:
+    """Pretrain one variant for ``train_s`` seconds after its first step (or ``steps`` steps); its figures.
+    ``shards_for(data_cfg)``: the data dir of a variant whose ``data.quality*`` differs from the baseline's."""
     out = work / "runs" / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -164,6 +186,9 @@ def run_variant(name: str, settings: dict[str, str], base: PretrainConfig, train
                  "train.compile": compile_on, "train.save_every": 10**9, "train.save_every_s": 0}
     cfg = load(PretrainConfig, None, overrides, base=replace(base, run=RunConfig(out=str(out), seed=seed,
                                                                                   device=device_arg)))
+    if shards_for is not None and (cfg.data.quality, cfg.data.quality_weights) != (base.data.quality,
+                                                                                    base.data.quality_weights):
+        cfg = replace(cfg, data=replace(cfg.data, data_dir=str(shards_for(cfg.data))))
     torch._dynamo.reset()  # every variant compiles from the same state
     gc.collect()
     if device.type == "cuda":
@@ -324,7 +349,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             continue
         try:
             r = run_variant(vname, settings, base, args.train_s, compile_on, work, device, args.device,
-                            seed, args.keep, args.steps)
+                            seed, args.keep, args.steps,
+                            lambda d: prepare_shards(p.sources, d, p.max_files, args.mbpp, work)[1])
             ref = next((v for v in report["variants"] if v["name"] == "baseline" and "rows" in v), None)
             if args.steps and ref is not None:
                 r["loss_gap_vs_baseline"] = gap = loss_gap(r["rows"], ref["rows"], args.loss_after)

@@ -134,3 +134,13 @@ def test_two_variants_train_equally_long_on_the_same_shards_and_are_scored_on_th
     assert same["loss_gap_vs_baseline"] == {"max_rel_gap": 0.0, "at_step": 30, "steps_compared": 2, "after_step": 10}
     assert lr["loss_gap_vs_baseline"]["max_rel_gap"] > 0.001
     assert "same: loss within 0.00% of the baseline's at every logged step after 10" in capsys.readouterr().out
+
+    # a variant with document quality bands trains on shards of its own: same tokenizer, same val split
+    q = ablation.main([*small, "--no-baseline", "--variant", "qfilter:data.quality=filter"])
+    (qf,) = q["variants"]
+    assert q["shards"]["reused"] and qf["val_tokens"] == base["val_tokens"]
+    (own,) = [d for d in work.iterdir() if d.name.startswith("data-filter-")]
+    index = json.loads((own / "index.json").read_text())
+    assert index["quality"]["mode"] == "filter" and index["tokenizer"] == str((work / "tokenizer").resolve())
+    assert index["splits"]["train"]["tokens"] < json.loads((work / "data" / "index.json").read_text())[
+        "splits"]["train"]["tokens"]  # test files at half weight, generated files and data tables dropped

@@ -124,6 +124,35 @@ def default_corpus_dirs() -> tuple[str, ...]:
     return (sysconfig.get_paths()["stdlib"],)
 
 
+#: ``data.quality``: off (no scores), report (bands in index.json, nothing changed), filter (the train split's
+#: documents written ``data.quality_weights`` times by band; codechat.data.quality).
+QUALITY_MODES = ("off", "report", "filter")
+#: The bands of codechat.data.quality.score_document, worst first.
+QUALITY_BANDS = ("drop", "low", "standard", "high")
+
+
+def parse_quality_weights(spec: str) -> dict[str, float]:
+    """``"drop:0,low:0.5,standard:1,high:1"`` -> ``{band: weight}`` (every band named once, weights >= 0).
+
+    Raises:
+        ConfigError: a malformed entry, an unknown or missing band, a negative weight.
+    """
+    out: dict[str, float] = {}
+    for part in filter(None, (x.strip() for x in spec.split(","))):
+        band, sep, w = part.partition(":")
+        try:
+            weight = float(w)
+        except ValueError:
+            weight = -1.0
+        _check(bool(sep) and band in QUALITY_BANDS and band not in out and weight >= 0,
+               f"data.quality_weights: {part!r} is not BAND:WEIGHT with BAND one of {', '.join(QUALITY_BANDS)} "
+               "(each once) and WEIGHT >= 0")
+        out[band] = weight
+    _check(set(out) == set(QUALITY_BANDS), f"data.quality_weights {spec!r} must give every band: "
+                                           f"{', '.join(QUALITY_BANDS)}")
+    return out
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where pretraining tokens come from and how they are cut into windows.
@@ -143,8 +172,15 @@ class DataConfig:
     max_files: int = 0  # 0 -> all files
     seq_len: int = 1024
     workers: int = 0  # tokenising processes; 0 -> os.cpu_count()
+    quality: str = "off"  # QUALITY_MODES: document quality bands in the corpus build (codechat.data.quality)
+    quality_weights: str = "drop:0,low:0.5,standard:1,high:1"  # copies of a train document per band (filter)
 
     def __post_init__(self) -> None:
+        _check(self.quality in QUALITY_MODES,
+               f"data.quality must be one of {', '.join(QUALITY_MODES)}, got {self.quality!r}")
+        weights = parse_quality_weights(self.quality_weights)
+        _check(self.quality != "filter" or any(weights[b] > 0 for b in QUALITY_BANDS),
+               "data.quality=filter with every band's weight 0 would write no training document; raise a weight")
         _check(self.seq_len >= 2, f"data.seq_len must be >= 2, got {self.seq_len}")
         _check(0.0 < self.val_fraction < 0.5, f"data.val_fraction must be in (0, 0.5), got {self.val_fraction}")
         _check(self.max_files >= 0 and self.workers >= 0 and self.tokenizer_max_bytes >= 0,

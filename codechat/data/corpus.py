@@ -42,7 +42,8 @@ from tqdm import tqdm
 
 from codechat.config.atomic import write_text
 from codechat.config.sft import SFTConfig
-from codechat.config.stages import ConfigError, DataConfig
+from codechat.config.stages import QUALITY_MODES, ConfigError, DataConfig, parse_quality_weights
+from codechat.data.quality import QualityReport, copies, score_document
 from codechat.data.sources import (SPLITS, HubSource, SourceFile, Skipped, add_source_args, check_split,
                                    collect_sources, split_documents, split_of)
 from codechat.tokenizer import Tokenizer
@@ -62,21 +63,42 @@ MP_START_METHOD = "spawn"
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer_dir: str, dtype: str, decontaminator: Any) -> None:
+def _init_worker(tokenizer_dir: str, dtype: str, decontaminator: Any, quality: str = "off",
+                 weights: dict[str, float] | None = None) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
     tok = Tokenizer.load(tokenizer_dir)
-    _WORKER.update(tok=tok, end=np.array([tok.end_id], dtype=dtype), dtype=dtype, decon=decontaminator)
+    _WORKER.update(tok=tok, end=np.array([tok.end_id], dtype=dtype), dtype=dtype, decon=decontaminator,
+                   quality=quality, weights=weights or {})
 
 
-def _encode_batch(texts: list[str]) -> list[np.ndarray | tuple[str, str, float]]:
+def _encode_batch(split: str, names: list[str], texts: list[str]
+                  ) -> tuple[list[np.ndarray | tuple[str, str, float] | None], list[tuple[str, str, int] | None]]:
     """Each text's ids followed by one ``<|end|>`` id, or, for a text that overlaps a benchmark
-    problem, ``(problem, part, share)`` instead (see the module docstring)."""
+    problem, ``(problem, part, share)`` instead (see the module docstring), or None for a train text
+    its quality band writes 0 times; beside them each text's ``(band, reason, copies)`` (None with
+    ``data.quality`` off or for a contaminated text)."""
     tok, end, dtype, decon = _WORKER["tok"], _WORKER["end"], _WORKER["dtype"], _WORKER["decon"]
+    mode, weights = _WORKER["quality"], _WORKER["weights"]
     hits = [decon.overlap(t) if decon is not None else None for t in texts]
-    clean = [t for t, h in zip(texts, hits) if h is None]
-    encoded = iter(tok.encode_batch(clean) if clean else [])
-    return [(h.problem, h.part, round(h.fraction, 3)) if h is not None
-            else np.concatenate([np.asarray(next(encoded), dtype=dtype), end]) for h in hits]
+    quality: list[tuple[str, str, int] | None] = []
+    for name, text, hit in zip(names, texts, hits):
+        if mode == "off" or hit is not None:
+            quality.append(None)
+            continue
+        q = score_document(name, text)
+        quality.append((q.band, q.reason, copies(weights[q.band], name) if mode == "filter" and split == "train"
+                        else 1))
+    todo = [t for t, h, q in zip(texts, hits, quality) if h is None and (q is None or q[2] > 0)]
+    encoded = iter(tok.encode_batch(todo) if todo else [])
+    out: list[np.ndarray | tuple[str, str, float] | None] = []
+    for h, q in zip(hits, quality):
+        if h is not None:
+            out.append((h.problem, h.part, round(h.fraction, 3)))
+        elif q is not None and q[2] == 0:
+            out.append(None)
+        else:
+            out.append(np.concatenate([np.asarray(next(encoded), dtype=dtype), end]))
+    return out, quality
 
 
 @dataclass
@@ -115,7 +137,8 @@ class _ShardWriter:
         self._in_shard = 0
 
     def write_batch(self, docs: list[np.ndarray], n_bytes: int) -> None:
-        """Append ``docs`` (each ending with its end id), which hold ``n_bytes`` bytes of text."""
+        """Append ``docs`` (each ending with its end id; a document written twice is in it twice),
+        which hold ``n_bytes`` bytes of text."""
         for doc in docs:
             self._write(doc)
         self.bytes += n_bytes
@@ -159,7 +182,8 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
                  *, extensions: Sequence[str] = (".py",), val_fraction: float = DataConfig.val_fraction,
                  max_files: int = 0, max_bytes: int = 0, text_fields: Sequence[str] = DataConfig.text_fields,
                  skip_bad: bool = False, workers: int = 0, shard_tokens: int = 50_000_000,
-                 show_progress: bool = True, decontaminator: Any = None) -> dict[str, Any]:
+                 show_progress: bool = True, decontaminator: Any = None, quality: str = "off",
+                 quality_weights: str = DataConfig.quality_weights) -> dict[str, Any]:
     """Tokenise the documents of ``srcs`` into train/val shards under ``out_dir`` and write ``index.json``.
 
     Workers are spawned processes: a script calling this must do so under
@@ -179,6 +203,8 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
         shard_tokens: a shard is closed after the document that brings it to this many tokens.
         decontaminator: a :class:`codechat.data.mining.Decontaminator`; documents overlapping its
             benchmark problems are left out (module docstring). ``None``: no check.
+        quality: ``off``, ``report`` or ``filter`` (:mod:`codechat.data.quality`): with ``filter`` each
+            train document is written as many times as ``quality_weights`` gives its band (val: once).
 
     Returns:
         The index (also written to ``out_dir/index.json``): per split its shards, ``documents``,
@@ -188,7 +214,9 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
         ``contaminated``), ``bad_records`` (the reasons and first messages of ``bad_record``),
         ``max_bytes``, ``decontamination`` (``None`` without a check, else the benchmarks and
         problems checked, the rule's ``ngram`` and ``threshold``, and ``excluded``: one
-        ``{document, problem, part, share}`` per document left out).
+        ``{document, problem, part, share}`` per document left out), ``quality`` (``None`` when off,
+        else the mode, the weights and per split and band: ``documents``, ``bytes``, ``written``
+        copies, ``written_bytes``, the ``reasons`` counted and the first ``examples``).
 
     Raises:
         ConfigError: a bad setting, a missing source, no files, a bad record (without
@@ -201,6 +229,9 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
                           f"and {max_bytes}")
     if not text_fields:
         raise ConfigError("--text-field must name at least one field")
+    if quality not in QUALITY_MODES:
+        raise ConfigError(f"quality must be one of {', '.join(QUALITY_MODES)}, got {quality!r}")
+    weights = parse_quality_weights(quality_weights)
     sources = collect_sources(srcs, extensions, max_files)
     files_only = all(isinstance(s, SourceFile) for s in sources)
     if files_only:  # known before reading anything
@@ -216,15 +247,18 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
     writers = {split: _ShardWriter(out, split, shard_tokens) for split in SPLITS}
     ctx = mp.get_context(MP_START_METHOD)
     excluded: list[dict[str, Any]] = []
-    with ctx.Pool(n_workers, initializer=_init_worker, initargs=(str(tokenizer_dir), dtype, decontaminator)) as pool, \
+    report = QualityReport(quality, weights) if quality != "off" else None
+    with ctx.Pool(n_workers, initializer=_init_worker,
+                  initargs=(str(tokenizer_dir), dtype, decontaminator, quality, weights)) as pool, \
             tqdm(total=len(sources) if files_only else None, desc="corpus", unit="doc",
                  disable=not show_progress) as bar:
         docs = split_documents(sources, val_fraction, max_bytes=max_bytes, skipped=skipped, text_fields=text_fields,
                                skip_bad=skip_bad, progress=bar)
-        _tokenise(pool, IN_FLIGHT_PER_WORKER * n_workers, docs, writers, excluded)
+        _tokenise(pool, IN_FLIGHT_PER_WORKER * n_workers, docs, writers, excluded, report)
     for split, writer in writers.items():
         if not writer.documents:
-            raise _empty_split_error(split, "has no readable, non-empty, unique documents", val_fraction)
+            raise _empty_split_error(split, "has no readable, non-empty, unique documents" + (
+                f" that data.quality_weights ({quality_weights}) writes" if quality == "filter" else ""), val_fraction)
     splits = {split: writer.summary() for split, writer in writers.items()}
     index = {"version": INDEX_VERSION, "tokenizer": str(Path(tokenizer_dir).resolve()), "vocab_size": tok.vocab_size,
              "dtype": dtype, "end_id": tok.end_id, "bos_id": tok.bos_id, "sources": [_source_name(s) for s in srcs],
@@ -235,7 +269,7 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
              "decontamination": None if decontaminator is None else {
                  "problems": dict(decontaminator.benchmarks), "ngram": decontaminator.ngram,
                  "threshold": decontaminator.threshold, "excluded": excluded},
-             "splits": splits}
+             "quality": report.as_dict() if report is not None else None, "splits": splits}
     write_text(out / INDEX_FILE, json.dumps(index, indent=2))
     _remove_stale_shards(out, splits)
     return index
@@ -247,23 +281,29 @@ def _source_name(src: str | os.PathLike) -> str:
 
 
 def _tokenise(pool: Any, max_in_flight: int, docs: Iterable[tuple[str, str, str, int]],
-              writers: dict[str, _ShardWriter], excluded: list[dict[str, Any]]) -> None:
+              writers: dict[str, _ShardWriter], excluded: list[dict[str, Any]],
+              report: QualityReport | None = None) -> None:
     """Encode ``(split, doc_id, text, bytes)`` documents on ``pool`` and write each split's in input order, at
-    most ``max_in_flight`` batches ahead of the writers; documents a worker found contaminated go to ``excluded``."""
+    most ``max_in_flight`` batches ahead of the writers; documents a worker found contaminated go to
+    ``excluded``, each document's quality band to ``report``."""
     pending: deque[tuple[AsyncResult, _Batch]] = deque()
 
     def write(result: AsyncResult, batch: _Batch) -> None:
         kept, n_bytes = [], 0
-        for out, name, size in zip(result.get(), batch.names, batch.sizes):
+        outs, quality = result.get()
+        for out, q, name, size in zip(outs, quality, batch.names, batch.sizes):
             if isinstance(out, tuple):
                 excluded.append({"document": name, "problem": out[0], "part": out[1], "share": out[2]})
-            else:
-                kept.append(out)
-                n_bytes += size
+                continue
+            n = 1 if q is None else q[2]
+            if report is not None and q is not None:
+                report.add(batch.split, name, size, *q)
+            kept.extend([out] * n)
+            n_bytes += size * n
         writers[batch.split].write_batch(kept, n_bytes)
 
     for batch in _batches(docs, BATCH_BYTES):
-        pending.append((pool.apply_async(_encode_batch, (batch.texts,)), batch))
+        pending.append((pool.apply_async(_encode_batch, (batch.split, batch.names, batch.texts)), batch))
         while pending and (len(pending) >= max_in_flight or pending[0][0].ready()):
             write(*pending.popleft())
     for item in pending:
@@ -337,7 +377,7 @@ def _cmd_corpus(args: argparse.Namespace) -> int:
     index = build_corpus(args.src, args.tokenizer, args.out, extensions=tuple(args.ext),
                          val_fraction=args.val_fraction, max_files=args.max_files, max_bytes=args.max_bytes,
                          text_fields=tuple(args.text_fields), skip_bad=args.skip_bad, workers=args.workers,
-                         decontaminator=decon)
+                         decontaminator=decon, quality=args.quality, quality_weights=args.quality_weights)
     for split in SPLITS:
         info = index["splits"][split]
         print(f"{split}: {info['documents']} documents, {info['tokens']} tokens, {info['bytes']} bytes, "
@@ -348,6 +388,10 @@ def _cmd_corpus(args: argparse.Namespace) -> int:
         print(f"  skipped: {example}")
     for ex in (index["decontamination"] or {}).get("excluded", []):
         print(f"  contaminated: {ex['document']} holds {ex['share']:.0%} of {ex['problem']}'s {ex['part']}")
+    for split, q in ((index["quality"] or {}).get("splits") or {}).items():
+        print(f"quality ({index['quality']['mode']}), {split}: {q['kept_share']:.1%} of the bytes written; " + "; ".join(
+            f"{band} {b['documents']} docs {b['bytes']:,} bytes x{index['quality']['weights'][band]:g}"
+            for band, b in q["bands"].items()))
     return 0
 
 
@@ -371,6 +415,11 @@ def add_cli(subparsers: Any) -> Any:
                         "normalised tokens), listed in index.json")
     p.add_argument("--decontam-mbpp", metavar="PATH",
                    help="MBPP's mbpp.jsonl: check its test split (tasks 11-510) too (implies --decontaminate)")
+    p.add_argument("--quality", choices=QUALITY_MODES, default=DataConfig.quality,
+                   help="document quality bands (codechat.data.quality): off; report (in index.json); filter (each "
+                        "train document written --quality-weights times by its band; val untouched)")
+    p.add_argument("--quality-weights", default=DataConfig.quality_weights, metavar="SPEC",
+                   help=f"copies per band with --quality filter (default {DataConfig.quality_weights})")
     p.set_defaults(func=_cmd_corpus)
     return sub
 

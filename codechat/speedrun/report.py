@@ -139,6 +139,24 @@ def _decontamination_lines(dec: dict[str, Any] | None) -> list[str]:
     return out + ([""] if dec["excluded"] else [])
 
 
+def _quality_lines(q: dict[str, Any] | None) -> list[str]:
+    """The corpus's document quality bands (``data.quality``): per split and band, documents, bytes,
+    the weight and the first examples."""
+    if not q:
+        return []
+    out = [f"Document quality (`data.quality {q['mode']}`, codechat.data.quality):", "",
+           "| split | band | documents | bytes | weight | written | why (count) | first examples |",
+           "|---|---|---|---|---|---|---|---|"]
+    for split, info in q["splits"].items():
+        for band, b in info["bands"].items():
+            weight = q["weights"][band] if q["mode"] == "filter" and split == "train" else 1
+            why = ", ".join(f"{r} ({n})" for r, n in b["reasons"].items())
+            out.append(f"| {split} | {band} | {b['documents']:,} | {b['bytes']:,} | {weight:g} | {b['written']:,} | "
+                       f"{why} | {', '.join(f'`{e}`' for e in b['examples'][:3])} |")
+        out.append(f"| {split} | **kept** | | | | {info['kept_share']:.1%} of the bytes | | |")
+    return out + [""]
+
+
 def _code_eval_section(h: dict[str, Any], title: str) -> list[str]:
     """A code evaluation's table (pass@k, the checkpoint, sampling) and the problems it solved."""
     rows = [("checkpoint", f"`{h['stage']}/`, {h['mode']} mode"),
@@ -192,7 +210,7 @@ def speedrun_report(m: dict[str, Any]) -> str:
                                                  f"{d['train_bytes']:,}"),
             ("val documents / tokens / bytes", f"{d['val_documents']:,} / {d['val_tokens']:,} / {d['val_bytes']:,}"),
             ("vocabulary", m["tokenizer"]["vocab_size"]), ("val bytes per token", d["val_bytes_per_token"])]), ""]
-        lines += _decontamination_lines(d.get("decontamination"))
+        lines += _decontamination_lines(d.get("decontamination")) + _quality_lines(d.get("quality"))
     if _section(m, "pretrain"):
         pre = m["pretrain"]
         c = pre["config"]

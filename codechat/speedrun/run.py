@@ -203,13 +203,14 @@ class Speedrun:
         build_corpus(self.p.sources, self.run / "tokenizer", data_dir, extensions=d.extensions,
                      val_fraction=d.val_fraction, max_files=self.p.max_files,
                      # without --mbpp the run reports no MBPP score, and with it MBPP is checked: no warning either way
-                     decontaminator=benchmark_decontaminator(self.p.mbpp, unchecked=()))
+                     decontaminator=benchmark_decontaminator(self.p.mbpp, unchecked=()), quality=d.quality,
+                     quality_weights=d.quality_weights)
         if self.p.background_cpu_work:
             self._start_background()
         index = load_index(data_dir)
         sp = index["splits"]
         return {"files_seen": index["files_seen"], "skipped": index["skipped"],
-                "decontamination": index["decontamination"],
+                "decontamination": index["decontamination"], "quality": index.get("quality"),
                 "val_bytes_per_token": sp["val"]["bytes"] / max(1, sp["val"]["tokens"] - sp["val"]["documents"]),
                 **{f"{s}_{k}": sp[s][k] for s in ("train", "val") for k in ("documents", "tokens", "bytes")}}
 

@@ -58,7 +58,7 @@ def prepare_data(data: DataConfig, out: Path, show_progress: bool = True) -> tup
     if not data.data_dir and not (data_dir / "index.json").is_file():
         build_corpus(data.sources, tok_dir, data_dir, extensions=data.extensions, val_fraction=data.val_fraction,
                      max_files=data.max_files, text_fields=data.text_fields, workers=data.workers,
-                     show_progress=show_progress)
+                     show_progress=show_progress, quality=data.quality, quality_weights=data.quality_weights)
     return tok_dir, data_dir
 
 
