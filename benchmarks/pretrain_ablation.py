@@ -54,7 +54,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 import traceback
@@ -71,6 +70,7 @@ from codechat.data.corpus import benchmark_decontaminator, build_corpus, load_in
 from codechat.data.sources import iter_split_texts
 from codechat.data.windows import eval_windows
 from codechat.speedrun.plan import plan
+from codechat.speedrun.record import current_commit
 from codechat.tokenizer import train_tokenizer
 from codechat.train.pretrain import bpb_evaluator, run_pretrain
 
@@ -232,14 +232,6 @@ def loss_gap(rows: list[dict[str, Any]], ref_rows: list[dict[str, Any]], after: 
     return {"max_rel_gap": gap, "at_step": step, "steps_compared": len(gaps), "after_step": after}
 
 
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def table(results: list[dict[str, Any]]) -> str:
     """The results as a Markdown table, each val bits/byte beside the baseline's."""
     ref = next((r["val_bpb"] for r in results if r["name"] == "baseline" and "val_bpb" in r), None)
@@ -287,7 +279,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          f"every {STEPS_LOG_EVERY}, and prints its largest relative loss gap to the baseline after "
                          "--loss-after (e.g. FP8 against bf16: same seed, same windows in the same order)")
     ap.add_argument("--loss-after", type=int, default=50, help="with --steps: compare the losses after this step")
-    ap.add_argument("--commit", help="the code's commit, for the report (default: git's HEAD, where there is a .git)")
+    ap.add_argument("--commit", help="the code's commit, for the report (default: $CODECHAT_COMMIT, else git's HEAD "
+                                     "where there is a .git)")
     args, rest = ap.parse_known_args(argv)
     common = parse_overrides(rest)  # --pretrain.KEY VALUE -> every variant, baseline included
     bad = [k for k in common if not k.startswith("pretrain.")]
@@ -319,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     compile_on = base.train.compile and not args.eager
     seed = args.seed if args.seed is not None else base.run.seed
-    commit = args.commit or _commit()
+    commit = args.commit or current_commit()
     print(f"pretrain ablation: {p.preset} on {name}, torch {torch.__version__}, commit {commit}; "
           + (f"{args.steps} steps a variant" if args.steps else
              f"{args.train_s:g} s of training a variant after its first step")

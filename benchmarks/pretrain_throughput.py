@@ -129,6 +129,17 @@ def transformers_step(model: torch.nn.Module, optim: OptimConfig, compile: bool,
     return step, hf
 
 
+def print_figures(prefix: str, first: float, tps: float, fpt: float, peak: float | None, measured: float | None,
+                  mfu_label: str = "") -> None:
+    """One compared run's lines: first step (s), tokens/s, MFU, peak GiB (``measured`` None off CUDA)."""
+    print(f"{prefix}first_step_s: {first:.1f}")
+    print(f"{prefix}tokens_per_s: {tps:,.0f}")
+    label = mfu_label or f"{prefix}mfu"
+    print(f"{label}: {tps * fpt / peak:.1%}" if peak else f"{prefix}mfu: n/a")
+    if measured is not None:
+        print(f"{prefix}peak_memory_gib: {measured:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="tiny")
@@ -223,11 +234,8 @@ def main() -> None:
             t = None
         tps8 = args.steps * fp8_mbs * seq * world.size / dt8
         print(f"fp8 ({args.fp8}, torchao, the blocks' linears), micro-batch {fp8_mbs}x{seq}")
-        print(f"fp8_first_step_s: {first8:.1f}")
-        print(f"fp8_tokens_per_s: {tps8:,.0f}")
-        print(f"fp8_mfu (of the bf16 peak): {tps8 * fpt / peak:.1%}" if peak else "fp8_mfu: n/a")
-        if device.type == "cuda":
-            print(f"fp8_peak_memory_gib: {measured8:.2f}")
+        print_figures("fp8_", first8, tps8, fpt, peak, measured8 if device.type == "cuda" else None,
+                      mfu_label="fp8_mfu (of the bf16 peak)")
         print(f"ratio_fp8_tokens_per_s: {tps8 / tps:.3f}x (bf16 at micro-batch {mbs}, fp8 at {fp8_mbs})")
     if args.vs_transformers:
         if world.distributed:
@@ -245,11 +253,7 @@ def main() -> None:
         tps_hf = args.steps * mbs * seq / dt_hf
         import transformers
         print(f"transformers {transformers.__version__} {type(hf).__name__}, same shape, weights and batches")
-        print(f"transformers_first_step_s: {first_hf:.1f}")
-        print(f"transformers_tokens_per_s: {tps_hf:,.0f}")
-        print(f"transformers_mfu: {tps_hf * fpt / peak:.1%}" if peak else "transformers_mfu: n/a")
-        if device.type == "cuda":
-            print(f"transformers_peak_memory_gib: {measured_hf:.2f}")
+        print_figures("transformers_", first_hf, tps_hf, fpt, peak, measured_hf if device.type == "cuda" else None)
         print(f"ratio_tokens_per_s: {tps / tps_hf:.2f}x")
 
 

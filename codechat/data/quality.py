@@ -35,6 +35,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from codechat.config.stages import QUALITY_BANDS
+
 #: Documents named per band and split in the report (the first ones seen, in source order).
 EXAMPLES = 5
 
@@ -190,5 +192,5 @@ class QualityReport:
             out["splits"][split] = {
                 "kept_share": sum(b["written_bytes"] for b in bands.values()) / max(read, 1),
                 "bands": {band: {**bands[band], "reasons": dict(bands[band]["reasons"])}
-                          for band in ("drop", "low", "standard", "high") if band in bands}}
+                          for band in QUALITY_BANDS if band in bands}}
         return out

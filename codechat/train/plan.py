@@ -283,7 +283,8 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
     tied_copy = counts.embedding if (m.tie_embeddings and last and not first) else 0  # the head's shared matrix
     root = (counts.embedding if first else 0) + (counts.head + tied_copy if last else 0)
     params = layers * counts.block + root
-    matrices = layers * sum(rows * cols for rows, cols in counts.block_matrices)  # Muon's hidden matrices
+    block_matrices = sum(rows * cols for rows, cols in counts.block_matrices)
+    matrices = layers * block_matrices  # Muon's hidden matrices
     if cfg.optim == "muon":
         optimizer = matrices * cfg.state_bytes + (params - matrices) * 2 * cfg.state_bytes
         largest = layers * max(rows * cols * n for (rows, cols), n in Counter(counts.block_matrices).items())
@@ -314,7 +315,7 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
     else:
         buffers = 0
     if cfg.fp8:  # the float8 casts of the block's weights being multiplied (1 byte each)
-        buffers += sum(rows * cols for rows, cols in counts.block_matrices)
+        buffers += block_matrices
     states = (params * cfg.param_bytes / shard, params * cfg.grad_bytes / shard, optimizer / shard,
               params * cfg.master_bytes / shard)
     host = 0.0
