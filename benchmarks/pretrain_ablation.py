@@ -24,8 +24,9 @@ The LR schedule decays over the same ``--train-s``. Checkpoints: only the final 
 the whole-split evaluation, then deleted unless ``--keep``).
 
 ``--steps N`` trains every variant N steps instead (same seed, same windows in the same order), logs
-the loss every 10 steps and prints each variant's largest relative loss gap to the baseline after
-``--loss-after`` (FP8 against bf16: ``--preset d20 --steps 300 --variant 'fp8:train.fp8=tensorwise'``).
+the loss at every step and prints each variant's largest relative gap to the baseline's loss after
+``--loss-after``: of the mean loss over each window of 10 steps (:data:`STEPS_WINDOW`), and of one step's
+(FP8 against bf16: ``--preset d20 --steps 300 --variant 'fp8:train.fp8=tensorwise'``).
 
 A variant that sets ``data.quality`` / ``data.quality_weights`` (document quality bands,
 :mod:`codechat.data.quality`) trains on shards of its own, built once (``work/data-<quality>-<hash>``):
@@ -86,8 +87,10 @@ VARIANTS: dict[str, dict[str, str]] = {
     "all3": {"model.mlp_act": "relu2", "model.zero_init_proj": "true", "model.logit_softcap": "15"},
 }
 #: Settings the harness owns (the equal budget and the one final checkpoint); a variant may not set them.
-#: ``--steps`` mode logs the training loss every this many steps.
-STEPS_LOG_EVERY = 10
+#: ``--steps`` mode logs the training loss at every step and compares the means of windows of this many
+#: steps (the loss a trainer logging every 10 steps would report averaged over its interval): one step's loss
+#: moves by ~1-2% between two runs whose trajectories drift apart (FP8 against bf16, 2026-12-04), a window's less.
+STEPS_WINDOW = 10
 OWN_KEYS = frozenset({"train.max_steps", "train.time_budget_s", "train.epochs", "train.save_every",
                       "train.save_every_s", "train.compile"})
 
@@ -180,7 +183,7 @@ def run_variant(name: str, settings: dict[str, str], base: PretrainConfig, train
     out = work / "runs" / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    budget = ({"train.max_steps": steps, "train.time_budget_s": 0, "train.log_every": STEPS_LOG_EVERY} if steps else
+    budget = ({"train.max_steps": steps, "train.time_budget_s": 0, "train.log_every": 1} if steps else
               {"train.max_steps": 0, "train.time_budget_s": train_s})
     overrides = {**settings, **budget, "train.epochs": 0,
                  "train.compile": compile_on, "train.save_every": 10**9, "train.save_every_s": 0}
@@ -220,16 +223,26 @@ def run_variant(name: str, settings: dict[str, str], base: PretrainConfig, train
             "model": to_dict(cfg.model), "rows": rows}
 
 
-def loss_gap(rows: list[dict[str, Any]], ref_rows: list[dict[str, Any]], after: int) -> dict[str, Any] | None:
-    """The largest relative gap |loss - ref| / ref over the logged training steps after step ``after``
-    that both runs logged (``--steps`` mode: the same steps), with its step; None when none is shared."""
-    ref = {r["step"]: r["loss"] for r in ref_rows if "loss" in r and "tokens_per_s" in r and r["step"] > after}
-    gaps = [(abs(r["loss"] - ref[r["step"]]) / ref[r["step"]], r["step"]) for r in rows
-            if "loss" in r and "tokens_per_s" in r and r["step"] in ref]
-    if not gaps:
+def loss_gap(rows: list[dict[str, Any]], ref_rows: list[dict[str, Any]], after: int,
+             window: int = STEPS_WINDOW) -> dict[str, Any] | None:
+    """How far ``rows``' training loss is from ``ref_rows``' over the steps after ``after`` that both logged
+    (``--steps`` mode: the same steps): the largest relative gap |loss - ref| / ref of the mean loss over each
+    window of ``window`` steps ending at a multiple of ``window`` (``max_rel_gap``, with the window's last step
+    ``at_step``), and of one step's loss (``max_step_rel_gap`` at ``at_single_step``). None when no window of
+    steps after ``after`` is complete in both."""
+    def losses(rs: list[dict[str, Any]]) -> dict[int, float]:
+        return {r["step"]: r["loss"] for r in rs if "loss" in r and "tokens_per_s" in r and r["step"] > after}
+    mine, ref = losses(rows), losses(ref_rows)
+    shared = sorted(set(mine) & set(ref))
+    ends = [s for s in shared if s % window == 0 and all(s - i in ref and s - i in mine for i in range(window))]
+    if not ends:
         return None
-    gap, step = max(gaps)
-    return {"max_rel_gap": gap, "at_step": step, "steps_compared": len(gaps), "after_step": after}
+    win = [(abs(sum(mine[e - i] - ref[e - i] for i in range(window))) / sum(ref[e - i] for i in range(window)), e)
+           for e in ends]
+    one = [(abs(mine[s] - ref[s]) / ref[s], s) for s in shared]
+    (gap, step), (step_gap, single) = max(win), max(one)
+    return {"max_rel_gap": gap, "at_step": step, "windows_compared": len(win), "window": window,
+            "max_step_rel_gap": step_gap, "at_single_step": single, "after_step": after}
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -276,8 +289,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "baseline of an earlier command on the same shards; the table then has no deltas)")
     ap.add_argument("--steps", type=int, default=0,
                     help="equal steps instead of equal time: each variant trains this many steps, logging the loss "
-                         f"every {STEPS_LOG_EVERY}, and prints its largest relative loss gap to the baseline after "
-                         "--loss-after (e.g. FP8 against bf16: same seed, same windows in the same order)")
+                         f"at every step, and prints its largest relative gap to the baseline's loss, as means over "
+                         f"windows of {STEPS_WINDOW} steps and step by step, after --loss-after (e.g. FP8 against "
+                         "bf16: same seed, same data windows in the same order)")
     ap.add_argument("--loss-after", type=int, default=50, help="with --steps: compare the losses after this step")
     ap.add_argument("--commit", help="the code's commit, for the report (default: $CODECHAT_COMMIT, else git's HEAD "
                                      "where there is a .git)")
@@ -348,8 +362,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if args.steps and ref is not None:
                 r["loss_gap_vs_baseline"] = gap = loss_gap(r["rows"], ref["rows"], args.loss_after)
                 if gap:
-                    print(f"{vname}: loss within {gap['max_rel_gap']:.2%} of the baseline's at every logged step "
-                          f"after {args.loss_after} ({gap['steps_compared']} steps; largest at step {gap['at_step']})")
+                    print(f"{vname}: loss within {gap['max_rel_gap']:.2%} of the baseline's over every "
+                          f"{gap['window']}-step window after step {args.loss_after} ({gap['windows_compared']} "
+                          f"windows; largest ending at step {gap['at_step']}); one step's loss within "
+                          f"{gap['max_step_rel_gap']:.2%} (largest at step {gap['at_single_step']})")
             print(f"{vname}: {r['steps']} steps, compile {r['compile_s']:.1f} s, train {r['train_s']:.1f} s, "
                   f"{r['tokens_per_s'] or 0:,.0f} tokens/s, whole-split val {r['val_bpb']:.4f} bits/byte "
                   f"(sampled {r['val_bpb_sampled']:.4f}), {r['stage_wall_s'] + r['eval_s']:.0f} s in all", flush=True)

@@ -131,9 +131,11 @@ def test_two_variants_train_equally_long_on_the_same_shards_and_are_scored_on_th
                            "--variant", "lr:optim.lr=3e-3", "--pretrain.optim.lr", "1e-2"])
     base, same, lr = steps["variants"]
     assert [r["steps"] for r in steps["variants"]] == [30, 30, 30]
-    assert same["loss_gap_vs_baseline"] == {"max_rel_gap": 0.0, "at_step": 30, "steps_compared": 2, "after_step": 10}
-    assert lr["loss_gap_vs_baseline"]["max_rel_gap"] > 0.001
-    assert "same: loss within 0.00% of the baseline's at every logged step after 10" in capsys.readouterr().out
+    assert same["loss_gap_vs_baseline"] == {"max_rel_gap": 0.0, "at_step": 30, "windows_compared": 2, "window": 10,
+                                            "max_step_rel_gap": 0.0, "at_single_step": 30, "after_step": 10}
+    assert len([r for r in base["rows"] if "tokens_per_s" in r]) == 30  # every step logged
+    assert lr["loss_gap_vs_baseline"]["max_step_rel_gap"] >= lr["loss_gap_vs_baseline"]["max_rel_gap"] > 0.001
+    assert "same: loss within 0.00% of the baseline's over every 10-step window after step 10" in capsys.readouterr().out
 
     # a variant with document quality bands trains on shards of its own: same tokenizer, same val split
     q = ablation.main([*small, "--no-baseline", "--variant", "qfilter:data.quality=filter"])
@@ -144,3 +146,13 @@ def test_two_variants_train_equally_long_on_the_same_shards_and_are_scored_on_th
     assert index["quality"]["mode"] == "filter" and index["tokenizer"] == str((work / "tokenizer").resolve())
     assert index["splits"]["train"]["tokens"] < json.loads((work / "data" / "index.json").read_text())[
         "splits"]["train"]["tokens"]  # test files at half weight, generated files and data tables dropped
+
+
+def test_loss_gap_compares_window_means_and_single_steps(ablation):
+    ref = [{"step": s, "loss": 2.0, "tokens_per_s": 1.0} for s in range(1, 31)]
+    # +2% at step 25 alone, -1% at step 26: one step's gap 2%, the window 21-30's mean 0.1%
+    rows = [{**r, "loss": {25: 2.04, 26: 1.98}.get(r["step"], 2.0)} for r in ref]
+    gap = ablation.loss_gap(rows, ref, after=10)
+    assert gap == pytest.approx({"max_rel_gap": 0.001, "at_step": 30, "windows_compared": 2, "window": 10,
+                                 "max_step_rel_gap": 0.02, "at_single_step": 25, "after_step": 10})
+    assert ablation.loss_gap(rows, ref, after=25) is None  # no complete window after step 25
