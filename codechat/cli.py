@@ -392,6 +392,12 @@ def _add_speedrun(sub: argparse._SubParsersAction) -> None:
                                                   "pass@10), and its test problems are kept out of every training set")
     p.add_argument("--data", metavar="SPEC", help="more chat-SFT sources, a mixture spec SOURCE[#FORMAT][:WEIGHT],... "
                                                   "(weight: copies per epoch), e.g. code_alpaca_2k.json:1")
+    p.add_argument("--mid-share", type=float, default=0.0, metavar="F",
+                   help="mid-training: move this share of pretraining's time (0 <= F < 1; default 0, none) to a stage "
+                        "between pretraining and chat SFT that trains on SFT's mixture, the --funcall-data "
+                        "conversations and --mid-data, packed, with the pretraining optimizer and LR decaying to 0")
+    p.add_argument("--mid-data", metavar="SPEC", help="more mid-training sources (a mixture spec, like --data); "
+                                                      "needs --mid-share")
     p.add_argument("--record", metavar="FILE", help="append one JSON line for the finished run to FILE (date, commit, "
                                                     "command, total_wall_s, val_bpb, humaneval and mbpp pass@1/10, "
                                                     "function-calling rates, rl_ran, rl_steps; keys in "
@@ -417,6 +423,7 @@ def _cmd_speedrun(args: argparse.Namespace, overrides: dict[str, str]) -> int:
                      device=args.device or "auto", max_files=args.max_files, eval_limit=args.eval_limit,
                      checkpoint_every_s=args.checkpoint_every_s, resume=args.resume,
                      funcall_data=args.funcall_data or "", mbpp=args.mbpp or "", sft_data=args.data or "",
+                     mid_share=args.mid_share, mid_data=args.mid_data or "",
                      pretrain_overrides={k[len("pretrain."):]: v for k, v in overrides.items()},
                      record=args.record or "", command=shlex.join(["codechat", *args.argv]))
     except SpeedrunFailed as e:

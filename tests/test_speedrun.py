@@ -17,6 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+import yaml
+
 SMALL = ["--time-budget-min", "0.3", "--max-files", "150", "--eval-limit", "2", "--device", "cpu",
          "--checkpoint-every-s", "1"]
 BEFORE_SFT = ("tokenizer", "data", "pretrain", "baseline", "samples")
@@ -134,14 +137,15 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
     (stale / "samples.jsonl").write_text(json.dumps({"task_id": "HumanEval/0", "sample": 0}) + "\n")
     mbpp = CASES_B / "mbpp" / "mbpp.jsonl"
     alpaca = CASES_B / "alpaca" / "instructions.json"
-    p = subprocess.run(_cmd(out, "--funcall-data", str(glaive), "--mbpp", str(mbpp), "--data", f"{alpaca}:0.1"),
+    p = subprocess.run(_cmd(out, "--funcall-data", str(glaive), "--mbpp", str(mbpp), "--data", f"{alpaca}:0.1",
+                            "--mid-share", "0.2", "--mid-data", f"{alpaca}:0.2"),
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 1, p.stderr[-3000:]
     assert "stage eval failed" in p.stderr and "--resume" in p.stderr
 
     m = _metrics(out)
     assert m["stages"]["eval"]["status"] == "failed" and "other settings" in m["stages"]["eval"]["error"]
-    assert all(m["stages"][s]["status"] == "done" for s in (*BEFORE_SFT, "sft", "chat"))
+    assert all(m["stages"][s]["status"] == "done" for s in (*BEFORE_SFT, "mid", "sft", "chat"))
     report = (out / "report.md").read_text()
     assert "The run stopped at stage `eval`" in report and "other settings" in report
     assert "## Chat SFT" in report and "## Chat answers (after SFT)" in report and "## HumanEval" not in report
@@ -187,6 +191,20 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
     assert line["mbpp"] == b["pass@k"] and line["funcall"]["parse_rate"] == f["parse_rate"]
     assert line["funcall"]["arguments_exact_match"] == f["arguments_exact_match"]
     assert (line["rl_ran"], line["rl_steps"], line["humaneval_after_rl"]) == (False, 0, None)  # the verdict: stall
+    # --mid-share (kept by the resumed plan): mid-training between pretraining and SFT, on SFT's mixture, the
+    # function-calling conversations and --mid-data, with pretraining's optimizer; SFT starts from it
+    stages, planned = list(m["stages"]), {s: st["planned_s"] for s, st in m["stages"].items()}
+    assert stages[stages.index("pretrain") + 1] == "mid" and planned["mid"] == pytest.approx(planned["pretrain"] / 4)
+    mid = m["mid"]
+    assert (mid["init"], m["sft"]["init"], line["mid_share"]) == ("pretrain", "mid", 0.2)
+    assert mid["data"] == f"{m['sft']['data']},{glaive}@train,{alpaca}:0.2" and mid["steps"] > 0
+    assert mid["examples_kept"] > m["sft"]["examples_kept"] and mid["loss_final"] > 0
+    mid_cfg, pre_cfg = (yaml.safe_load((out / s / "config.yaml").read_text()) for s in ("mid", "pretrain"))
+    assert {k: mid_cfg["optim"][k] for k in ("name", "lr", "weight_decay")} == \
+        {k: pre_cfg["optim"][k] for k in ("name", "lr", "weight_decay")}
+    assert (mid_cfg["optim"]["min_lr_ratio"], mid_cfg["sft"]["max_length"]) == (0.0, pre_cfg["data"]["seq_len"])
+    assert yaml.safe_load((out / "sft" / "config.yaml").read_text())["init"] == str(out / "mid")
+    assert "## Mid-training" in (out / "report.md").read_text() and (out / "mid_loss.png").is_file()
 
 
 def test_the_record_of_a_run_with_rl_names_its_steps_and_both_humaneval_figures(monkeypatch):

@@ -81,3 +81,21 @@ def test_the_sft_plot_draws_the_train_loss_and_the_fixed_examples_loss(tmp_path)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     pre = loss_curves([{"step": 0, "val_loss": 5.0}, {"step": 1, "loss": 5.5}])
     assert [c[0] for c in pre] == ["train loss (nats/token)", "val loss (nats/token)"]
+
+
+def test_mid_training_takes_its_share_from_pretraining_and_bad_shares_are_refused(tmp_path):
+    import pytest
+
+    from codechat.config.stages import ConfigError
+    cpu = torch.device("cpu")
+    p, mid = plan(cpu, "tiny", 10.0), plan(cpu, "tiny", 10.0, mid_share=0.25, mid_data="more.jsonl:2")
+    assert mid.stages == ("tokenizer", "data", "pretrain", "mid", *p.stages[3:])
+    assert mid.shares["pretrain"] + mid.shares["mid"] == pytest.approx(p.shares["pretrain"])
+    assert mid.shares["mid"] == pytest.approx(0.25 * p.shares["pretrain"]) and mid.mid_data == "more.jsonl:2"
+    assert {k: v for k, v in mid.shares.items() if k not in ("pretrain", "mid")} == \
+        {k: v for k, v in p.shares.items() if k != "pretrain"}
+    for kwargs, fragment in (({"mid_share": 1.0}, "--mid-share must be in [0, 1)"),
+                             ({"mid_share": -0.1}, "--mid-share must be in [0, 1)"),
+                             ({"mid_data": "x.jsonl"}, "--mid-data needs it")):
+        with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace(")", r"\)")):
+            plan(cpu, "tiny", 10.0, **kwargs)

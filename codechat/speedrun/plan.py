@@ -24,6 +24,11 @@ MBPP_STAGES = ("mbpp",)
 #: Stages added by ``--funcall-data``: function-calling SFT on the file's train split (from the
 #: chat SFT checkpoint), then the function-calling evaluation on its held-out split.
 FUNCALL_STAGES = ("funcall", "funcall_eval")
+#: The stage added by ``--mid-share`` (issue 33): mid-training, between pretraining and chat SFT. It
+#: continues the pretrained model on the chat-layout mixture (SFT's sources, the function-calling
+#: conversations with ``--funcall-data``, ``--mid-data``) with the pretraining recipe's optimizer and
+#: learning rate, decaying to zero; chat SFT then starts from it. Its time is taken from pretraining's.
+MID_STAGES = ("mid",)
 #: Shares of the whole budget of the optional stages; the other stages' shares shrink to make room.
 EXTRA_SHARES = {"mbpp": 0.06, "funcall": 0.08, "funcall_eval": 0.04}
 
@@ -119,6 +124,10 @@ class SpeedrunPlan:
     # More SFT sources (--data), a mixture spec SOURCE[#FORMAT][:WEIGHT],... (codechat.data.mixture),
     # weights in the same epoch units; e.g. Code Alpaca.
     sft_data: str = ""
+    # Mid-training (MID_STAGES): the share of pretraining's planned time it takes (0: no such stage),
+    # and a mixture spec of sources it adds to SFT's (e.g. the 4.5k new_codealpaca), in the same epoch units.
+    mid_share: float = 0.0
+    mid_data: str = ""
     sft_max_length: int = 384
     sft_max_prompt_length: int = 128
     # SFT rows per micro-batch (0: the pretraining recipe's). The mined set is ~1,500 short examples
@@ -186,13 +195,18 @@ class SpeedrunPlan:
     @property
     def stages(self) -> tuple[str, ...]:
         """The stages this plan runs, in order."""
-        return STAGES + (MBPP_STAGES if self.mbpp else ()) + (FUNCALL_STAGES if self.funcall_data else ())
+        at = STAGES.index("pretrain") + 1
+        return (STAGES[:at] + (MID_STAGES if self.mid_share else ()) + STAGES[at:] + (MBPP_STAGES if self.mbpp else ())
+                + (FUNCALL_STAGES if self.funcall_data else ()))
 
     def __post_init__(self) -> None:
         if set(self.shares) != set(self.stages) or abs(sum(self.shares.values()) - 1) > 1e-6 or \
                 min(self.shares.values()) <= 0:
             raise ConfigError(f"speedrun shares must give every stage of {self.stages} a positive share summing "
                               f"to 1, got {self.shares}")
+        if not 0 <= self.mid_share < 1 or (self.mid_data and not self.mid_share):
+            raise ConfigError(f"--mid-share must be in [0, 1) (0: no mid-training), and --mid-data needs it; got "
+                              f"{self.mid_share} and {self.mid_data!r}")
         if self.time_budget_min <= 0:
             raise ConfigError(f"--time-budget-min must be > 0, got {self.time_budget_min}")
         if self.mbpp_weight <= 0:
@@ -243,13 +257,32 @@ def with_stages(shares: dict[str, float], extra: tuple[str, ...]) -> dict[str, f
     return {**{k: v * scale for k, v in shares.items()}, **{s: EXTRA_SHARES[s] for s in extra}}
 
 
+def with_mid(p: SpeedrunPlan, mid_share: float, mid_data: str = "") -> SpeedrunPlan:
+    """``p`` with a mid-training stage taking ``mid_share`` of pretraining's share (0: ``p`` as it is).
+
+    Raises:
+        ConfigError: ``mid_share`` outside [0, 1), or ``mid_data`` without it.
+    """
+    if not mid_share:
+        return replace(p, mid_data=mid_data)  # refused by the plan's check when mid_data is set
+    if not 0 < mid_share < 1:
+        raise ConfigError(f"--mid-share must be in [0, 1) (0: no mid-training), got {mid_share}")
+    pre = p.shares["pretrain"]
+    return replace(p, mid_share=mid_share, mid_data=mid_data,
+                   shares={**p.shares, "pretrain": pre * (1 - mid_share), "mid": pre * mid_share})
+
+
 def plan(device: torch.device, preset: str | None, time_budget_min: float | None, max_files: int = 0,
-         funcall_data: str = "", mbpp: str = "", sft_data: str = "") -> SpeedrunPlan:
+         funcall_data: str = "", mbpp: str = "", sft_data: str = "", mid_share: float = 0.0,
+         mid_data: str = "") -> SpeedrunPlan:
     """Preset, budget, shares and corpus for ``device`` (explicit arguments win).
 
     Raises:
-        ConfigError: ``funcall_data`` or ``mbpp`` is given and is not a file.
+        ConfigError: ``funcall_data`` or ``mbpp`` is given and is not a file; a bad ``mid_share``.
     """
+    if mid_share or mid_data:
+        return with_mid(plan(device, preset, time_budget_min, max_files, funcall_data, mbpp, sft_data),
+                        mid_share, mid_data)
     for flag, path in (("--funcall-data", funcall_data), ("--mbpp", mbpp)):
         if path and not Path(path).is_file():
             raise ConfigError(f"{flag} {path}: no such file")

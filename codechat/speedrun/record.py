@@ -15,6 +15,7 @@ The line (every key always present; ``None`` where the run had no such stage)::
     funcall         parse_rate, schema_valid_rate, name_accuracy, arguments_exact_match, no_call_accuracy
                     (fractions) of the held-out function-calling evaluation (with ``--funcall-data``)
     rl_ran          True when GRPO trained (not skipped), rl_steps its optimizer steps (0 when skipped)
+    mid_share       the share of pretraining's time given to mid-training (``--mid-share``; 0: none)
 
 The file is appended with one ``write`` of a whole line, so concurrent runs and a crash never leave
 a half line in the middle of the history.
@@ -67,7 +68,8 @@ def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str
             "humaneval": _passk((m.get("eval") or {}).get("humaneval")),
             "humaneval_after_rl": _passk(rl.get("humaneval")) if rl_ran else None,
             "mbpp": _passk(m.get("mbpp")), "funcall": {k: fc.get(k) for k in FUNCALL_KEYS} if fc else None,
-            "rl_ran": rl_ran, "rl_steps": int(rl.get("steps") or 0) if rl_ran else 0}
+            "rl_ran": rl_ran, "rl_steps": int(rl.get("steps") or 0) if rl_ran else 0,
+            "mid_share": (m.get("plan") or {}).get("mid_share", 0.0)}
 
 
 def append_record(path: Path, line: dict[str, Any]) -> None:

@@ -240,21 +240,9 @@ def speedrun_report(m: dict[str, Any]) -> str:
         if _section(m, "pretrain"):
             rows.insert(0, ("codechat model (whole split)", m["pretrain"]["val_bpb_final"]))
         lines += ["## Baselines (bits per byte on the validation split)", markdown_table(rows), ""]
-    if _section(m, "sft"):
-        t = m["sft"]
-        lines += ["## Chat SFT", markdown_table([
-            ("data (mixture spec, copies per epoch)", f"`{t['data']}`" if t.get("data") else "mined pairs"),
-            *([("pairs mined in the background during pretraining",
-                f"{mined['kept']:,} from {mined['functions']:,} functions in {mined['files']:,} files; the stage "
-                f"waited {t['mining_wait_s']:.1f} s for them")] if (mined := t.get("mined_in_background")) else []),
-            ("examples seen / kept (preflight)", f"{t['examples_seen']:,} / {t['examples_kept']:,}"),
-            ("prompt- / completion-truncated", f"{t['examples_prompt_truncated']} / {t['examples_completion_truncated']}"),
-            ("dropped", t["examples_dropped"]), ("excluded as overlapping HumanEval/MBPP", t["examples_decontaminated"]),
-            ("supervised share of tokens", f"{t['supervised_token_share']:.1%}"),
-            ("training time budget", f"{t['train_budget_s']:.0f} s ({'compiled' if t['compiled'] else 'eager'})"),
-            ("optimizer steps", t["steps"]),
-            ("loss on a fixed set of its examples: step 0 -> end", f"{t['loss_initial']:.3f} -> {t['loss_final']:.3f}")]),
-            ""] + (["![SFT loss curve](sft_loss.png)", ""] if t.get("data") else [])
+    for stage, title in (("mid", "Mid-training"), ("sft", "Chat SFT")):
+        if _section(m, stage):
+            lines += _tuning_section(m[stage], stage, title)
     if _section(m, "eval"):
         lines += _code_eval_section(m["eval"]["humaneval"], "HumanEval")
     if _section(m, "rl"):
@@ -301,6 +289,24 @@ def speedrun_report(m: dict[str, Any]) -> str:
         for c in m["chat"]["answers"]:
             lines += [f"**user:** {c['prompt']}", "", "```", c["answer"], "```", ""]
     return "\n".join(lines)
+
+
+def _tuning_section(t: dict[str, Any], stage: str, title: str) -> list[str]:
+    """The report lines of a tuning stage (``mid`` or ``sft``, :mod:`codechat.speedrun.tuning`)."""
+    return ["## " + title, markdown_table([
+        *([("starts from", f"`{t['init']}/`")] if t.get("init") else []),
+        ("data (mixture spec, copies per epoch)", f"`{t['data']}`" if t.get("data") else "mined pairs"),
+        *([("pairs mined in the background during pretraining",
+            f"{mined['kept']:,} from {mined['functions']:,} functions in {mined['files']:,} files; the stage "
+            f"waited {t['mining_wait_s']:.1f} s for them")] if (mined := t.get("mined_in_background")) else []),
+        ("examples seen / kept (preflight)", f"{t['examples_seen']:,} / {t['examples_kept']:,}"),
+        ("prompt- / completion-truncated", f"{t['examples_prompt_truncated']} / {t['examples_completion_truncated']}"),
+        ("dropped", t["examples_dropped"]), ("excluded as overlapping HumanEval/MBPP", t["examples_decontaminated"]),
+        ("supervised share of tokens", f"{t['supervised_token_share']:.1%}"),
+        ("training time budget", f"{t['train_budget_s']:.0f} s ({'compiled' if t['compiled'] else 'eager'})"),
+        ("optimizer steps", t["steps"]),
+        ("loss on a fixed set of its examples: step 0 -> end", f"{t['loss_initial']:.3f} -> {t['loss_final']:.3f}")]),
+        ""] + ([f"![{title} loss curve]({stage}_loss.png)", ""] if t.get("data") else [])
 
 
 def _time_table(stages: dict[str, dict[str, Any]], total: float) -> str:

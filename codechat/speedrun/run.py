@@ -1,5 +1,5 @@
-"""The speedrun: tokenizer -> corpus -> baselines -> pretraining -> samples -> SFT -> chat -> HumanEval -> RL
-[-> MBPP] [-> function-calling SFT -> its evaluation].
+"""The speedrun: tokenizer -> corpus -> baselines -> pretraining [-> mid-training] -> samples -> SFT -> chat ->
+HumanEval -> RL [-> MBPP] [-> function-calling SFT -> its evaluation].
 
 RL (GRPO, :mod:`codechat.train.grpo`) runs only when HumanEval's pass@k verdict on the SFT model
 allows it; when the verdict says the run would stall, the stage is skipped at once and the report
@@ -12,7 +12,9 @@ the report lists them; chat SFT trains on functions mined from the corpus (the s
 and on a GPU the installed packages at a lower weight; asked for both ways,
 :data:`codechat.config.sft.MINE_STYLES`), MBPP's train split with ``--mbpp`` and the sources of
 ``--data``, decontaminated by the same rule. On a GPU the CPU work that can wait (the compression
-baselines, the mining) runs in background processes while pretraining trains.
+baselines, the mining) runs in background processes while pretraining trains. ``--mid-share F``
+moves a share F of pretraining's time to a mid-training stage on the same chat-layout mixture plus
+the function-calling conversations and ``--mid-data`` (:mod:`codechat.speedrun.tuning`).
 
 Writes ``metrics.json`` and ``report.md`` into the run directory after every stage, so a run that
 fails or is killed keeps what finished: the report shows the finished stages, the failing one
@@ -46,8 +48,7 @@ import torch
 
 from codechat.config.atomic import write_text
 from codechat.config.device import autocast_for, resolve_device
-from codechat.config.sft import SFTConfig, SFTStageConfig
-from codechat.config.stages import (ConfigError, OptimConfig, PretrainConfig, RunConfig, TrainConfig, load,
+from codechat.config.stages import (ConfigError, PretrainConfig, RunConfig, TrainConfig, load,
                                     pretrain_recipe, replace, to_dict)
 from codechat.data.corpus import benchmark_decontaminator, build_corpus, load_index, read_split
 from codechat.data.sources import iter_split_texts
@@ -56,11 +57,11 @@ from codechat.engine import Engine, EngineConfig, SamplingConfig
 from codechat.engine.completion import best_completion, sample_completions
 from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan
 from codechat.speedrun.record import append_record, current_commit, record_line
+from codechat.speedrun.tuning import TuningStages
 from codechat.speedrun.report import (parses_after_dropping_last_line, plot_loss, read_metrics, speedrun_report,
                                       validation_baselines)
 from codechat.tokenizer import train_tokenizer
 from codechat.train.pretrain import bpb_evaluator, run_pretrain
-from codechat.train.sft import run_sft
 
 
 #: Stage statuses of a finished stage: ``done``, or ``skipped`` (finished without doing its work, the
@@ -72,7 +73,7 @@ class SpeedrunFailed(RuntimeError):
     """A stage raised; ``metrics.json`` and ``report.md`` hold the finished stages and the error."""
 
 
-class Speedrun:
+class Speedrun(TuningStages):
     """One run directory's stages, their grants, and the metrics/report written after each.
 
     ``metrics["stages"][name]`` is ``{"status": "pending"|"running"|"done"|"skipped"|"failed",
@@ -96,7 +97,7 @@ class Speedrun:
                                   "the same --preset and --device, or use a new --out")
             self.p = p = replace(p, **{k: v for k, v in self.m["plan"].items()
                                        if k in ("time_budget_min", "shares", "eval_limit", "funcall_data", "mbpp",
-                                                "sft_data", "pretrain_overrides")})
+                                                "sft_data", "pretrain_overrides", "mid_share", "mid_data")})
         else:
             if path.is_file():
                 raise ConfigError(f"{run} already holds a speedrun (metrics.json): add --resume to continue it, "
@@ -110,7 +111,8 @@ class Speedrun:
                       "time_budget_min": p.time_budget_min, "licenses": licenses,
                       "plan": {k: v for k, v in asdict(p).items() if k in
                                ("time_budget_min", "shares", "eval_limit", "max_files", "compile", "sources",
-                                "funcall_data", "mbpp", "sft_data", "pretrain_overrides")},
+                                "funcall_data", "mbpp", "sft_data", "pretrain_overrides", "mid_share",
+                                "mid_data")},
                       "stages": {s: {"status": "pending", "planned_s": t} for s, t in p.planned_s().items()}}
         # the preset's recipe under --pretrain.* (checked here, before any stage runs)
         self.base = p.pretrain_base()
@@ -288,48 +290,6 @@ class Speedrun:
                 "temperature": p.sample_temperature, "top_p": p.sample_top_p, "max_new_tokens": p.sample_tokens,
                 "completions": out}
 
-    def _sft_data(self) -> tuple[str, dict[str, Any] | None]:
-        """The SFT mixture spec (mined pairs, MBPP's train split with ``--mbpp``, then ``--data``) and
-        the background miner's counts. The pairs come from the background job's files when they
-        exist (also after a resume); otherwise the SFT stage mines them itself (``mine:``)."""
-        p, counts = self.p, None
-        if self._mining is not None:
-            job, self._mining = self._mining, None
-            counts = job.result()
-        files = self._mined_files()
-        if all(f.is_file() for f in files):
-            mined = [f"{f}#completion:{w:g}" for f, (_, w) in zip(files, p.mine_parts) if f.stat().st_size]
-        else:
-            mined = [f"mine:{src}:{w:g}" for src, w in p.mine_parts]
-        parts = mined + ([f"{p.mbpp}#mbpp:{p.mbpp_weight:g}"] if p.mbpp else []) + ([p.sft_data] if p.sft_data else [])
-        return ",".join(parts), counts
-
-    def _sft(self, grant: float, tag: str) -> dict[str, Any]:
-        pre, p = self.m["pretrain"], self.p
-        measured = pre.get("first_step_s") if pre.get("compiled") else None
-        train_s = max(p.min_train_s, p.sft_train_share * grant)
-        compile_on = self._compile_for(train_s, measured or p.compile_estimate_s)
-        t0 = time.perf_counter()
-        spec, mined = self._sft_data()
-        wait_s = time.perf_counter() - t0
-        print(f"{tag} SFT for {train_s:.0f} s of {grant:.0f} s on {spec}{' (compiled)' if compile_on else ' (eager)'}")
-        sft = run_sft(self._sft_stage("pretrain", "sft", SFTConfig(
-            data=spec, mix_mode="epoch", max_length=p.sft_max_length, max_prompt_length=p.sft_max_prompt_length,
-            packing=True, mine_max_files=p.max_files, mine_style=p.sft_mine_style, mine_workers=0, decontam_mbpp=p.mbpp,
-            seed=self.seed), train_s, compile_on))
-        rows = read_metrics(self.run / "sft" / "metrics.jsonl")
-        evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
-        plot_loss(rows, self.run / "sft_loss.png", f"{p.preset} chat SFT on {self.dev.type}")
-        pre_c, dec = sft["data"]["preflight"], sft["data"]["decontamination"] or {}
-        return {"steps": sft["step"], "train_budget_s": train_s, "compiled": compile_on, "data": spec,
-                "sources": sft["data"].get("sources"), "mined_in_background": mined, "mining_wait_s": wait_s,
-                "examples_seen": pre_c["seen"], "examples_kept": pre_c["kept"],
-                "examples_prompt_truncated": pre_c["prompt_truncated"],
-                "examples_completion_truncated": pre_c["completion_truncated"],
-                "examples_dropped": sum(pre_c["dropped"].values()), "examples_decontaminated": dec.get("excluded", 0),
-                "supervised_token_share": sft["data"]["supervised_share"],
-                "loss_initial": evals[0], "loss_final": evals[-1], "train_loss_final": sft.get("loss")}
-
     def _chat(self, grant: float, tag: str) -> dict[str, Any]:
         print(f"{tag} chat")
         from codechat.chat.conversation import Conversation, Message
@@ -382,21 +342,6 @@ class Speedrun:
         return self._score(f"mbpp:{self.p.mbpp}", "MBPP", grant, tag, n=self.p.mbpp_n,
                            max_new_tokens=self.p.mbpp_tokens, limit=self.p.eval_limit or None)
 
-    def _sft_stage(self, init: str, out: str, sft: SFTConfig, train_s: float, compile_on: bool) -> SFTStageConfig:
-        """An SFT stage from stage ``init`` into ``out`` of this run, with the pretraining micro-batch and
-        half the preset recipe's learning rate (whatever ``--pretrain.optim.lr`` says, so that a
-        pretraining sweep leaves SFT as it was), decaying linearly to 0 over ``train_s`` seconds."""
-        cfg = self.m["pretrain"]["config"]
-        return SFTStageConfig(
-            init=str(self.run / init), sft=sft,
-            train=TrainConfig(time_budget_s=train_s,
-                              micro_batch_size=self.p.sft_micro_batch_size or cfg["train"]["micro_batch_size"],
-                              log_every=10, eval_every=10**9, save_every=10**9,
-                              save_every_s=self.p.checkpoint_every_s, compile=compile_on),
-            optim=OptimConfig(lr=pretrain_recipe(self.p.preset).optim.lr / 2, warmup_steps=10, schedule="linear",
-                              min_lr_ratio=0.0, weight_decay=0.0),
-            run=RunConfig(out=str(self.run / out), seed=self.seed, device=self.device_arg, resume=self.resume))
-
     def _rl(self, grant: float, tag: str) -> dict[str, Any]:
         from codechat.train.grpo import RLConfig, RLStageConfig, run_rl
         p, ev = self.p, self.m["eval"]["humaneval"]
@@ -428,18 +373,6 @@ class Speedrun:
                 "reward_last": rows[-1]["reward_mean"] if rows else None,
                 "pass_rate_last": rows[-1]["pass_rate"] if rows else None, "humaneval": humaneval}
 
-    def _funcall(self, grant: float, tag: str) -> dict[str, Any]:
-        p = self.p
-        train_s = max(p.min_train_s, p.sft_train_share * grant)
-        print(f"{tag} function-calling SFT for {train_s:.0f} s of {grant:.0f} s on {p.funcall_data}@train")
-        # budgets follow the model: tool schemas make long system turns
-        out = run_sft(self._sft_stage("sft", "funcall", SFTConfig(data=f"{p.funcall_data}@train", packing=True,
-                                                                  seed=self.seed), train_s, compile_on=False))
-        pre_c = out["data"]["preflight"]
-        return {"steps": out["step"], "train_budget_s": train_s, "data": f"{p.funcall_data}@train",
-                "examples_seen": pre_c["seen"], "examples_kept": pre_c["kept"],
-                "supervised_token_share": out["data"]["supervised_share"], "train_loss_final": out.get("loss")}
-
     def _funcall_eval(self, grant: float, tag: str) -> dict[str, Any]:
         print(f"{tag} function-calling evaluation on {self.p.funcall_data} (held out)")
         from codechat.checkpoint import load_model
@@ -457,6 +390,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
                  seed: int | None = None, device: str = "auto", max_files: int = 0,
                  eval_limit: int | None = None, checkpoint_every_s: float | None = None,
                  resume: bool = False, funcall_data: str = "", mbpp: str = "", sft_data: str = "",
+                 mid_share: float = 0.0, mid_data: str = "",
                  pretrain_overrides: dict[str, str] | None = None, record: str = "",
                  command: str = "codechat speedrun") -> dict[str, Any]:
     """Run every stage into ``out`` (``report.md``, ``metrics.json`` after each); returns the metrics.
@@ -471,7 +405,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
         SpeedrunFailed: a stage raised; the finished ones are kept and ``resume=True`` continues.
     """
     dev = resolve_device(device)
-    p = plan(dev, preset, time_budget_min, max_files, funcall_data, mbpp, sft_data)
+    p = plan(dev, preset, time_budget_min, max_files, funcall_data, mbpp, sft_data, mid_share, mid_data)
     if eval_limit is not None:
         p = replace(p, eval_limit=eval_limit)
     if checkpoint_every_s is not None:
