@@ -85,6 +85,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "relu2_zero_init": {"model.mlp_act": "relu2", "model.zero_init_proj": "true"},
     "relu2_softcap15": {"model.mlp_act": "relu2", "model.logit_softcap": "15"},
     "all3": {"model.mlp_act": "relu2", "model.zero_init_proj": "true", "model.logit_softcap": "15"},
+    "x0_mix": {"model.x0_mix": "true"},
+    "unet": {"model.unet_skips": "true"},
+    "skips": {"model.x0_mix": "true", "model.unet_skips": "true"},
 }
 #: Settings the harness owns (the equal budget and the one final checkpoint); a variant may not set them.
 #: ``--steps`` mode logs the training loss at every step and compares the means of windows of this many

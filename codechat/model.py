@@ -11,9 +11,11 @@ Architecture (each choice matches the Llama / Qwen3 family, so ``hf.py`` is a re
 
 Options from the NanoGPT speedrun, each a :class:`ModelConfig` field and off by default (a
 checkpoint written before them computes what it did): ``mlp_act="relu2"`` (``down(relu(up(x))^2)``,
-no gate), ``zero_init_proj`` (``o_proj`` and ``down_proj`` start at zero) and ``logit_softcap``
-(``cap * tanh(logits / cap)``). The first and the last are not Llama / Qwen3: ``codechat.hf`` refuses
-to export them.
+no gate), ``zero_init_proj`` (``o_proj`` and ``down_proj`` start at zero), ``logit_softcap``
+(``cap * tanh(logits / cap)``), ``x0_mix`` (block i's input ``a_i * x + b_i * x0``, ``x0`` the embedding
+output) and ``unet_skips`` (block L-1-j's input plus ``w_j`` times block j's output, j < L // 2; both
+applied by :meth:`GPT.skip_in`). All but ``zero_init_proj`` are not Llama / Qwen3: ``codechat.hf``
+refuses to export them.
 
 The model is built on the meta device and initialised explicitly by :meth:`GPT.init_weights`,
 so that a parallel wrapper can shard it before any memory is allocated. It knows nothing of
@@ -181,8 +183,18 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+#: Initial values of the scalar parameters of ``model.x0_mix`` (``x_scale``, ``x0_scale``) and
+#: ``model.unet_skips`` (``unet_scale``): each block starts reading the previous output alone.
+SCALAR_INIT = {"x_scale": 1.0, "x0_scale": 0.0, "unet_scale": 1.0}
+
+
 class GPT(nn.Module):
-    """Decoder-only transformer. Parameter names follow Hugging Face Llama without ``model.``."""
+    """Decoder-only transformer. Parameter names follow Hugging Face Llama without ``model.``.
+
+    With ``model.x0_mix`` it also has ``x_scale`` and ``x0_scale``, (n_layer,) float32, and with
+    ``model.unet_skips`` ``unet_scale``, (n_layer // 2,) float32 (:meth:`skip_in`); without them its
+    parameters are a Llama's.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -191,6 +203,9 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.x_scale = nn.Parameter(torch.empty(cfg.n_layer)) if cfg.x0_mix else None
+        self.x0_scale = nn.Parameter(torch.empty(cfg.n_layer)) if cfg.x0_mix else None
+        self.unet_scale = nn.Parameter(torch.empty(cfg.n_layer // 2)) if cfg.unet_skips else None
         self.tie_weights()
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -208,11 +223,14 @@ class GPT(nn.Module):
         Linear and embedding weights ~ N(0, init_std); the residual output projections
         (``o_proj``, ``down_proj``) are scaled by 1/sqrt(2 n_layer) (GPT-2, Radford et al. 2019),
         or are zero with ``zero_init_proj`` (modded-nanogpt: each block starts as the identity);
-        norm scales are 1.
+        norm scales are 1; the scalars of ``x0_mix`` and ``unet_skips`` are :data:`SCALAR_INIT`
+        (drawing nothing: the other weights are the same with those options on or off).
         """
         std = self.cfg.init_std
         for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
+            if name in SCALAR_INIT:
+                p.fill_(SCALAR_INIT[name])
+            elif name.endswith("norm.weight"):
                 p.fill_(1.0)
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
                 p.normal_(0.0, std / math.sqrt(2 * self.cfg.n_layer))  # drawn either way: the other
@@ -259,10 +277,33 @@ class GPT(nn.Module):
             pos = positions_in_documents(doc_ids)
             cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)  # (B, 1, T, D)
             mask = document_mask(doc_ids)
-        x = self.embed_tokens(idx)
+        x = x0 = self.embed_tokens(idx)
+        kept: list[torch.Tensor] = []  # unet_skips: the outputs of the first n_layer // 2 blocks
+        skips = self.x_scale is not None or self.unet_scale is not None
         for i, block in enumerate(self.layers):
+            if skips:
+                x = self.skip_in(i, x, x0, kept)
             x = block(x, cos, sin, cache, i, mask)
+            if self.unet_scale is not None and i < self.cfg.n_layer // 2:
+                kept.append(x)
         return self.head(x, labels, reduction)
+
+    def skip_in(self, i: int, x: torch.Tensor, x0: torch.Tensor, kept: list[torch.Tensor]) -> torch.Tensor:
+        """Block ``i``'s input from the previous block's output ``x`` (B, T, C), the embedding output
+        ``x0`` (B, T, C) and the kept outputs ``kept[j]`` of blocks j < n_layer // 2, in ``x``'s dtype.
+
+        ``x0_mix`` first: ``x_scale[i] * x + x0_scale[i] * x0`` (modded-nanogpt, Keller Jordan et al.,
+        MIT: the embedding reaches every block; the idea only). Then ``unet_skips``: block
+        ``i = n_layer - 1 - j`` adds ``unet_scale[j] * kept[j]`` (U-Net, Ronneberger et al. 2015, as
+        modded-nanogpt uses it); with an even ``n_layer`` the first such block, ``n_layer // 2``, adds
+        the output of the block just before it (its ``x`` before the mixing).
+        """
+        if self.x_scale is not None:
+            x = self.x_scale[i] * x + self.x0_scale[i] * x0
+        j = self.cfg.n_layer - 1 - i
+        if self.unet_scale is not None and j < self.cfg.n_layer // 2:
+            x = x + self.unet_scale[j] * kept[j]
+        return x
 
     def head(self, x: torch.Tensor, labels: torch.Tensor | None, reduction: str = "sum") -> torch.Tensor:
         """The final norm, the LM head and, with ``labels``, the cross-entropy: :meth:`forward`

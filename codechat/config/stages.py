@@ -46,6 +46,14 @@ class ModelConfig:
       so every block starts as the identity. Initialisation only: the export is unchanged.
     - ``logit_softcap``: when > 0 the logits are ``cap * tanh(logits / cap)`` (Gemma 2), bounding
       them in (-cap, cap); 0 is off. Llama / Qwen3 have no such field: the HF export refuses it.
+    - ``x0_mix``: before block i the residual stream is ``a_i * x + b_i * x0``, ``x0`` the embedding
+      output, with learned scalars ``a`` (init 1) and ``b`` (init 0): every block can read the
+      token embedding directly, and at init the model computes what it would without the option.
+    - ``unet_skips``: U-net skips (Ronneberger et al. 2015) between blocks: with L = ``n_layer``, the
+      output of block j < L // 2 is added, times a learned scalar ``w_j`` (init 1), to the input of
+      block L - 1 - j. With ``x0_mix`` too, the mixing comes first, then the skip.
+      Both are new parameters outside Llama / Qwen3: the HF export refuses them; a pipeline
+      (``train.pp`` > 1) cannot carry them across its stages and refuses them too.
     """
 
     vocab_size: int = 32768
@@ -64,6 +72,8 @@ class ModelConfig:
     mlp_act: str = "swiglu"  # swiglu | relu2 (MLP_ACTS)
     zero_init_proj: bool = False  # o_proj and down_proj initialised to zero
     logit_softcap: float = 0.0  # > 0: logits = cap * tanh(logits / cap); 0 -> off
+    x0_mix: bool = False  # block i's input a_i * x + b_i * x0 (x0: the embedding output)
+    unet_skips: bool = False  # block L-1-j's input + w_j * block j's output, j < L // 2
 
     #: Fields derived from others when 0 (see :func:`load`: setting an input re-derives them).
     DERIVED: ClassVar[dict[str, tuple[str, ...]]] = {"head_dim": ("n_embd", "n_head"),
@@ -85,10 +95,22 @@ class ModelConfig:
         if self.intermediate_size == 0:
             object.__setattr__(self, "intermediate_size", 4 * self.n_embd if self.mlp_act == "relu2"
                                else 64 * math.ceil(8 * self.n_embd / 3 / 64))
+        _check(not self.unet_skips or self.n_layer >= 2,
+               f"model.unet_skips joins block j to block n_layer - 1 - j for j < n_layer // 2: it needs "
+               f"model.n_layer >= 2, got {self.n_layer}")
         _check(self.logit_softcap >= 0 and math.isfinite(self.logit_softcap),
                f"model.logit_softcap must be >= 0 (0: off), got {self.logit_softcap}")
         _check(self.init_std > 0 and self.norm_eps > 0 and self.rope_theta > 0,
                "model.init_std, model.norm_eps and model.rope_theta must be > 0")
+
+
+def check_pipeline_options(cfg: ModelConfig, pp: int) -> None:
+    """Raises :class:`ConfigError` when ``pp`` > 1 pipeline stages would have to carry ``model.x0_mix``'s
+    embedding or ``model.unet_skips``' block outputs from one stage to another (they do not)."""
+    on = [f"model.{k}" for k in ("x0_mix", "unet_skips") if getattr(cfg, k)]
+    _check(pp == 1 or not on, f"--pp {pp} with {' and '.join(on)}: a pipeline stage sends the next only its "
+                              "hidden states, not the embedding or earlier blocks' outputs these read; "
+                              "use --pp 1 (data parallelism or FSDP) or turn them off")
 
 
 #: Presets. ``tiny`` trains on a 2-core CPU in minutes: at a fixed 9 CPU minutes a narrow model
@@ -411,6 +433,7 @@ class PretrainConfig:
         _check(self.train.pp <= self.model.n_layer,
                f"--pp {self.train.pp} stages for a model of {self.model.n_layer} layers: every stage needs at least "
                f"one block; use --pp <= {self.model.n_layer}")
+        check_pipeline_options(self.model, self.train.pp)
         _check(self.data.seq_len <= self.model.max_seq_len,
                f"data.seq_len={self.data.seq_len} is over the model's limit model.max_seq_len="
                f"{self.model.max_seq_len}; lower --data.seq_len or raise --model.max_seq_len")

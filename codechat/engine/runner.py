@@ -4,7 +4,10 @@
 dtype (bf16 on CUDA, fp32 elsewhere, whatever the checkpoint's dtype) with the query, key and
 value projections fused into one matrix and the SwiGLU gate and up projections into another. Its
 forward pass is token-major: the N tokens of a step are rows of one (N, C) matrix whatever
-sequences they belong to, and only attention knows where each sequence's keys live.
+sequences they belong to, and only attention knows where each sequence's keys live. The model's
+options (``model.mlp_act``, ``logit_softcap``, ``x0_mix``, ``unet_skips``) are computed as
+:class:`codechat.model.GPT` computes them; without ``x0_mix`` and ``unet_skips`` the residual add of
+each block is fused with the next block's norm.
 
 :class:`KVCache` is a fixed pool of ``slots``, each with room for ``max_len`` positions; a
 sequence owns one slot from its prefill until it finishes. Prefill packs prompts of any lengths
@@ -163,6 +166,9 @@ class InferenceModel:
             new[f"{i}.ln1"], new[f"{i}.ln2"] = b.input_layernorm.weight, b.post_attention_layernorm.weight
             if a.q_norm is not None:
                 new[f"{i}.qn"], new[f"{i}.kn"] = a.q_norm.weight, a.k_norm.weight
+        for name in ("x_scale", "x0_scale", "unet_scale"):  # model.x0_mix, model.unet_skips
+            if getattr(model, name) is not None:
+                new[name] = getattr(model, name)
         for name, w in new.items():
             if name in self.weights:
                 self.weights[name].copy_(w.detach())
@@ -184,17 +190,37 @@ class InferenceModel:
         its sequences keep them and returns the attention output (N, H, D).
         """
         w, L = self.weights, self.cfg.n_layer
+        skips = self.cfg.x0_mix or self.cfg.unet_skips  # then each block's input is mixed before its norm
         cos, sin = self.cos[positions], self.sin[positions]
-        x = F.embedding(tokens, w["embed"])
-        h = F.rms_norm(x, (x.size(-1),), w["0.ln1"], self.eps)
+        x = x0 = F.embedding(tokens, w["embed"])
+        kept: list[torch.Tensor] = []
+        h = x if skips else F.rms_norm(x, (x.size(-1),), w["0.ln1"], self.eps)  # skips: skip_in norms it
         for i in range(L):
+            if skips:
+                x, h = self.skip_in(i, x, x0, kept)
             q, k, v = self.qkv_rope(F.linear(h, w[f"{i}.wqkv"]), cos, sin, w.get(f"{i}.qn"), w.get(f"{i}.kn"),
                                     self.n_head, self.n_kv, self.eps)
             y = attend(i, q, k, v).reshape(x.size(0), -1)
             x, h = self.add_norm(x, skinny.linear(y, w[f"{i}.wo"]), w[f"{i}.ln2"], self.eps)
             down = skinny.linear(self.swiglu(F.linear(h, w[f"{i}.wgu"])), w[f"{i}.wdown"])
-            x, h = self.add_norm(x, down, w[f"{i + 1}.ln1"] if i + 1 < L else w["norm"], self.eps)
+            if skips and i + 1 < L:  # the next block's norm comes after its skip_in
+                x = x + down.sum(0).to(x.dtype)
+                if self.cfg.unet_skips and i < L // 2:
+                    kept.append(x)
+            else:
+                x, h = self.add_norm(x, down, w[f"{i + 1}.ln1"] if i + 1 < L else w["norm"], self.eps)
         return h
+
+    def skip_in(self, i: int, x: torch.Tensor, x0: torch.Tensor, kept: list[torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`codechat.model.GPT.skip_in` on token-major states (N, C) in the inference dtype: block
+        ``i``'s input and its first RMSNorm."""
+        w, L = self.weights, self.cfg.n_layer
+        if self.cfg.x0_mix:
+            x = w["x_scale"][i] * x + w["x0_scale"][i] * x0
+        if self.cfg.unet_skips and L - 1 - i < L // 2:
+            x = x + w["unet_scale"][L - 1 - i] * kept[L - 1 - i]
+        return x, F.rms_norm(x, (x.size(-1),), w[f"{i}.ln1"], self.eps)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """(N, vocab_size) float32 logits of final hidden states ``h`` (N, C), never rounded to the

@@ -58,6 +58,8 @@ class HFExportError(ConfigError):
 NOT_EXPORTABLE: dict[str, tuple[Any, str]] = {
     "mlp_act": ("swiglu", "their MLP is always SwiGLU, down(silu(gate(x)) * up(x)); relu2 has no gate"),
     "logit_softcap": (0.0, "they have no final-logit soft-capping (Gemma 2 has; Llama and Qwen3 do not)"),
+    "x0_mix": (False, "their blocks read the previous block's output alone, with no learned mix of the embedding"),
+    "unet_skips": (False, "their blocks have no skip connections from earlier blocks"),
 }
 
 

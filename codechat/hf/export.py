@@ -57,7 +57,8 @@ def export_hf(ckpt: dict[str, Any], out: str | os.PathLike, config: ExportConfig
         ConfigError: ``out`` exists and is not an earlier Hugging Face export, the checkpoint has no
             model config or no tokenizer.
         HFExportError: the model has an option transformers' Llama / Qwen3 cannot express
-            (``model.mlp_act`` relu2, ``model.logit_softcap``; :data:`codechat.hf.config.NOT_EXPORTABLE`).
+            (``model.mlp_act`` relu2, ``model.logit_softcap``, ``model.x0_mix``, ``model.unet_skips``;
+            :data:`codechat.hf.config.NOT_EXPORTABLE`).
     """
     dst, src = Path(out), Path(ckpt["dir"])
     if dst.exists() and not any((dst / f).is_file() for f in HF_FILES):

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from codechat.checkpoint import TIED_HEAD
 from codechat.config.stages import PARALLEL_STRATEGIES as STRATEGIES
-from codechat.config.stages import ConfigError
+from codechat.config.stages import ConfigError, check_pipeline_options
 from codechat.parallel.pipeline import Pipeline, stage_blocks
 from codechat.parallel.state import keyed_by_name, name_optimizer_state, optimizer_parts
 from codechat.parallel.world import World
@@ -34,8 +34,8 @@ class Parallel:
 
     Raises:
         ConfigError: an unknown strategy, HSDP in a world of one node, fewer layers than ``--pp``
-            stages, ``--pp`` with sharded data parallelism, or ``cpu_offload`` outside ``torchrun``
-            (``TrainConfig`` refuses it with DDP or ``--pp``).
+            stages, ``--pp`` with sharded data parallelism or with ``model.x0_mix`` / ``model.unet_skips``,
+            or ``cpu_offload`` outside ``torchrun`` (``TrainConfig`` refuses it with DDP or ``--pp``).
     """
 
     def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp", ac: str = "none",
@@ -52,6 +52,7 @@ class Parallel:
         self.pipeline = None
         if world.pp > 1:
             stage_blocks(model.cfg.n_layer, world.pp, world.pp_rank)  # fewer layers than stages: stop here
+            check_pipeline_options(model.cfg, world.pp)  # x0_mix, unet_skips: not across stages
             if strategy != "ddp" and world.dp_size > 1:
                 raise ConfigError(f"--pp {world.pp} with --parallel {strategy}: stages are replicated over the "
                                   "data-parallel ranks, not sharded, yet; use --parallel ddp")

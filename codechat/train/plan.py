@@ -18,7 +18,7 @@ parallel ranks for FSDP, the ranks of one node for HSDP), ``tokens = micro_batch
 - master: ``Ψ master_bytes / shard``, the fp32 copy an optimizer keeps when the weights are bf16;
 - activations: ``tokens * n_layer * activation_bytes(...)`` saved for backward, plus the one
   block recomputed at a time under checkpointing (:func:`activation_bytes`; a compiled step saves
-  less than an eager one). With ``pp`` stages
+  less than an eager one), plus what ``model.x0_mix`` / ``unet_skips`` keep (:func:`skip_bytes`). With ``pp`` stages
   the 1F1B schedule keeps ``pp`` micro-batches in flight on the first stage, one on the last
   (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
   Megatron-LM", sec. 2.2.1); the plan shows the fuller of the two (GPipe keeps all of them);
@@ -182,7 +182,7 @@ class ParamCounts:
     n_layer: int
     embedding: int  # vocab_size * n_embd
     block: int  # one transformer block: 2 norms, q/k/v/o, optional QK-norm, SwiGLU
-    head: int  # final norm + LM head (the LM head is the embedding when tied)
+    head: int  # final norm + LM head (the LM head is the embedding when tied) + x0_mix's and unet_skips' scalars
     block_matrices: tuple[tuple[int, int], ...]  # shapes of one block's 2-D weights (Muon's hidden matrices)
     head_matrix: int  # elements of the LM head's matrix (cast by autocast even when tied)
 
@@ -198,7 +198,8 @@ def param_counts(cfg: ModelConfig) -> ParamCounts:
     matrices = ((q, h), (kv, h), (kv, h), (h, q)) + mlp
     block = 2 * h + sum(r * c for r, c in matrices) + (2 * cfg.head_dim if cfg.qk_norm else 0)
     lm_head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
-    return ParamCounts(cfg.n_layer, cfg.vocab_size * h, block, h + lm_head, matrices, cfg.vocab_size * h)
+    scalars = 2 * cfg.n_layer * cfg.x0_mix + cfg.n_layer // 2 * cfg.unet_skips  # the model's own, beside the head's
+    return ParamCounts(cfg.n_layer, cfg.vocab_size * h, block, h + lm_head + scalars, matrices, cfg.vocab_size * h)
 
 
 def activation_bytes(cfg: ModelConfig, ac: str, residual_bytes: int, compute_bytes: int,
@@ -277,6 +278,18 @@ class Estimate:
         return self.tensors + self.margin
 
 
+def skip_bytes(cfg: ModelConfig, residual_bytes: int) -> int:
+    """Bytes per token that ``model.x0_mix`` and ``model.unet_skips`` keep for their backward, outside the
+    blocks (checkpointed or not): with ``x0_mix`` the input of every mix (the embedding output and each
+    block's output but the last: ``n_layer`` residual tensors); ``unet_skips`` alone only block
+    ``n_layer // 2 - 1``'s output when ``n_layer`` is even (each other skipped output is the next block's
+    input, kept anyway). A compiled step keeps less (AOTAutograd recomputes some): an upper bound there
+    (``tests/test_model_options.py`` counts both).
+    """
+    L = cfg.n_layer
+    return cfg.n_embd * residual_bytes * (L if cfg.x0_mix else int(cfg.unet_skips and L % 2 == 0))
+
+
 def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Estimate:
     """The estimate of one pipeline stage (``first`` holds the embedding, ``last`` the head and logits)."""
     m, layers, shard = cfg.model, cfg.model.n_layer // cfg.pp, cfg.shard
@@ -299,6 +312,7 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
     acts = in_flight * tokens * layers * activation_bytes(m, cfg.ac, r, c, cfg.compiled)
     if cfg.ac != "none":  # the one block recomputed during its backward
         acts += tokens * activation_bytes(m, "none", r, c, cfg.compiled)
+    acts += tokens * skip_bytes(m, r)  # 0 without x0_mix and unet_skips (refused with pp > 1)
     logits = 0.0
     # with stages the trainer compiles each block and the head runs eager; compile_scope "blocks"
     # compiles the head (GPT.head) as a region of its own, but no graph spans the whole step
@@ -515,5 +529,5 @@ def check_training_memory(model: ModelConfig, train: TrainConfig, optim: OptimCo
 
 
 __all__ = ["PlanConfig", "ParamCounts", "Estimate", "STRATEGIES", "AC_MODES", "param_counts", "activation_bytes",
-           "estimate", "fits", "recommend", "verdict", "format_plan", "plan_config", "print_plan", "warn_if_exceeds",
-           "device_memory_gib", "check_training_memory"]
+           "skip_bytes", "estimate", "fits", "recommend", "verdict", "format_plan", "plan_config", "print_plan",
+           "warn_if_exceeds", "device_memory_gib", "check_training_memory"]
