@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -229,3 +232,33 @@ def test_documents_holding_a_mini_mbpp_problem_are_left_out_and_listed(tok_dir: 
                                                                         write_corpus) -> None:
     """The same on the project's MBPP-shaped file: its test problem 11's asserts are found in a document."""
     check_benchmark_documents_left_out(MINI_MBPP, 5, tok_dir, tmp_path, write_corpus)
+
+
+WORKER_START_SCRIPT = """
+import sys, time
+if __name__ == "__mp_main__":  # a spawned worker importing its parent's script: slow, as a torch script's imports
+    with open(sys.argv[1], "a") as f:
+        print(time.time(), file=f)
+    time.sleep({slow_s})
+if __name__ == "__main__":
+    from codechat.data.corpus import benchmark_decontaminator, build_corpus
+    build_corpus([sys.argv[2]], sys.argv[3], sys.argv[4], val_fraction=0.5, workers={workers}, show_progress=False,
+                 decontaminator=benchmark_decontaminator(unchecked=()))
+"""
+
+
+def test_workers_start_together_when_the_script_imports_slowly(tok_dir: Path, tmp_path: Path, write_corpus) -> None:
+    """Spawned workers re-import the calling script; with a decontaminator (megabytes of n-grams) they must still
+    start at once, not one after the other (pretrain_ablation.py: n_workers x its torch imports, minutes)."""
+    slow_s, workers = 4.0, 3  # one after the other they would start >= 2 * slow_s apart; margin for a loaded CI
+    script = tmp_path / "slow_main.py"
+    script.write_text(WORKER_START_SCRIPT.format(slow_s=slow_s, workers=workers))
+    src = write_corpus(tmp_path / "src", {"train": ["a = 1\n", "b = 2\n"], "val": ["c = 3\n"]}, 0.5)
+    starts = tmp_path / "starts.txt"
+    proc = subprocess.run([sys.executable, str(script), str(starts), str(src), str(tok_dir), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert proc.returncode == 0, proc.stderr
+    times = [float(t) for t in starts.read_text().split()]
+    assert len(times) == workers and load_index(tmp_path / "out")["decontamination"]["problems"] == {"HumanEval": 164}
+    assert max(times) - min(times) < slow_s, f"the workers started {max(times) - min(times):.1f} s apart"

@@ -27,9 +27,12 @@ and de-duplication keeps a 32-byte hash per document.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
+import pickle
+import tempfile
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -63,12 +66,31 @@ MP_START_METHOD = "spawn"
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer_dir: str, dtype: str, decontaminator: Any, quality: str = "off",
+def _init_worker(tokenizer_dir: str, dtype: str, decontaminator_file: str | None, quality: str = "off",
                  weights: dict[str, float] | None = None) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
     tok = Tokenizer.load(tokenizer_dir)
-    _WORKER.update(tok=tok, end=np.array([tok.end_id], dtype=dtype), dtype=dtype, decon=decontaminator,
+    decon = pickle.loads(Path(decontaminator_file).read_bytes()) if decontaminator_file else None
+    _WORKER.update(tok=tok, end=np.array([tok.end_id], dtype=dtype), dtype=dtype, decon=decon,
                    quality=quality, weights=weights or {})
+
+
+@contextlib.contextmanager
+def _pickled(obj: Any) -> Iterator[str | None]:
+    """The path of a private temporary file holding ``obj`` pickled (None for None), removed on exit.
+
+    Workers load the decontaminator from it rather than from ``initargs``: a spawned worker reads its
+    initargs from a pipe only after importing the parent's ``__main__`` script, so initargs larger than the
+    pipe (the decontaminator's n-gram index: 3-6 MB) hold ``Pool()`` until that worker is up, and the workers
+    start one after the other (``benchmarks/pretrain_ablation.py``, which imports torch: 189-245 s for a corpus
+    the speedrun built in ~18 s on 16 cores)."""
+    if obj is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="codechat-corpus-") as tmp:
+        path = Path(tmp) / "object.pkl"
+        path.write_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        yield str(path)
 
 
 def _encode_batch(split: str, names: list[str], texts: list[str]
@@ -248,8 +270,9 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
     ctx = mp.get_context(MP_START_METHOD)
     excluded: list[dict[str, Any]] = []
     report = QualityReport(quality, weights) if quality != "off" else None
-    with ctx.Pool(n_workers, initializer=_init_worker,
-                  initargs=(str(tokenizer_dir), dtype, decontaminator, quality, weights)) as pool, \
+    with _pickled(decontaminator) as decon_file, \
+            ctx.Pool(n_workers, initializer=_init_worker,
+                     initargs=(str(tokenizer_dir), dtype, decon_file, quality, weights)) as pool, \
             tqdm(total=len(sources) if files_only else None, desc="corpus", unit="doc",
                  disable=not show_progress) as bar:
         docs = split_documents(sources, val_fraction, max_bytes=max_bytes, skipped=skipped, text_fields=text_fields,
