@@ -26,6 +26,7 @@ import textwrap
 import time
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -283,3 +284,23 @@ def served(funcall_stage, tmp_path_factory):
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def saved_for_backward(model: Any, step: Callable, x: Any, y: Any) -> int:
+    """Bytes of the storages one step of ``step(x, y)`` (``model``, compiled or not; bf16 autocast on the CPU)
+    saves for its backward, each storage once, leaving out ``model``'s parameters and buffers, the inputs
+    and tensors shaped as a parameter (the autocast copies of the weights are the planner's buffers); then runs
+    the backward."""
+    import torch
+    skip = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), x, y)}
+    weight_shapes = {tuple(p.shape) for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in skip and tuple(t.shape) not in weight_shapes:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16):
+        loss = step(x, y)
+    loss.backward()
+    return sum(saved.values())

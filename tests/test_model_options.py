@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import saved_for_backward
 
 from codechat import checkpoint as ckpt
 from codechat.config.stages import (ConfigError, DataConfig, ModelConfig, OptimConfig, PretrainConfig, RunConfig,
@@ -360,7 +361,7 @@ def test_training_with_skips_lowers_the_loss_moves_the_scalars_and_its_checkpoin
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_the_planner_counts_what_the_skips_keep_for_the_backward(compiled):
     """Bytes the skips add to what a step saves for its backward (bf16 autocast on fp32 weights, counted per
-    storage as tests/test_plan.py counts them) equal :func:`codechat.train.plan.skip_bytes` eager, and stay
+    storage by conftest.saved_for_backward, as tests/test_plan.py counts them) equal :func:`codechat.train.plan.skip_bytes` eager, and stay
     under it compiled."""
     from codechat.train.plan import skip_bytes
     B, T = 2, 16
@@ -370,22 +371,8 @@ def test_the_planner_counts_what_the_skips_keep_for_the_backward(compiled):
         model = build_model(cfg)
         step = torch.compile(model) if compiled else model
         x = torch.randint(0, 97, (B, T))
-        skip = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), x)}
-        weights = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}  # and their bf16 casts
-
-        def once():
-            kept = {}
-
-            def pack(t):
-                if t.untyped_storage().data_ptr() not in skip and tuple(t.shape) not in weights:
-                    kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-                return t
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16):
-                loss = step(x, x)
-            loss.backward()
-            return sum(kept.values())
-        once()  # the first call compiles
-        return once()
+        saved_for_backward(model, step, x, x)  # the first call compiles
+        return saved_for_backward(model, step, x, x)
 
     cases = [(3, SKIPS[2]), (4, SKIPS[1])] if compiled else [(n, kw) for n in (3, 4) for kw in SKIPS]
     for n, kw in cases:

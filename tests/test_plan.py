@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import saved_for_backward
 
 from codechat.cli import main
 from codechat.config.stages import ConfigError, ModelConfig, OptimConfig, preset
@@ -72,24 +73,9 @@ def test_compiled_activation_bytes_match_what_a_compiled_step_saves():
     model.init_weights()
     step = torch.compile(model)
     x, y = torch.randint(0, SMALL.vocab_size, (B, T)), torch.randint(0, SMALL.vocab_size, (B, T))
-    skip = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), x, y)}
-    weight_shapes = {tuple(p.shape) for p in model.parameters()}
-
-    def saved_bytes() -> int:
-        saved: dict[int, int] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            if t.untyped_storage().data_ptr() not in skip and tuple(t.shape) not in weight_shapes:
-                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16):
-            loss = step(x, y)
-        loss.backward()
-        return sum(saved.values())
-
-    saved_bytes()  # the first call compiles
+    saved_for_backward(model, step, x, y)  # the first call compiles
     e = estimate(PlanConfig(model=SMALL, micro_batch_size=B, seq_len=T, compiled=True))
-    assert saved_bytes() == e.activations + e.logits
+    assert saved_for_backward(model, step, x, y) == e.activations + e.logits
     eager = estimate(PlanConfig(model=SMALL, micro_batch_size=B, seq_len=T))
     assert eager.activations + eager.logits > 2 * (e.activations + e.logits)
     assert e.tensors == e.weights + e.optimizer + e.master + e.activations + e.logits + e.buffers  # no grads yet
