@@ -17,6 +17,13 @@ A row therefore joins a running batch as soon as a slot frees and leaves it when
 a row that emitted a stop id may run on until the host sees it (the rest of its launch and the
 next one), and those tokens are dropped.
 Tokens come back as :class:`Token` events, in order per row, for streaming.
+
+Constrained rows (a :class:`Request` with a ``grammar``, :mod:`codechat.engine.grammar`): each token's
+mask depends on the token before it, so while any running row is constrained a step drains every
+launch first, then launches one decode step (one replay of a graph that reads the mask from a
+device buffer; free rows get an all-ones mask) and reads it back at once. Free rows then draw the
+same tokens as alone (the noise is counter-based, the mask changes nothing for them), one step a
+launch. Without a constrained row the fast path above is unchanged.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ..model import GPT
+from .grammar import GrammarMatcher, fill_rows, unpack, words
 from .runner import InferenceModel, KVCache
 from .sampling import RowParams, row_seed, sample
 from .types import CPU_CACHE_BYTES, EngineConfig, Request, Sample, Token
@@ -39,6 +47,7 @@ class _Row:
     slot: int = -1
     launched: int = 0  # tokens whose computation has been launched
     out: Sample = field(default_factory=Sample)
+    matcher: GrammarMatcher | None = None  # the row's place in its request's grammar
 
 
 @dataclass
@@ -95,10 +104,15 @@ class Engine:
         self.budget = z(torch.long)  # tokens each slot's row may still generate
         self.temperature, self.top_p, self.top_k = z(torch.float32), torch.ones(S, device=dev), z(torch.long)
         self.active = torch.zeros(S, dtype=torch.bool, device=dev)
+        self.vocab_size = mc.vocab_size
+        # allowed tokens of each slot's next position (grammar.py's bitmask; all ones for a free row)
+        self.bitmask = torch.full((S, words(mc.vocab_size)), -1, dtype=torch.int32, device=dev)
+        self._host_mask = torch.full((S, words(mc.vocab_size)), -1, dtype=torch.int32, pin_memory=cuda)
         self.cu_q = torch.arange(S + 1, dtype=torch.int32, device=dev)
         self.cu_k = self.cu_q * self.cache.positions
-        # (batch bucket, (filtered, sampled)) -> the captured decode steps and their outputs
-        self.graphs: dict[tuple[int, tuple[bool, bool]], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        # (batch bucket, (filtered, sampled), masked) -> the captured decode steps and their outputs
+        self.graphs: dict[tuple[int, tuple[bool, bool], bool],
+                          tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._pool = None
         self._free = list(range(S))  # a heap: the lowest free slot first keeps batches small
         self._rows: list[_Row | None] = [None] * S
@@ -121,8 +135,11 @@ class Engine:
         Raises:
             ValueError: prompt plus ``max_new_tokens`` is longer than the engine's ``max_len``
                 (shorten the prompt, lower ``max_new_tokens`` or raise ``EngineConfig.max_len``;
-                nothing is cut silently).
+                nothing is cut silently), or a grammar compiled for more ids than the model has.
         """
+        if request.grammar is not None and request.grammar.vocab_size > self.vocab_size:
+            raise ValueError(f"the request's grammar was compiled for {request.grammar.vocab_size} ids, the model has "
+                             f"{self.vocab_size}: compile it with GrammarCompiler(tok, vocab_size={self.vocab_size})")
         total = len(request.prompt) + request.sampling.max_new_tokens
         if total > self.max_len:
             raise ValueError(f"prompt of {len(request.prompt)} tokens + max_new_tokens "
@@ -161,8 +178,12 @@ class Engine:
 
     def step(self) -> list[Token]:
         """One scheduler step (module docstring); returns the tokens that came back."""
-        launched = self._launch_decode()
-        events = self._drain(keep=launched)
+        if any(r is not None and r.matcher is not None for r in self._rows):
+            events = self._drain(keep=None)  # every token in: the next masks depend on them
+            launched = self._launch_decode(masked=True)
+            events += self._drain(keep=None) if launched is None else self._drain(keep=None, also=launched)
+        else:
+            events = self._drain(keep=self._launch_decode())
         self._admit()
         return events
 
@@ -255,10 +276,15 @@ class Engine:
         return _Launch(rows, index, host_t, host_l, ev)
 
     @torch.inference_mode()
-    def _launch_decode(self) -> _Launch | None:
+    def _launch_decode(self, masked: bool = False) -> _Launch | None:
+        """Launch the decode steps of every running row (one step, under the grammars' masks, when ``masked``)."""
         rows = [r for r in self._rows if r is not None and r.out.finish is None and r.launched < r.req.sampling.max_new_tokens]
         if not rows:
             return None
+        steps = 1 if masked else self.decode_steps
+        if masked:
+            fill_rows([(r.matcher, r.slot) for r in rows if r.matcher is not None], self._host_mask)
+            self.bitmask.copy_(self._host_mask, non_blocking=True)
         top = max(r.slot for r in rows) + 1
         b = next(k for k in self._buckets() if k >= top)
         key = tuple(r.slot for r in rows)
@@ -270,14 +296,15 @@ class Engine:
             self._active_rows = key
         kind = _kind(rows)
         if self.cuda and self.config.cuda_graphs:
-            if (b, kind) not in self.graphs:
-                self.graphs[b, kind] = self._capture(b, kind)
-            graph, (tok, lps) = self.graphs[b, kind]
+            if (b, kind, masked) not in self.graphs:
+                self.graphs[b, kind, masked] = self._capture(b, kind, masked)
+            graph, (tok, lps) = self.graphs[b, kind, masked]
             graph.replay()
         else:
-            tok, lps = self._decode_steps(b, kind, None if self.cuda else max(r.launched + len(r.req.prompt) for r in rows))
+            tok, lps = self._decode_steps(b, kind, None if self.cuda else max(r.launched + len(r.req.prompt) for r in rows),
+                                          masked)
         for r in rows:
-            r.launched = min(r.launched + self.decode_steps, r.req.sampling.max_new_tokens)
+            r.launched = min(r.launched + steps, r.req.sampling.max_new_tokens)
         return self._launch(rows, tok, lps, [r.slot for r in rows])
 
     def _buckets(self) -> list[int]:
@@ -287,20 +314,23 @@ class Engine:
             k *= 2
         return out + [self.slots]
 
-    def _decode_steps(self, b: int, kind: tuple[bool, bool], max_used: int | None = None
+    def _decode_steps(self, b: int, kind: tuple[bool, bool], max_used: int | None = None, masked: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``decode_steps`` decode steps of slots ``0..b-1``, all on the device (a CUDA graph
-        captures them whole). Each: the forward pass (writing their keys and values), sampling
+        """``decode_steps`` decode steps of slots ``0..b-1`` (one when ``masked``), all on the device
+        (a CUDA graph captures them whole). Each: the forward pass (writing their keys and values),
+        with ``masked`` the logits of tokens ``self.bitmask`` forbids set to ``-inf``, sampling
         (``kind`` = the rows' ``(filtered, sampled)``, :class:`RowParams`), and, for active rows
         with budget left, the update of their current token, length, counter and budget.
         ``max_used`` (host) bounds the first step's attended positions off CUDA. Returns the
         (steps, b) tokens and the (steps, 2, b) log-probabilities."""
         m, toks, lps = self.model, [], []
         lengths = self.lengths[:b]
-        for i in range(self.decode_steps):
+        for i in range(1 if masked else self.decode_steps):
             attend = m.decode_attend(self.cache, lengths, self.cu_q[:b + 1], self.cu_k[:b + 1],
                                      None if max_used is None else max_used + i)
             logits = m.logits(m.forward(self.tokens[:b], lengths, attend))
+            if masked:
+                logits = logits.masked_fill(~unpack(self.bitmask[:b], logits.size(-1)), float("-inf"))
             tok, lp, lp1 = sample(logits, self._params(slice(0, b), kind))
             go = self.active[:b] & (self.budget[:b] > 0)
             self.tokens[:b] = torch.where(go, tok, self.tokens[:b])
@@ -311,7 +341,8 @@ class Engine:
             lps.append(torch.stack([lp, lp1]))
         return torch.stack(toks), torch.stack(lps)
 
-    def _capture(self, b: int, kind: tuple[bool, bool]) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]:
+    def _capture(self, b: int, kind: tuple[bool, bool], masked: bool
+                 ) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]:
         """A CUDA graph of :meth:`_decode_steps`. Warm-up runs (compilation, cuBLAS workspaces)
         happen on a side stream and their state updates are undone, so capturing changes nothing."""
         kept = (self.tokens, self.lengths, self.counter, self.budget)
@@ -320,20 +351,21 @@ class Engine:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._decode_steps(b, kind)
+                self._decode_steps(b, kind, masked=masked)
         torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._decode_steps(b, kind)
+            out = self._decode_steps(b, kind, masked=masked)
         for t, saved in zip(kept, state):
             t[:b].copy_(saved)
         return graph, out
 
-    def _drain(self, keep: _Launch | None) -> list[Token]:
+    def _drain(self, keep: _Launch | None, also: _Launch | None = None) -> list[Token]:
+        """Read back every pending launch but ``keep`` (and then ``also``, a launch not yet pending)."""
         events: list[Token] = []
-        todo = [x for x in self._pending if x is not keep]
+        todo = [x for x in self._pending if x is not keep] + ([also] if also is not None else [])
         self._pending = [keep] if keep is not None else []
         for launch in todo:
             if launch.event is not None:
@@ -347,7 +379,8 @@ class Engine:
                     out.token_ids.append(t)
                     out.logprobs.append(lps[0][j])
                     out.logprobs_t1.append(lps[1][j])
-                    finish = ("stop" if t in row.req.stop_ids else
+                    grammar_done = row.matcher is not None and (not row.matcher.consume(t) or row.matcher.done)
+                    finish = ("stop" if t in row.req.stop_ids or grammar_done else
                               "length" if len(out.token_ids) >= row.req.sampling.max_new_tokens else None)
                     events.append(Token(row.rid, row.sample, t, lps[0][j], lps[1][j], finish))
                     if finish:
@@ -356,6 +389,8 @@ class Engine:
 
     def _release(self, row: _Row, finish: str) -> None:
         row.out.finish = finish
+        if row.matcher is not None:
+            self._host_mask[row.slot] = -1  # the slot's next row may be free
         self._open[row.rid] -= 1
         if self._rows[row.slot] is row:
             self._rows[row.slot] = None
@@ -407,6 +442,14 @@ class Engine:
         m = self.model
         h = m.forward(tokens, positions, m.prefill_attend(self.cache, seg_lens, cu, dest))
         logits = m.logits(h[h2d([c - 1 for c in cu_host[1:]], long)])[h2d(which, long)]
+        constrained = [(j, r) for j, r in enumerate(rows) if r.req.grammar is not None]
+        if constrained:
+            mask = torch.full((len(rows), self.bitmask.size(1)), -1, dtype=torch.int32)
+            for j, r in constrained:
+                r.matcher = r.req.grammar.matcher()
+            fill_rows([(r.matcher, j) for j, r in constrained], mask)
+            logits = logits.masked_fill(~unpack(mask.to(self.device), logits.size(-1)),
+                                        float("-inf"))
         slots = h2d([r.slot for r in rows], long)
         sc = [r.req.sampling for r in rows]
         self.temperature[slots] = h2d([c.temperature for c in sc], torch.float32)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .sampling import SamplingConfig
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
 
 FINISH_REASONS = ("stop", "length", "cancelled")
 CPU_CACHE_BYTES = 1 << 30  #: the automatic slot count keeps a CPU cache under this
@@ -73,6 +76,10 @@ class Request:
             Sample ``i`` of seed ``s`` is the same whatever else runs beside it.
         seed: the request's seed.
         stop_ids: a row that emits one of these finishes with reason ``stop`` (the id is kept).
+        grammar: a compiled constraint (:class:`codechat.engine.grammar.Grammar`) every row of the
+            request follows: tokens it forbids get probability 0 before temperature, top-k and
+            top-p, both returned log-probs are taken after that mask, and a row also finishes
+            (``stop``) when its grammar is complete. None: free.
     """
 
     prompt: Sequence[int]
@@ -80,6 +87,7 @@ class Request:
     samples: int | Sequence[int] = 1
     seed: int = 0
     stop_ids: Sequence[int] = ()
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
