@@ -153,17 +153,24 @@ def unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 class GrammarCompiler:
     """Compiles constraints against ``tok`` (and caches them: the same constraint twice is one compile).
 
+    Masks cover the tokenizer's ids (``vocab_size`` = ``tok.vocab_size``); a model whose logits are
+    wider (padded vocabulary) never gets the ids past them under a grammar.
+
     Args:
         tok: the model's tokenizer.
-        vocab_size: the model's logits width (>= ``tok.vocab_size``; ids past the tokenizer are never allowed).
+        model_vocab_size: the model's logits width, checked against the tokenizer (0: not checked).
 
     Raises:
         GrammarUnavailable: llguidance is not installed.
+        ValueError: the tokenizer has more ids than the model's logits.
     """
 
-    def __init__(self, tok: Tokenizer, vocab_size: int = 0) -> None:
+    def __init__(self, tok: Tokenizer, model_vocab_size: int = 0) -> None:
         llg = _llg()
-        self.vocab_size = max(vocab_size, tok.vocab_size)
+        if 0 < model_vocab_size < tok.vocab_size:
+            raise ValueError(f"the tokenizer has {tok.vocab_size} ids, the model's logits only {model_vocab_size}: "
+                             "this tokenizer is not the model's")
+        self.vocab_size = tok.vocab_size
         self.tok = tok
 
         class _Wrapped:  # what llguidance.TokenizerWrapper reads
@@ -174,7 +181,7 @@ class GrammarCompiler:
             def __call__(self, s: str | bytes) -> list[int]:
                 return tok.encode(s.decode("utf-8", errors="replace") if isinstance(s, bytes) else s)
 
-        self._lltok = llg.LLTokenizer(llg.TokenizerWrapper(_Wrapped()), n_vocab=self.vocab_size)
+        self._lltok = llg.LLTokenizer(llg.TokenizerWrapper(_Wrapped()))
         self._cache: dict[str, Grammar] = {}
         self._lock = threading.Lock()
 

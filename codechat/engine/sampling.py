@@ -77,7 +77,10 @@ def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, ids: torch.Tensor)
     """
     row = _hash31(seeds + _hash31(counters * 0x5BD1E995 + 0x1B873593))
     h = _hash31(row.unsqueeze(1) + _hash31(ids * 0x27D4EB2F + 0x165667B1))
-    u = ((h >> 7).float() + 0.5) * (1.0 / (1 << 24))  # strictly inside (0, 1)
+    # 23 bits: (2^23 - 1 + 0.5) / 2^23 = 1 - 2^-24 is exact in float32, so u stays strictly inside (0, 1).
+    # (24 bits rounded 2^24 - 0.5 up to 2^24: u = 1, noise +inf, and that id won whatever its logit,
+    # -inf included: about one token in 512 with a 32k vocabulary.)
+    u = ((h >> 8).float() + 0.5) * (1.0 / (1 << 23))
     return -torch.log(-torch.log(u))
 
 

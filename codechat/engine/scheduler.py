@@ -138,8 +138,8 @@ class Engine:
                 nothing is cut silently), or a grammar compiled for more ids than the model has.
         """
         if request.grammar is not None and request.grammar.vocab_size > self.vocab_size:
-            raise ValueError(f"the request's grammar was compiled for {request.grammar.vocab_size} ids, the model has "
-                             f"{self.vocab_size}: compile it with GrammarCompiler(tok, vocab_size={self.vocab_size})")
+            raise ValueError(f"the request's grammar was compiled for a tokenizer of {request.grammar.vocab_size} ids, "
+                             f"the model has {self.vocab_size}: compile it with the model's own tokenizer")
         total = len(request.prompt) + request.sampling.max_new_tokens
         if total > self.max_len:
             raise ValueError(f"prompt of {len(request.prompt)} tokens + max_new_tokens "
