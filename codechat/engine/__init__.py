@@ -6,6 +6,8 @@
   static-shape decode through FlashAttention's variable-length kernel;
 - :mod:`.types`: :class:`EngineConfig`, :class:`Request`, the :class:`Token` events and :class:`Sample` s;
 - :mod:`.scheduler`: :class:`Engine`, continuous batching of :class:`Request` s with CUDA graphs;
+- :mod:`.grammar`: constraints (JSON schema, regex, Lark) compiled against the tokenizer, and the
+  per-row token masks a constrained :class:`Request` is sampled under;
 - :mod:`.completion`: code completion with a base model (where it ends, the best of n by mean log-probability).
 """
 from .sampling import SamplingConfig

@@ -69,7 +69,6 @@ class GrammarUnavailable(RuntimeError):
 def _llg() -> Any:
     try:
         import llguidance
-        import llguidance.torch  # noqa: F401  (the bitmask helpers)
     except ImportError:
         raise GrammarUnavailable() from None
     return llguidance
