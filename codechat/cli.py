@@ -345,15 +345,25 @@ def _add_funcall(sub: argparse._SubParsersAction) -> None:
                    help="tokens generated per model turn at most (default %(default)s; the model's context caps it)")
     p.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy, the most reliable calls")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default %(default)s: off)")
+    p.add_argument("--tool-choice", default="auto", metavar="auto|required|none|NAME",
+                   help="auto (default): the model calls a tool or answers in text; required: the first reply to "
+                        "each user turn is a call (to any tool), NAME: a call to that tool — both constrained to the "
+                        "tools' schemas, the replies after a function response then auto; none: no tool is declared "
+                        "and nothing runs")
+    p.add_argument("--strict", action="store_true",
+                   help="constrain every call to the declared tools and their parameter schemas (under auto too): "
+                        "calls always parse and validate. Constraints need the grammar extra "
+                        "(pip install 'codechat[grammar]'); a schema it cannot compile is an error naming where")
     _add_common(p)
     p.set_defaults(func=_cmd_funcall)
 
 
 def _cmd_funcall(args: argparse.Namespace) -> int:
-    from codechat.chat.funcall import load_tools, run_session  # no torch: the tools are checked in a second
+    from codechat.chat.funcall import check_tool_choice, load_tools, run_session  # no torch: tools checked in a second
     if args.max_tool_calls < 0:
         raise ValueError(f"--max-tool-calls must be >= 0, got {args.max_tool_calls}")
     tools = load_tools(args.executors, args.tools)  # a bad executors file is reported before torch and the model load
+    check_tool_choice(args.tool_choice, tools)
     from .checkpoint import FUNCALL_STAGES, load_model, resolve
     from codechat.config.device import resolve_device
     from .engine import Engine, EngineConfig, SamplingConfig
@@ -361,7 +371,7 @@ def _cmd_funcall(args: argparse.Namespace) -> int:
     engine = Engine(model, EngineConfig(slots=1))
     cfg = SamplingConfig(args.max_new_tokens, args.temperature, 0, args.top_p)
     run_session(engine, tok, tools, cfg, system=args.system, user=args.user, max_tool_calls=args.max_tool_calls,
-                show_trace=args.show_trace, seed=_seed(args.seed))
+                show_trace=args.show_trace, seed=_seed(args.seed), tool_choice=args.tool_choice, strict=args.strict)
     return 0
 
 
@@ -472,11 +482,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    """The errors printed as one line (exit 2). ``CheckpointError`` only once its module is imported (a
-    command that raised one imported it): importing it loads torch, ~200 MB and a second, for commands
-    that never touch a checkpoint (``tokenizer``, ``data``) and their worker processes."""
+    """The errors printed as one line (exit 2). ``CheckpointError`` and ``GrammarUnavailable`` (the grammar
+    extra missing) only once their modules are imported (a command that raised one imported it): importing
+    them loads torch, ~200 MB and a second, for commands that never touch a checkpoint (``tokenizer``,
+    ``data``) and their worker processes."""
     checkpoint = sys.modules.get(f"{__package__}.checkpoint")
-    return (ConfigError, FileNotFoundError, ValueError) + ((checkpoint.CheckpointError,) if checkpoint else ())
+    grammar = sys.modules.get(f"{__package__}.engine.grammar")
+    return ((ConfigError, FileNotFoundError, ValueError) + ((checkpoint.CheckpointError,) if checkpoint else ())
+            + ((grammar.GrammarUnavailable,) if grammar else ()))
 
 
 def main(argv: list[str] | None = None) -> int:

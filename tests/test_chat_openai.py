@@ -15,6 +15,7 @@ from codechat.data.formats import FormatError, to_conversation
 from codechat.data.teacher import request_messages
 from codechat.data.teacher_store import Prompt
 from codechat.serve.config import ServeConfig
+from codechat.serve.constraints import Grammars
 from codechat.serve.protocol import APIError, parse_chat_request
 
 WEATHER = {"name": "weather", "description": "Weather of a city",
@@ -78,12 +79,14 @@ def test_training_data_a_served_request_and_a_teachers_request_render_alike(tok)
                                                "function_response"]
     assert data.messages[0].content == "Be brief." and data.messages[3].function_call["arguments"] == {
         "city": "Zürich"}
-    served = parse_chat_request({"model": "codechat", "messages": raw, "tools": tools}, tok, 1024, ServeConfig())
+    grammars = Grammars(tok, tok.vocab_size)  # none is compiled: no request here asks for one
+    served = parse_chat_request({"model": "codechat", "messages": raw, "tools": tools}, tok, 1024, ServeConfig(),
+                                grammars)
     assert served.conversation == data
     assert list(served.engine_request.prompt) == render_for_completion(tok, data)
     sent = request_messages(Prompt("p", data))
     again = parse_chat_request({"model": "codechat", "messages": sent, "tools": openai_tools(data)}, tok, 1024,
-                               ServeConfig())
+                               ServeConfig(), grammars)
     assert list(again.engine_request.prompt) == list(served.engine_request.prompt)
     assert render(tok, data)[0] == list(served.engine_request.prompt[:-1])  # the prompt is the data and <|assistant|>
 
@@ -115,5 +118,5 @@ def test_a_message_that_does_not_map_names_its_field_for_data_and_for_serve(tok,
     if isinstance(messages, list):
         with pytest.raises(APIError) as e:
             parse_chat_request({"model": "codechat", "messages": messages + [{"role": "user", "content": "x"}]}, tok,
-                               256, ServeConfig())
+                               256, ServeConfig(), Grammars(tok, tok.vocab_size))
         assert e.value.status == 400 and e.value.param == param

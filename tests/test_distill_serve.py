@@ -5,8 +5,9 @@ the tiny model taught one function-calling conversation), then ``codechat sft
 Each prompt's outcome is checked against the engine run greedily in this process on the same
 checkpoint and the same rendered prompt: a kept text answer is the engine's text, a kept call is
 the call the model was taught, a rejection has the reason the engine's output earns (cut at
-``max_tokens``; stopped at ``<|function_call|>`` with no tools declared; a call that does not
-parse). The usage stored with each answer is the rendered prompt's length and the engine's
+``max_tokens``; stopped at ``<|function_call|>`` with no tools declared). A call that does not
+parse reaches distill as plain text (the server never puts ``<|function_call|>`` in ``content``),
+so distill cannot tell it from an answer and keeps it. The usage stored with each answer is the rendered prompt's length and the engine's
 token count, so the prompt the server rendered from distill's messages (history, calls and
 tool responses included) is the one codechat renders from the record."""
 from __future__ import annotations
@@ -47,7 +48,7 @@ RECORDS = {
     "call": ({"messages": [{"role": "user", "content": "Weather in Tokyo?"}]}, True, "call"),
     "history": ({"messages": HISTORY + [{"role": "assistant", "content": "not part of the prompt"}]}, True, "text"),
     "broken": ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-                             {"role": "user", "content": "Weather in Tokyo?"}]}, True, "bad_tool_arguments"),
+                             {"role": "user", "content": "Weather in Tokyo?"}]}, True, "unparsed_call"),
 }
 
 
@@ -111,17 +112,19 @@ def test_distill_from_codechat_serve_keeps_the_engines_greedy_answers_then_sft_t
             assert ids == [tok.special_id(FUNCTION_CALL_TOKEN), *tok.encode(format_call(CALL)), tok.end_id]
             assert line["answer"] == [{"role": "assistant", "content": "", "function_call": CALL}]
             assert line["finish_reason"] == "tool_calls"
+        elif outcome == "unparsed_call":  # its text without the <|function_call|> id: kept as an answer
+            assert ids[0] == tok.special_id(FUNCTION_CALL_TOKEN) and reply.call is None and reply.error
+            text = tok.decode([t for t in ids if t not in tok.special_ids]).strip()
+            assert finish == "stop" and line["answer"] == [{"role": "assistant", "content": text}], pid
         else:
             assert line["reason"] == outcome and line["final"] is True, (pid, line)
             if outcome == "length":
                 assert finish == "length" and len(ids) == MAX_TOKENS
                 assert line["message"]["content"] == tok.decode(ids)
-            elif outcome == "empty_content":
+            else:  # empty_content
                 assert ids == [tok.special_id(FUNCTION_CALL_TOKEN)]
-            else:  # a call that does not parse reaches distill as text and is rejected, not trained on
-                assert ids[0] == tok.special_id(FUNCTION_CALL_TOKEN) and reply.call is None and reply.error
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["kept"] == 3 and summary["rejected"] == {"length": 1, "empty_content": 1, "bad_tool_arguments": 1}
+    assert summary["kept"] == 4 and summary["rejected"] == {"length": 1, "empty_content": 1}
     assert (summary["failed"], summary["pending"], summary["prompts"]) == ({}, 0, len(RECORDS))
     assert summary["tokens"] == tokens and summary["this_run"]["requests"] == len(RECORDS)
     assert summary["this_run"]["retries"] == {} and summary["teacher"]["temperature"] == 0.0
@@ -151,7 +154,7 @@ def test_distill_from_codechat_serve_keeps_the_engines_greedy_answers_then_sft_t
         rendered.append(render_with_budget(tok, Conversation(conv.messages[:last + 1] + answers[json.loads(ln)["id"]],
                                                              conv.tools), cfg))
     report = json.loads((tmp_path / "sft" / "data_report.json").read_text())["preflight"]
-    assert (report["seen"], report["kept"]) == (3, 3)
+    assert (report["seen"], report["kept"]) == (4, 4)
     assert report["tokens"] == sum(len(r.ids) for r in rendered)  # trained on the prompts plus the teacher's answers
     assert report["supervised_tokens"] == sum(sum(r.mask) for r in rendered)
     assert Message("assistant", "", CALL) in answers["call"]

@@ -184,3 +184,89 @@ def test_a_bad_record_error_of_eval_suggests_no_flag_eval_lacks(tmp_path, capsys
     err = capsys.readouterr().err
     assert code == 2 and f"{bad}:2: record fits no format" in err, err
     assert "skip" not in err  # `codechat eval` has no --skip-bad
+
+
+# ----------------------------------------------------------------------------- strict decoding (--strict)
+def taught_conversation(path: Path, executors: Path) -> Path:
+    """``path``: funcall_stage's one conversation (call weather(Tokyo), read 21, say so) in OpenAI's layout."""
+    from codechat.tools import load_executors
+    [tool] = load_executors(executors)
+    path.write_text(json.dumps({"tools": [{"type": "function", "function": tool.schema()}], "messages": [
+        {"role": "user", "content": "Weather in Tokyo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Tokyo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"temp_c": 21}'},
+        {"role": "assistant", "content": "It is 21 C in Tokyo."}]}) + "\n")
+    return path
+
+
+def eval_run(model, data: Path, out: Path, *args: str) -> int:
+    from codechat.cli import main
+    return main(["eval", "run", "--model", str(model), "--suite", f"funcall:{data}", "--split", "all", "--out", str(out),
+                 "--device", "cpu", "--max-new-tokens", "40", *args])
+
+
+def test_strict_both_writes_the_free_and_the_strict_figures_and_every_strict_call_validates(funcall_stage, tmp_path,
+                                                                                            capsys):
+    pytest.importorskip("llguidance", reason="the grammar extra (llguidance) is not installed")
+    import jsonschema
+    stage, executors = funcall_stage
+    data = taught_conversation(tmp_path / "taught.jsonl", executors)
+    assert eval_run(stage, data, tmp_path / "both", "--strict", "both") == 0
+    printed = capsys.readouterr().out
+    assert "  free:   parse 100.0%" in printed and "  strict: parse 100.0%" in printed, printed
+    res = json.loads((tmp_path / "both" / "results.json").read_text())
+    assert (res["call_turns"], res["text_turns"], res["settings"]["strict"]) == (1, 1, "both")
+    s = res["strict"]
+    assert (s["call_turns"], s["parse_rate"], s["schema_valid_rate"], s["grammar_errors"]) == (1, 1.0, 1.0, 0)
+    assert res["parse_rate"] == 1.0 and s["no_call_accuracy"] == 1.0  # the text turn stays text under auto
+    rows = [json.loads(x) for x in (tmp_path / "both" / "samples.jsonl").read_text().splitlines()]
+    assert [r["strict"] for r in rows] == [False, False, True, True]
+    [call] = [r["call"] for r in rows if r["strict"] and r["kind"] == "call"]
+    jsonschema.validate(call["arguments"], json.loads(data.read_text())["tools"][0]["function"]["parameters"])
+    # on: the strict pass only; its rates under "strict", the counts at the top
+    assert eval_run(stage, data, tmp_path / "on", "--strict", "on") == 0
+    on = json.loads((tmp_path / "on" / "results.json").read_text())
+    assert "parse_rate" not in on and on["call_turns"] == 1 and on["strict"]["parse_rate"] == 1.0
+    assert "  free:" not in capsys.readouterr().out
+
+
+def test_asked_about_other_tools_the_taught_model_writes_broken_calls_free_and_valid_ones_strict(funcall_stage, tmp_path):
+    """funcall_stage's model on the mini glaive file (tools it never saw): free, its calls do not parse;
+    under the grammar every call it starts names a declared tool and validates."""
+    pytest.importorskip("llguidance", reason="the grammar extra (llguidance) is not installed")
+    from codechat.checkpoint import load_model
+    from codechat.engine import Engine
+    stage, _ = funcall_stage
+    model, tok, _ = load_model(stage, "cpu")
+    res = run_funcall_suite(Engine(model), tok, path=MINI_GLAIVE, out_dir=tmp_path, max_new_tokens=32, strict="both")
+    strict = res["strict"]
+    assert strict["grammar_errors"] == 0 and strict["parse_rate"] > res["parse_rate"]
+    assert strict["schema_valid_rate"] == strict["parse_rate"]
+    rows = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert any("<|function_call|>" in r["content"] for r in rows if not r["strict"])  # free: broken calls
+    assert not any("<|function_call|>" in r["content"] for r in rows if r["strict"])  # strict: none
+
+
+def test_strict_errors_are_one_line(funcall_stage, tmp_path, capsys, monkeypatch):
+    import builtins
+    from codechat.cli import main
+    stage, executors = funcall_stage
+    code = main(["eval", "run", "--model", str(tmp_path / "nowhere"), "--suite", "humaneval", "--strict", "on",
+                 "--out", str(tmp_path / "he")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--strict on applies to --suite funcall:PATH only, not humaneval" in err, err
+    with pytest.raises(SystemExit):
+        main(["eval", "run", "--model", "m", "--suite", "humaneval", "--strict", "maybe", "--out", str(tmp_path)])
+    assert "invalid choice: 'maybe'" in capsys.readouterr().err
+    real = builtins.__import__
+
+    def no_llguidance(name, *args, **kwargs):
+        if name.startswith("llguidance"):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", no_llguidance)
+    data = taught_conversation(tmp_path / "taught.jsonl", executors)
+    assert eval_run(stage, data, tmp_path / "out", "--strict", "both") == 2
+    err = capsys.readouterr().err
+    assert "pip install 'codechat[grammar]'" in err and len(err.strip().splitlines()) == 1, err

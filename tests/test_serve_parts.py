@@ -20,6 +20,7 @@ from codechat.engine import Token
 from codechat.serve.choices import ChoiceStream, merge
 from codechat.serve.cli import bind_warning
 from codechat.serve.config import ServeConfig
+from codechat.serve.constraints import Grammars
 from codechat.serve.protocol import APIError, ChatRequest, parse_chat_request
 from codechat.serve.worker import Job
 
@@ -63,7 +64,7 @@ def test_a_character_split_over_tokens_comes_out_whole(tok):
     assert all("\ufffd" not in d.content for d in deltas) and "🙂" in [d.content for d in deltas]
 
 
-def test_a_call_by_id_becomes_tool_calls_and_one_that_does_not_parse_stays_text(tok):
+def test_a_call_by_id_becomes_tool_calls_and_one_that_does_not_parse_is_text_without_the_id(tok):
     fc = tok.special_id(FUNCTION_CALL_TOKEN)
     call = tok.encode('{"name": "weather", "arguments": {"city": "Tokyo"}}')
     c = ChoiceStream(tok, 2, tools=True)
@@ -74,8 +75,8 @@ def test_a_call_by_id_becomes_tool_calls_and_one_that_does_not_parse_stays_text(
     assert c.tool_call["type"] == "function" and c.tool_call["id"].startswith("call_")
     cut = ChoiceStream(tok, 0, tools=True)
     run(cut, [fc] + call[:-3], last="length")  # max_tokens ran out inside the call
-    assert cut.tool_call is None and cut.finish == "length"
-    assert cut.content == FUNCTION_CALL_TOKEN + tok.decode(call[:-3])
+    assert cut.tool_call is None and cut.finish == "length" and cut.unparsed and not c.unparsed
+    assert cut.content == tok.decode(call[:-3])  # no special token in content
 
 
 def test_a_call_spelled_in_text_is_a_call_only_when_tools_are_declared(tok):
@@ -90,15 +91,20 @@ def test_a_call_spelled_in_text_is_a_call_only_when_tools_are_declared(tok):
     assert plain.content == text and plain.tool_call is None and plain.finish == "stop"
 
 
-def test_forced_ids_start_the_reply_and_are_not_counted(tok):
+def test_the_token_that_completes_a_grammar_is_the_replys_last_not_a_control_id(tok):
+    """Under a grammar the engine ends a row at the call's closing brace with finish ``stop``: that
+    token is part of the call (and has its log-prob entry), unlike a closing ``<|end|>``."""
     fc = tok.special_id(FUNCTION_CALL_TOKEN)
-    opening = tok.encode('{"name": "weather", "arguments":')
-    c = ChoiceStream(tok, 0, tools=True, forced=[fc] + opening, logprobs=True)
-    rest = tok.encode(' {"city": "Lima"}}')
-    run(c, rest)
-    assert c.tool_call["function"]["name"] == "weather" and c.content == ""
-    assert c.tokens == len(rest) + 1 and len(c.logprobs) == len(rest)  # the closing <|end|> has no entry
-    assert [e["logprob"] for e in c.logprobs] == [-0.5] * len(rest)
+    ids = [fc] + tok.encode('{"name": "weather", "arguments": {"city": "Lima"}}')
+    c = ChoiceStream(tok, 0, tools=True, logprobs=True)
+    deltas = [c.push(Token(0, 0, t, 0.0, -0.5, None if k < len(ids) - 1 else "stop")) for k, t in enumerate(ids)]
+    assert c.tool_call["function"] == {"name": "weather", "arguments": json.dumps({"city": "Lima"})}
+    assert c.content == "" and c.finish == deltas[-1].finish == "tool_calls"
+    assert c.tokens == len(ids) and [e["logprob"] for e in c.logprobs] == [-0.5] * len(ids)
+    text = ChoiceStream(tok, 0)  # a response_format reply: its last token is content
+    for k, t in enumerate(ids[1:]):
+        text.push(Token(0, 0, t, 0.0, -0.5, None if k < len(ids) - 2 else "stop"))
+    assert text.content == tok.decode(ids[1:]) and text.finish == "stop"
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
@@ -152,11 +158,16 @@ def test_a_lagging_reader_takes_every_waiting_step_at_once_and_the_error_after_t
     assert asyncio.run(read(steps[:2] + [APIError(500, "engine failed"), None])) == [[5, 6], 500]
 
 
+@pytest.fixture(scope="module")
+def grammars(tok):
+    return Grammars(tok, tok.vocab_size)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=bodies)
-def test_any_request_body_is_a_checked_request_or_an_openai_error(tok, body):
+def test_any_request_body_is_a_checked_request_or_an_openai_error(tok, grammars, body):
     try:
-        req = parse_chat_request(body, tok, 256, ServeConfig(max_n=4))
+        req = parse_chat_request(body, tok, 256, ServeConfig(max_n=4), grammars)
     except APIError as e:
         assert e.status in (400, 404) and e.message and set(e.body()["error"]) == {"message", "type", "param", "code"}
         return

@@ -166,8 +166,13 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
     assert m["funcall"]["data"].endswith("@train") and m["funcall"]["examples_kept"] == 9
     f = m["funcall_eval"]
     assert f["call_turns"] > 0 and f["text_turns"] > 0 and 0.0 <= f["parse_rate"] <= 1.0
+    # beside the free figures the strict ones (every reply under the tool grammar): an attempted call always parses
+    assert f["strict"]["parse_rate"] == f["strict"]["schema_valid_rate"] and f["strict"]["grammar_errors"] == 0
+    assert json.loads((out / "eval" / "funcall" / "results.json").read_text())["settings"]["strict"] == "both"
     assert json.loads((out / "eval" / "funcall" / "results.json").read_text())["split"] == "heldout"
     assert "## Function calling (held-out conversations)" in (out / "report.md").read_text()
+    assert f"| call parses | {f['parse_rate']:.1%} (strict {f['strict']['parse_rate']:.1%}) |" in \
+        (out / "report.md").read_text()
     # --mbpp and --data: MBPP's train split and 10% of the Alpaca records join the mined pairs in SFT, MBPP's test
     # split is scored (2 problems x 10 samples), and the corpus is checked against the file's 3 test problems
     assert m["sft"]["data"] == f"mine:{m['plan']['sources'][0]}:1,{mbpp}#mbpp:3,{alpaca}:0.1"
@@ -190,6 +195,7 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
     assert line["humaneval"] == {"pass@1": m["eval"]["humaneval"]["pass@k"]["pass@1"], "pass@10": None}  # n 2
     assert line["mbpp"] == b["pass@k"] and line["funcall"]["parse_rate"] == f["parse_rate"]
     assert line["funcall"]["arguments_exact_match"] == f["arguments_exact_match"]
+    assert line["funcall_strict"] == {k: f["strict"][k] for k in line["funcall"]}
     assert (line["rl_ran"], line["rl_steps"], line["humaneval_after_rl"]) == (False, 0, None)  # the verdict: stall
     # --mid-share (kept by the resumed plan): mid-training between pretraining and SFT, on SFT's mixture, the
     # function-calling conversations and --mid-data, with pretraining's optimizer; SFT starts from it
@@ -217,6 +223,7 @@ def test_the_record_of_a_run_with_rl_names_its_steps_and_both_humaneval_figures(
     assert line["humaneval"] == {"pass@1": 0.011, "pass@10": 0.05}
     assert line["humaneval_after_rl"] == {"pass@1": 0.02, "pass@10": 0.07}
     assert (line["rl_ran"], line["rl_steps"], line["funcall"], line["val_bpb"]) == (True, 37, None, 0.61)
+    assert line["funcall_strict"] is None
     assert line["date"].endswith("Z") and line["commit"] == "c0ffee"
     monkeypatch.setenv("CODECHAT_COMMIT", "feed123")
     assert current_commit() == "feed123"

@@ -12,6 +12,13 @@ loop, and nothing undeclared runs.
 Tools come from ``--executors FILE`` (each public function defined in the file, or its
 ``EXECUTORS`` dict; schemas from type hints and docstrings: :func:`codechat.tools.load_executors`)
 and ``--tools python,calculator`` (:func:`codechat.tools.builtins.builtin_tools`).
+
+Strict calls (``--strict``, ``--tool-choice``; :func:`tool_constraints`): the replies are generated
+under :func:`codechat.chat.strict.tool_grammar`, so a call always parses, names a declared tool and
+has arguments valid under its schema. ``--tool-choice required`` or a tool's name forces the first
+reply to each user turn to be such a call; the replies after a function response are ``auto`` (strict
+with ``--strict``), so the model can answer with what the call returned. ``--tool-choice none``
+declares no tool: the model is not told of them and nothing runs.
 """
 from __future__ import annotations
 
@@ -24,7 +31,11 @@ from codechat.tools import Tool
 
 if TYPE_CHECKING:  # the engine imports torch: this module does not, so `codechat funcall` checks its tools first
     from codechat.engine import Engine, SamplingConfig
+    from codechat.engine.grammar import Grammar
     from codechat.tokenizer import Tokenizer
+
+#: ``--tool-choice`` values besides a tool's name (:data:`codechat.chat.strict.TOOL_CHOICES`, which imports torch).
+TOOL_CHOICES = ("auto", "required", "none")
 
 
 @dataclass(frozen=True)
@@ -36,10 +47,49 @@ class Step:
     ok: bool = True
 
 
+@dataclass(frozen=True)
+class Constraints:
+    """The grammars of the replies to one user turn (None: free): ``first`` for the reply to the user,
+    ``after_call`` for each reply after a function response."""
+
+    first: Grammar | None = None
+    after_call: Grammar | None = None
+
+
+def check_tool_choice(choice: str, tools: Sequence[Tool]) -> None:
+    """Raise ValueError unless ``choice`` is ``auto``, ``required``, ``none`` or the name of one of ``tools``
+    (a check that needs no model, made before it loads)."""
+    names = [t.name for t in tools]
+    if choice not in TOOL_CHOICES and choice not in names:
+        raise ValueError(f"--tool-choice {choice!r} is neither {', '.join(TOOL_CHOICES)} nor a declared tool "
+                         f"({', '.join(names)})")
+
+
+def tool_constraints(engine: Engine, tok: Tokenizer, tools: Sequence[Tool], choice: str = "auto",
+                     strict: bool = False) -> Constraints:
+    """The :class:`Constraints` of ``--tool-choice choice`` (module docstring); free replies (no grammar
+    compiled, the grammar library not needed) for ``none`` and for ``auto`` without ``strict``.
+
+    Raises:
+        codechat.engine.grammar.GrammarError: ``choice`` names no tool, or a tool's parameters
+            schema does not compile (its message names the path, ``$.tools[i].parameters...``, and
+            the keyword).
+        codechat.engine.grammar.GrammarUnavailable: a constraint is needed and llguidance is not installed.
+    """
+    if choice == "none" or (choice == "auto" and not strict):
+        return Constraints()
+    from codechat.chat.strict import tool_grammar
+    from codechat.engine.grammar import GrammarCompiler
+    gc = GrammarCompiler(tok, engine.vocab_size)
+    schemas = [t.schema() for t in tools]
+    return Constraints(tool_grammar(gc, schemas, choice, strict), tool_grammar(gc, schemas, "auto", strict))
+
+
 def answer(engine: Engine, tok: Tokenizer, messages: list[Message], tools: Sequence[Tool], dispatcher,
            cfg: SamplingConfig, *, max_tool_calls: int = 4, seed: int = 0,
            on_text: Callable[[str], None] = lambda s: None, on_step: Callable[[Step], None] = lambda s: None,
-           on_notice: Callable[[str], None] = lambda s: None) -> list[Message]:
+           on_notice: Callable[[str], None] = lambda s: None, constraints: Constraints = Constraints()
+           ) -> list[Message]:
     """Continue ``messages`` (ending with a user turn) until the model answers in text.
 
     Args:
@@ -50,6 +100,8 @@ def answer(engine: Engine, tok: Tokenizer, messages: list[Message], tools: Seque
         max_tool_calls: calls answered at most; a further call ends the loop with a notice.
         on_text: streamed reply text; ``on_step``: every added turn; ``on_notice``: what the loop
             did that the model did not say (dropped context, the call limit).
+        constraints: the grammars of the first reply and of those after a function response
+            (:func:`tool_constraints`).
 
     Returns:
         ``messages``.
@@ -59,7 +111,8 @@ def answer(engine: Engine, tok: Tokenizer, messages: list[Message], tools: Seque
     calls = 0
     while True:
         reply = generate_reply(engine, tok, Conversation(tuple(messages), schemas), cfg, seed=seed + len(messages),
-                               on_text=on_text, on_notice=on_notice)
+                               on_text=on_text, on_notice=on_notice,
+                               grammar=constraints.after_call if calls else constraints.first)
         wants_call = reply.call is not None or reply.error is not None
         msg = reply_message(reply) if reply.call is not None else Message("assistant", reply.content)
         messages.append(msg)
@@ -96,19 +149,25 @@ def load_tools(executors: str | None, builtins: str | None) -> list[Tool]:
 
 def run_session(engine: Engine, tok: Tokenizer, tools: Sequence[Tool], cfg: SamplingConfig, *, system: str = "",
                 user: str | None = None, max_tool_calls: int = 4, show_trace: bool = False, seed: int = 0,
-                stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> list[Message]:
+                tool_choice: str = "auto", strict: bool = False, stdin: TextIO = sys.stdin,
+                stdout: TextIO = sys.stdout) -> list[Message]:
     """One answer to ``user``, or an interactive session reading user turns from ``stdin`` until
     EOF or ``/quit``. Replies stream to ``stdout``; with ``show_trace`` every call and function
-    response is printed as it happens. Returns the whole conversation.
+    response is printed as it happens. ``tool_choice`` and ``strict``: :func:`tool_constraints`
+    (``none`` declares no tool). Returns the whole conversation.
 
     Raises:
         codechat.tools.ToolError: the system turn with the tool schemas leaves no room for a
-            conversation in the model's context (checked before the first turn).
+            conversation in the model's context.
+        codechat.engine.grammar.GrammarError, GrammarUnavailable: see :func:`tool_constraints`.
+        All are raised before the first turn.
     """
     from codechat.chat.conversation import render_turns
     from codechat.chat.repl import REPLY_SHARE
     from codechat.tools import ToolError
     from codechat.tools.dispatch import Dispatcher
+    tools = () if tool_choice == "none" else tuple(tools)
+    constraints = tool_constraints(engine, tok, tools, tool_choice, strict)
     schemas = tuple(t.schema() for t in tools)
     declared = len(render_turns(tok, Conversation((Message("system", system), Message("user", "?")), schemas))[0])
     room = int(engine.max_len * (1 - REPLY_SHARE)) - 16
@@ -150,7 +209,7 @@ def run_session(engine: Engine, tok: Tokenizer, tools: Sequence[Tool], cfg: Samp
             messages.append(Message("user", text))
             answer(engine, tok, messages, tools, dispatcher, cfg, max_tool_calls=max_tool_calls, seed=seed,
                    on_text=(lambda s: None) if show_trace else write, on_step=trace if show_trace else (lambda s: None),
-                   on_notice=lambda s: write(s + "\n"))
+                   on_notice=lambda s: write(s + "\n"), constraints=constraints)
             if not show_trace:
                 write("\n")
     return messages

@@ -9,6 +9,7 @@ from codechat.chat.budget import render_for_completion_within
 from codechat.chat.calls import Reply, parse_reply_ids
 from codechat.chat.conversation import Conversation, Message, render_for_completion, reply_message
 from codechat.engine import Engine, Request, SamplingConfig
+from codechat.engine.grammar import Grammar
 from codechat.tokenizer import Tokenizer
 
 COMMANDS_HELP = "commands: /reset starts over, /quit (or Ctrl-D) leaves"
@@ -20,7 +21,7 @@ REPLY_SHARE = 0.25
 
 def generate_reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: SamplingConfig, *, seed: int = 0,
                    on_text: Callable[[str], None] = lambda s: None,
-                   on_notice: Callable[[str], None] = lambda s: None) -> Reply:
+                   on_notice: Callable[[str], None] = lambda s: None, grammar: Grammar | None = None) -> Reply:
     """Generate the assistant's next turn for ``conv``, streaming its text to ``on_text``.
 
     Generation stops at ``<|end|>`` or after ``cfg.max_new_tokens``. A conversation too long for
@@ -29,6 +30,9 @@ def generate_reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: Samp
     :func:`codechat.chat.budget.render_for_completion_within`) and says so through ``on_notice``. The
     reply gets what room is left, up to ``cfg.max_new_tokens``. Returns the reply read by
     :func:`codechat.chat.calls.parse_reply_ids`: content, and a function call or why there is none.
+
+    ``grammar`` (:func:`codechat.chat.strict.tool_grammar`): the reply follows it, token by token; it
+    then ends when the grammar is complete (a call's JSON closed), with or without ``<|end|>``.
     """
     new = min(cfg.max_new_tokens, max(1, int(engine.max_len * REPLY_SHARE)))
     prompt = render_for_completion(tok, conv)
@@ -40,7 +44,7 @@ def generate_reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: Samp
     cfg = replace(cfg, max_new_tokens=min(cfg.max_new_tokens, engine.max_len - len(prompt)))
     ids: list[int] = []
     stream = tok.stream(skip_special=True)
-    for ev in engine.stream(Request(prompt, cfg, seed=seed, stop_ids=[tok.end_id])):
+    for ev in engine.stream(Request(prompt, cfg, seed=seed, stop_ids=[tok.end_id], grammar=grammar)):
         t = ev.token
         ids.append(t)
         if t == tok.end_id:

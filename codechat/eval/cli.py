@@ -41,6 +41,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     r.add_argument("--split", default="test", help="MBPP split: test (11-510, default), validation (511-600), "
                                                    "train (601-974), prompt (1-10) or all; HumanEval: test; "
                                                    "funcall: heldout (test), train or all")
+    r.add_argument("--strict", default="off", choices=["off", "on", "both"],
+                   help="funcall only: on generates every reply under the strict tool grammar (tool_choice auto: "
+                        "the model still chooses text or a call, a call always parses and fits its schema); both "
+                        "runs the free and the strict pass and reports each; off (default) the free pass. on/both "
+                        "need the grammar extra (pip install 'codechat[grammar]')")
     r.add_argument("--n", type=int, default=20, help="samples per problem (default 20)")
     r.add_argument("--k", type=_ks, default=[1, 10], help="the k of each pass@k, comma-separated; each <= --n "
                                                           "(default 1,10)")
@@ -85,6 +90,8 @@ def _cli_run(args: argparse.Namespace) -> int:
     # torch, the model and the suite runner load only for this subcommand
     if args.suite.startswith("funcall:"):
         return _cli_run_funcall(args)
+    if args.strict != "off":
+        raise ValueError(f"--strict {args.strict} applies to --suite funcall:PATH only, not {args.suite}")
     from codechat.eval.suites import check_ks, format_summary, resolve_mode, run_suite
     check_ks(args.k, args.n)
     problems = load_problems(args.suite, args.split, limit=args.limit, shots=args.shots)
@@ -124,10 +131,10 @@ def _cli_run_funcall(args: argparse.Namespace) -> int:
     model, tok, state = load_model(ckpt, resolve_device(args.device))
     engine = Engine(model, EngineConfig(slots=args.batch_size))
     print(f"model {ckpt} (stage {state.get('meta', {}).get('stage')}, step {state.get('step')}): "
-          f"function calling on {path} ({split}) -> {args.out}")
+          f"function calling on {path} ({split}, strict {args.strict}) -> {args.out}")
     results = run_funcall_suite(engine, tok, path=path, out_dir=args.out, split=split,
                                 max_new_tokens=args.max_new_tokens, limit=args.limit,
-                                model_id=f"{ckpt.resolve()}@{state.get('step')}")
+                                model_id=f"{ckpt.resolve()}@{state.get('step')}", strict=args.strict)
     print(format_summary(results))
     print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'samples.jsonl'}")
     return 0

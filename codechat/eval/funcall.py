@@ -23,9 +23,21 @@ Splits: :func:`codechat.data.benchmarks.conversation_split`, a stated hash of ea
 the glaive sample's 300 conversations are held out); ``all`` is both parts. SFT on
 ``--data FILE@train`` never sees a held-out conversation.
 
-``OUT/samples.jsonl`` has one row per case; ``OUT/results.json`` the rates, counts and settings.
+Strict calls (``strict``, ``--strict on|off|both``): with ``on`` every case's reply is generated under
+:func:`codechat.chat.strict.tool_grammar` ``(tools, "auto", strict=True)`` of its conversation's tools
+(as loaded, repaired schemas included): the model still chooses between text and a call, but a
+call always parses, names a declared tool and validates; it is scored as above. A conversation
+whose tools the grammar library cannot compile is generated free and counted (``grammar_errors``).
+``both`` runs the free and the strict pass (batched together), ``off`` (default) the free one only;
+the strict pass needs the grammar extra (:class:`codechat.engine.grammar.GrammarUnavailable`).
+
+``OUT/samples.jsonl`` has one row per case and pass (``"strict": false|true``); ``OUT/results.json``
+the rates, counts and settings (``settings.strict``: the mode). Its top-level rates are the free
+pass's (absent with ``on``; the counts ``cases``, ``call_turns``, ``text_turns`` are always there, the
+same for both passes); ``strict``, present with ``on`` and ``both``, holds the strict pass's counts
+and rates (the keys of :func:`summarise`) and ``grammar_errors``.
 ``OUT/run.json`` keeps the settings that change a result (suite, split, ``max_new_tokens``,
-``limit``, model, sampler version), checked as every suite checks its ``OUT``
+``limit``, ``strict``, model, sampler version), checked as every suite checks its ``OUT``
 (:func:`codechat.eval.suites.check_run_settings`): a rerun into an ``OUT`` holding results made
 with other settings is refused before anything is generated; with the same settings every case
 is generated again and the files are rewritten.
@@ -42,6 +54,8 @@ from codechat.config.atomic import write_text
 from codechat.data.benchmarks import conversation_split
 
 SPLITS = ("heldout", "train", "all")
+#: ``strict`` modes: the free pass only, the strict pass only, both.
+STRICT_MODES = ("off", "on", "both")
 
 
 def load_cases(path: str | Path, split: str = "heldout", limit: int | None = None) -> list[dict[str, Any]]:
@@ -137,64 +151,121 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def run_funcall_suite(engine: Any, tok: Any, *, path: str | Path, out_dir: str | Path, split: str = "heldout",
-                      max_new_tokens: int = 256, limit: int | None = None, model_id: str | None = None
-                      ) -> dict[str, Any]:
+                      max_new_tokens: int = 256, limit: int | None = None, model_id: str | None = None,
+                      strict: str = "off") -> dict[str, Any]:
     """Generate a reply for every case of ``path``'s ``split`` (greedy, batched through ``engine``),
     score it, write ``run.json``, ``samples.jsonl`` and ``results.json`` to ``out_dir``; returns the results.
 
+    Args:
+        max_new_tokens: tokens per reply at most (half the engine's context caps it).
+        strict: ``off``, ``on`` or ``both``: which passes run (module docstring).
+
     Raises:
-        ValueError: see :func:`load_cases`; or ``out_dir`` holds results made with other settings
-            (checked before anything is generated).
+        ValueError: see :func:`load_cases`; an unknown ``strict``; or ``out_dir`` holds results made
+            with other settings (checked before anything is generated).
+        codechat.engine.grammar.GrammarUnavailable: a strict pass without the grammar library.
     """
     from codechat.chat.budget import render_for_completion_within
     from codechat.chat.calls import FUNCTION_CALL_TOKEN, parse_assistant
     from codechat.engine import Request, SamplingConfig
     from codechat.eval.suites import SAMPLER_VERSION, check_run_settings
     from codechat.tools import tool_from_schema
+    if strict not in STRICT_MODES:
+        raise ValueError(f"strict must be one of {', '.join(STRICT_MODES)}, got {strict!r}")
     t0 = time.perf_counter()
     cases = load_cases(path, split, limit)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     spec = f"funcall:{path}"
     check_run_settings(out / "run.json", {"suite": spec, "split": split, "max_new_tokens": max_new_tokens,
-                                          "limit": limit, "model": model_id, "sampler": SAMPLER_VERSION},
+                                          "limit": limit, "strict": strict, "model": model_id,
+                                          "sampler": SAMPLER_VERSION},
                        any((out / name).is_file() for name in ("samples.jsonl", "results.json")))
+    passes = {"off": (False,), "on": (True,), "both": (False, True)}[strict]
+    grammar_of = _strict_grammars(engine, tok) if strict != "off" else None
     fc = tok.special_id(FUNCTION_CALL_TOKEN)
     stops = sorted(tok.special_ids - {fc})
     new = min(max_new_tokens, engine.max_len // 2)
-    requests, truncated = [], 0
+    loaded: dict[str, list] = {}  # the turns of one conversation share its tools: load them once
+    prompts, keys, truncated, normalised = [], [], 0, 0
     for c in cases:
         ids, counts = render_for_completion_within(tok, c["conversation"], engine.max_len - new)
         truncated += bool(counts.turns_dropped or counts.prompt_tokens_cut)
-        requests.append(Request(ids, SamplingConfig(new, temperature=0.0), stop_ids=stops))
-    outputs = engine.generate(requests)
-    rows, normalised, loaded = [], 0, {}
-    for c, [sample] in zip(cases, outputs):
         key = json.dumps(c["conversation"].tools, sort_keys=True)
-        if key not in loaded:  # the turns of one conversation share its tools: load them once
+        if key not in loaded:
             loaded[key] = [tool_from_schema(t, f"{path}: case {c['id']}") for t in c["conversation"].tools or ()]
         normalised += sum(bool(t.changes) for t in loaded[key])
-        tools = {t.name: t.parameters for t in loaded[key]}
+        prompts.append(ids)
+        keys.append(key)
+    # (case, prompt, tools key, strict?, (grammar, why none)) of each reply, the passes batched together
+    jobs = [(c, ids, key, s, grammar_of(key, loaded[key]) if s else (None, None))
+            for s in passes for c, ids, key in zip(cases, prompts, keys)]
+    outputs = engine.generate([Request(ids, SamplingConfig(new, temperature=0.0), stop_ids=stops, grammar=g)
+                               for _, ids, _, _, (g, _) in jobs])
+    rows = []
+    for (c, _, key, s, (_, grammar_error)), [sample] in zip(jobs, outputs):
         content, call = parse_assistant(tok, sample.token_ids)
-        row = score_case(c["expected"], content, call, fc in sample.token_ids, tools)
+        row = score_case(c["expected"], content, call, fc in sample.token_ids,
+                         {t.name: t.parameters for t in loaded[key]})
         exp = c["expected"]
-        rows.append({"id": c["id"], **row, "expected_call": exp.function_call, "expected_content": exp.content,
-                     "content": content, "call": call, "n_tokens": len(sample.token_ids), "finish": sample.finish})
+        rows.append({"id": c["id"], "strict": s, **row, "expected_call": exp.function_call,
+                     "expected_content": exp.content, "content": content, "call": call,
+                     "n_tokens": len(sample.token_ids), "finish": sample.finish,
+                     **({"grammar_error": grammar_error} if s else {})})
     write_text(out / "samples.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    free = [r for r in rows if not r["strict"]]
+    strict_rows = [r for r in rows if r["strict"]]
+    turns = {k: v for k, v in summarise(strict_rows).items() if k in ("cases", "call_turns", "text_turns")}
     results = {"suite": "funcall", "suite_spec": spec, "split": split, "model": model_id,
-               **summarise(rows), "schemas_normalised": normalised, "prompts_truncated": truncated,
-               "settings": {"max_new_tokens": new, "temperature": 0.0, "limit": limit},
+               **(summarise(free) if free else turns),
+               **({"strict": {**summarise(strict_rows),
+                              "grammar_errors": sum(r["grammar_error"] is not None for r in strict_rows)}}
+                  if strict_rows else {}),
+               "schemas_normalised": normalised, "prompts_truncated": truncated,
+               "settings": {"max_new_tokens": new, "temperature": 0.0, "limit": limit, "strict": strict},
                "timing": {"wall_s": time.perf_counter() - t0}}
     write_text(out / "results.json", json.dumps(results, indent=1))
     return results
 
 
+def _strict_grammars(engine: Any, tok: Any) -> Any:
+    """``grammar_of(key, tools) -> (grammar or None, error or None)``: the strict ``auto`` grammar of a
+    conversation's loaded tools (one compile per ``key``); a schema the library cannot compile gives
+    ``(None, its message)``, the case then generated free.
+
+    Raises:
+        codechat.engine.grammar.GrammarUnavailable: llguidance is not installed.
+    """
+    from codechat.chat.strict import tool_grammar
+    from codechat.engine.grammar import GrammarCompiler, GrammarError
+    gc = GrammarCompiler(tok, engine.vocab_size)
+    made: dict[str, tuple[Any, str | None]] = {}
+
+    def grammar_of(key: str, tools: Sequence[Any]) -> tuple[Any, str | None]:
+        if key not in made:
+            try:
+                made[key] = tool_grammar(gc, [t.schema() for t in tools], "auto", strict=True), None
+            except GrammarError as e:
+                made[key] = None, str(e)
+        return made[key]
+    return grammar_of
+
+
 def format_summary(r: Mapping[str, Any]) -> str:
-    """A few printable lines of :func:`run_funcall_suite`'s results."""
+    """A few printable lines of :func:`run_funcall_suite`'s results: one per pass that ran (free, strict)."""
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{x:.1%}"
-    return (f"funcall ({r['split']}: {r['call_turns']} call turns, {r['text_turns']} text turns): parse {pct(r['parse_rate'])}, "
-            f"schema-valid {pct(r['schema_valid_rate'])}, right name {pct(r['name_accuracy'])}, arguments exact "
-            f"{pct(r['arguments_exact_match'])}; no call where none is due {pct(r['no_call_accuracy'])}\n"
-            f"schemas normalised {r['schemas_normalised']}, prompts shortened to fit {r['prompts_truncated']}; "
-            f"{r['timing']['wall_s']:.1f} s")
+
+    def rates(f: Mapping[str, Any]) -> str:
+        return (f"parse {pct(f['parse_rate'])}, schema-valid {pct(f['schema_valid_rate'])}, right name "
+                f"{pct(f['name_accuracy'])}, arguments exact {pct(f['arguments_exact_match'])}; no call where none "
+                f"is due {pct(f['no_call_accuracy'])}")
+    lines = [f"funcall ({r['split']}: {r['call_turns']} call turns, {r['text_turns']} text turns)"]
+    if "parse_rate" in r:
+        lines.append(f"  free:   {rates(r)}")
+    if "strict" in r:
+        lines.append(f"  strict: {rates(r['strict'])} (schemas the grammar could not compile, generated free: "
+                     f"{r['strict']['grammar_errors']} cases)")
+    lines.append(f"schemas normalised {r['schemas_normalised']}, prompts shortened to fit {r['prompts_truncated']}; "
+                 f"{r['timing']['wall_s']:.1f} s")
+    return "\n".join(lines)

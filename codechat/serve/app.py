@@ -7,16 +7,21 @@ Routes (:func:`create_app`):
   ``chat.completion.chunk`` per ``data:`` line, ending with ``data: [DONE]``.
 - ``GET /v1/models`` and ``GET /v1/models/{id}``: the one served model.
 - ``GET /health``: ``{"status": "ok", "model", "running", "waiting", "in_flight", "capacity",
-  "slots", "max_len"}`` (:meth:`.worker.EngineWorker.stats`); never needs the key.
+  "slots", "max_len"}`` (:meth:`.worker.EngineWorker.stats`) and ``unparsed_calls`` (choices since
+  the start whose reply began a function call that did not parse, sent as text:
+  :attr:`.choices.ChoiceStream.unparsed`); never needs the key.
 - ``GET /``: the chat page (``static/index.html``, its script and style under ``/static/``).
 
+Grammars (strict tools, ``tool_choice`` required or named, ``response_format``: :mod:`.constraints`)
+are compiled by one compiler built at the first request that needs it, for the model's vocabulary.
+
 Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed
-request (bad JSON included), 401 without the API key (``Authorization: Bearer KEY``) when the
-server has one, 404 for an unknown model or path, 413 for a body over
-:attr:`~.config.ServeConfig.max_body_bytes`, 429 with ``Retry-After`` when the queue is full,
-500 when the engine failed. An unexpected exception is a logged 500, never a dead server. A client
-that disconnects — mid-stream or while waiting for a whole answer — cancels its request, so its
-cache slots free at the next engine step.
+request (bad JSON, a schema that does not compile, a grammar without the grammar library included),
+401 without the API key (``Authorization: Bearer KEY``) when the server has one, 404 for an
+unknown model or path, 413 for a body over :attr:`~.config.ServeConfig.max_body_bytes`, 429 with
+``Retry-After`` when the queue is full, 500 when the engine failed. An unexpected exception is a
+logged 500, never a dead server. A client that disconnects — mid-stream or while waiting for a
+whole answer — cancels its request, so its cache slots free at the next engine step.
 """
 from __future__ import annotations
 
@@ -39,7 +44,9 @@ from codechat.tokenizer import Tokenizer
 
 from .choices import ChoiceStream, CompletionIds, Delta, chunk, completion, merge, usage
 from .config import ServeConfig
-from .protocol import APIError, ChatRequest, bad, parse_chat_request
+from .constraints import Grammars
+from .errors import APIError, bad
+from .protocol import ChatRequest, parse_chat_request
 from .worker import EngineWorker, Job, QueueFull
 
 STATIC = Path(__file__).with_name("static")
@@ -104,6 +111,8 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
     app = FastAPI(title="codechat serve", docs_url=None, redoc_url=None, openapi_url=None)
     started = int(time.time())
     max_len = worker.engine.max_len
+    grammars = Grammars(tok, worker.engine.vocab_size)  # the compiler itself comes with the first grammar
+    counters = {"unparsed_calls": 0}  # since the start (/health)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
@@ -135,7 +144,7 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": config.model_name, **worker.stats()}
+        return {"status": "ok", "model": config.model_name, **worker.stats(), **counters}
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -154,7 +163,7 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
     async def chat_completions(request: Request) -> Response:
         authorize(request)
         body = await _read_json(request, config.max_body_bytes)
-        req = await run_in_threadpool(parse_chat_request, body, tok, max_len, config)
+        req = await run_in_threadpool(parse_chat_request, body, tok, max_len, config, grammars)
         if req.n > worker.capacity:  # it would never fit: not a reason to retry
             raise bad("n", f"{req.n} choices are more rows than this server holds at once ({worker.capacity}: "
                            "--slots plus --queue-size)")
@@ -178,7 +187,7 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
 
     def choices_of(req: ChatRequest) -> dict[int, ChoiceStream]:
         """One :class:`ChoiceStream` per sample index, in index order."""
-        return {i: ChoiceStream(tok, i, stop=req.stop, tools=req.tools, forced=req.forced, logprobs=req.logprobs)
+        return {i: ChoiceStream(tok, i, stop=req.stop, tools=req.tools, logprobs=req.logprobs)
                 for i in req.engine_request.samples}
 
     async def _deltas(job: Job, choices: dict[int, ChoiceStream]) -> AsyncIterator[list[Delta]]:
@@ -192,6 +201,8 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
                     if c.finish is not None:
                         continue  # closed by a stop string; its row is being cancelled
                     batch.append(c.push(ev))
+                    if c.unparsed:  # set as the choice closes: once
+                        counters["unparsed_calls"] += 1
                     if c.finish is not None and ev.finish is None:
                         job.cancel(ev.sample)
                 yield batch

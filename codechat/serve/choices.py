@@ -13,10 +13,15 @@ always equals the non-streamed one.
   (:data:`codechat.chat.calls.CALL_MARKERS`, held back like stop strings); nothing after it is sent as
   content. At the end the reply is read by :func:`codechat.chat.calls.parse_reply_ids`, the one parser:
   a call becomes ``tool_calls`` (arguments as a JSON string, an id per call) with finish reason
-  ``tool_calls``; a call that does not parse is sent as text (marker included), with the finish
-  reason the engine gave.
-- Finish reasons: ``stop`` (a control id such as ``<|end|>``, or a stop string), ``length``
-  (``max_tokens``), ``tool_calls``.
+  ``tool_calls``; a call that does not parse (free decoding only: under a grammar every call
+  parses) is sent as text — a spelled marker included, the ``<|function_call|>`` id not: no special
+  token ever reaches ``content`` — with the finish reason the engine gave, and counted
+  (:attr:`ChoiceStream.unparsed`).
+- Under a grammar (:mod:`.constraints`) the engine ends a row at the token that completes it, with
+  finish ``stop``: that token is the reply's last (a control id, not in the reply, is what ends a
+  free one).
+- Finish reasons: ``stop`` (a control id such as ``<|end|>``, a stop string, or the grammar
+  complete), ``length`` (``max_tokens``), ``tool_calls``.
 """
 from __future__ import annotations
 
@@ -79,41 +84,39 @@ class ChoiceStream:
         tok: the model's tokenizer.
         index: the choice's index (the engine's sample index).
         stop: stop strings.
-        tools: read a function call out of the reply.
-        forced: ids the reply was started with (part of the prompt): read as the reply's beginning.
-        logprobs: keep each token's log-probability (at temperature 1, unfiltered).
+        tools: read a function call out of the reply (``<|function_call|>`` is then not a control id).
+        logprobs: keep each token's log-probability (at temperature 1, after a grammar's mask).
 
     Attributes:
         content: every content text sent so far; ``logprobs``: every token's entry so far (None
         when not asked for); ``tool_call`` once the reply closed with a call; ``finish``: the
         finish reason once closed (None before); ``tokens``: generated tokens consumed (the closing
-        control id included).
+        control id included); ``unparsed``: the reply began a call that did not parse (sent as text).
     """
 
     def __init__(self, tok: Tokenizer, index: int, *, stop: Sequence[str] = (), tools: bool = False,
-                 forced: Sequence[int] = (), logprobs: bool = False) -> None:
+                 logprobs: bool = False) -> None:
         self.tok, self.index, self.stop, self.tools = tok, index, tuple(stop), tools
         self._fc = tok.special_id(FUNCTION_CALL_TOKEN)
+        self._control = tok.special_ids - ({self._fc} if tools else set())  # ids that end the reply
         self._decoder = tok.stream(skip_special=True)
         self._markers = self.stop + (CALL_MARKERS if tools else ())
         self._text = ""  # the decoded reply, a call's text included
         self._sent = 0  # chars of _text sent as content
         self._call_at: int | None = None  # where the call begins in _text
-        self._by_id = False  # the call began with the <|function_call|> id (not a spelled marker)
-        self._ids: list[int] = []  # the reply's ids for the parser: forced + generated, closing id excluded
+        self._ids: list[int] = []  # the reply's ids for the parser, closing id excluded
         self.content = ""
         self.logprobs: list[dict[str, Any]] | None = [] if logprobs else None
         self.tool_call: dict[str, Any] | None = None
         self.finish: str | None = None
         self.tokens = 0
-        for t in forced:
-            self._feed(t)
+        self.unparsed = False
 
     def _feed(self, t: int) -> None:
         self._ids.append(t)
         if t == self._fc:
             if self._call_at is None:
-                self._call_at, self._by_id = len(self._text), True
+                self._call_at = len(self._text)
         else:
             self._text += self._decoder.push(t)
 
@@ -128,11 +131,12 @@ class ChoiceStream:
         assert self.finish is None, "push after the choice closed"
         self.tokens += 1
         lp = None
-        if self.logprobs is not None and ev.finish != "stop":
+        control = ev.finish == "stop" and ev.token in self._control  # else a grammar's last token, or none
+        if self.logprobs is not None and not control:
             lp = [{"token": self.tok.decode([ev.token]), "logprob": ev.logprob_t1,
                    "bytes": list(self.tok.token_bytes(ev.token)) if ev.token not in self.tok.special_ids else [],
                    "top_logprobs": []}]
-        if ev.finish == "stop":  # a control id: it ends the reply and is not part of it
+        if control:  # it ends the reply and is not part of it
             return self._close("stop", lp)
         self._feed(ev.token)
         if self._call_at is None:
@@ -164,8 +168,8 @@ class ChoiceStream:
         if reply.call is not None:
             self.tool_call = tool_call(reply.call, f"call_{secrets.token_hex(12)}")
             return self._send(before[self._sent:], lp, tool_call=self.tool_call, finish=self._finished("tool_calls"))
-        full = before + (FUNCTION_CALL_TOKEN if self._by_id else "") + self._text[self._call_at:]
-        return self._send(full[self._sent:], lp, finish=self._finished(finish))
+        self.unparsed = True  # the text without the <|function_call|> id (never decoded into _text)
+        return self._send(self._text[self._sent:], lp, finish=self._finished(finish))
 
     def _finished(self, finish: str) -> str:
         self.finish = finish

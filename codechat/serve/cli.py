@@ -25,8 +25,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve", help="an OpenAI-compatible API (/v1/chat/completions) and a web chat page for a model",
         description="Serve --model over HTTP: POST /v1/chat/completions (OpenAI's chat completions: streaming, n, "
-                    "seed, stop, tools / tool_choice, logprobs, usage), GET /v1/models, GET /health, and a chat page "
-                    "at /. Requests from every client share the engine's running batch. Binds to 127.0.0.1 "
+                    "seed, stop, tools / tool_choice / strict tools, response_format, logprobs, usage), GET /v1/models, "
+                    "GET /health, and a chat page at /. Requests from every client share the engine's running batch. Binds to 127.0.0.1 "
                     f"unless --host says otherwise. Needs the serve extra: {INSTALL_HINT}.")
     p.add_argument("--model", required=True, help="checkpoint, stage directory (its newest checkpoint) or run "
                                                   "directory (its rl/, sft/ or pretrain/ stage, first found)")

@@ -1,4 +1,4 @@
-"""OpenAI's chat-completions request, read into codechat's terms, and its error object.
+"""OpenAI's chat-completions request, read into codechat's terms (errors: :class:`~.errors.APIError`).
 
 :func:`parse_chat_request` checks a decoded request body field by field and returns a
 :class:`ChatRequest`: the conversation (:class:`codechat.chat.conversation.Conversation`, tools in the system
@@ -12,16 +12,27 @@ server. Mapping of the history:
   ``assistant`` (``content``, and ``tool_calls`` or the older ``function_call``: each call its own
   assistant turn, as in training); ``tool`` / ``function`` -> a ``function_response`` turn;
   ``content`` a string, ``null`` or a list of ``{"type": "text", "text": ...}`` parts (joined).
+- ``tools``: ``{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}``
+  each, the schemas rendered into the system turn as given; ``strict`` (true / false) decides
+  whether ``tool_choice`` ``auto`` is constrained (:mod:`.constraints`).
 - ``tool_choice``: ``none`` (the default without tools) declares no tools and ends the reply where
   a call would begin; ``auto`` (the default with tools) declares them and reads a call out of the
-  reply (:func:`codechat.chat.calls.parse_reply_ids`); ``required`` starts the reply with the
-  ``<|function_call|>`` id; ``{"type": "function", "function": {"name": N}}`` also writes the
-  call's opening ``{"name": "N", "arguments":`` so that the model writes the arguments of N.
+  reply (:func:`codechat.chat.calls.parse_reply_ids`), generated under the tools' grammar when any
+  tool is ``strict``; ``required`` and ``{"type": "function", "function": {"name": N}}`` generate the
+  reply under a grammar that admits exactly one ``<|function_call|>`` and a call to a declared tool
+  (to N) whose arguments are valid under its ``parameters`` (a grammar is built by :mod:`.constraints`;
+  the prompt is the conversation alone, nothing is written into the reply for the model).
+- ``response_format``: ``text`` (the default); ``json_object`` (the reply is a JSON object) and
+  ``json_schema`` (``{"name", "schema", "strict"?}``: the reply is JSON valid under ``schema``, held
+  to it whatever ``strict`` says) are grammars too; refused beside tools unless ``tool_choice`` is
+  ``none``. A grammar ends the reply when it is complete (finish reason ``stop``, or ``tool_calls``).
 - Sampling follows OpenAI's defaults: ``temperature`` 1 (0 is greedy; at most 2), ``top_p`` 1;
   ``n`` choices share one prefill; ``seed`` fixes every choice (a random one otherwise).
 - Other fields are ignored (``user``, ``metadata``, ``store``, ``parallel_tool_calls``,
-  ``service_tier``, ...), as are zero penalties and ``response_format`` ``text``. Refused (400): what codechat
-  cannot honour (non-zero penalties, ``logit_bias``, ``top_logprobs`` > 0, other response formats).
+  ``service_tier``, ...), as are zero penalties. Refused (400): what codechat cannot honour (non-zero
+  penalties, ``logit_bias``, ``top_logprobs`` > 0, a response format beside tools), a schema the
+  grammar library cannot compile (``param`` names its place: ``tools[0].function.parameters.properties.x``),
+  and a grammar without the library installed (``code="grammar_unavailable"``).
 """
 from __future__ import annotations
 
@@ -39,38 +50,12 @@ from codechat.engine import Request, SamplingConfig
 from codechat.tokenizer import Tokenizer
 
 from .config import ServeConfig
+from .constraints import Grammars, reply_grammar
+from .errors import APIError, bad
 
 MAX_TEMPERATURE = 2.0  #: OpenAI's upper bound on ``temperature``
 DEFAULT_TEMPERATURE = 1.0  #: OpenAI's default ``temperature``
 MAX_SEED = (1 << 63) - 1  #: ``seed`` is an int64
-
-
-class APIError(Exception):
-    """An error answered as OpenAI does: HTTP ``status`` and ``{"error": {"message", "type", "param", "code"}}``.
-
-    Args:
-        status: 400 (bad request), 401 (no or wrong key), 404 (unknown model or path), 413 (body
-            too large), 429 (queue full; ``headers`` carries ``Retry-After``), 500 (the engine failed).
-        message: what is wrong and what to change.
-        type: OpenAI's error type (``invalid_request_error``, ``authentication_error``, ...).
-        param: the request field at fault (``messages[2].content``), or None.
-        code: a machine-readable code (``context_length_exceeded``, ``invalid_api_key``, ...).
-    """
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = dict(headers or {})
-
-    def body(self) -> dict[str, Any]:
-        """The JSON body OpenAI sends with the error."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def bad(param: str | None, message: str, code: str = "invalid_value") -> APIError:
-    """A 400 ``invalid_request_error`` about ``param``."""
-    return APIError(400, f"{param}: {message}" if param else message, param=param, code=code)
 
 
 @dataclass(frozen=True)
@@ -79,13 +64,11 @@ class ChatRequest:
 
     Attributes:
         conversation: the history as codechat messages, tools declared when ``tool_choice`` allows.
-        engine_request: prompt ids (rendered conversation, ``<|assistant|>`` header, ``forced``),
-            sampling, ``n`` samples, seed and stop ids (every control id but ``<|function_call|>``,
-            which stops the reply too unless ``tools``).
+        engine_request: prompt ids (rendered conversation and ``<|assistant|>`` header), sampling,
+            ``n`` samples, seed, stop ids (every control id but ``<|function_call|>``, which stops
+            the reply too unless ``tools``) and the reply's grammar (None: free; :mod:`.constraints`).
         stop: stop strings: the reply ends before the first one (not included).
         tools: whether a function call is read out of the reply (``tool_choice`` not ``none``).
-        forced: ids written for the model at the start of its reply (``tool_choice`` required or
-            named); part of the prompt, not of the completion's tokens.
         stream: answer with server-sent events; ``include_usage``: a last chunk with ``usage``.
         logprobs: return each token's log-probability.
     """
@@ -94,7 +77,6 @@ class ChatRequest:
     engine_request: Request
     stop: tuple[str, ...] = ()
     tools: bool = False
-    forced: tuple[int, ...] = ()
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
@@ -106,7 +88,7 @@ class ChatRequest:
 
     @property
     def prompt_tokens(self) -> int:
-        """Prompt ids, the forced start of the reply included (``usage.prompt_tokens``)."""
+        """Prompt ids (``usage.prompt_tokens``)."""
         return len(self.engine_request.prompt)
 
 
@@ -134,10 +116,10 @@ def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
     return v
 
 
-def _bool(body: Mapping[str, Any], key: str) -> bool:
+def _bool(body: Mapping[str, Any], key: str, param: str | None = None) -> bool:
     v = body.get(key)
     if v is not None and not isinstance(v, bool):
-        raise bad(key, f"must be true or false, got {json.dumps(v)[:40]}")
+        raise bad(param or key, f"must be true or false, got {json.dumps(v)[:40]}")
     return bool(v)
 
 
@@ -153,18 +135,19 @@ def _stop(body: Mapping[str, Any], cfg: ServeConfig) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _tools(body: Mapping[str, Any], cfg: ServeConfig) -> tuple[dict[str, Any], ...]:
+def _tools(body: Mapping[str, Any], cfg: ServeConfig) -> tuple[tuple[dict[str, Any], ...], bool]:
     """The ``tools``, checked (:func:`codechat.tools.tool_from_schema`), as ``{"name", "description",
-    "parameters"}`` in the client's spelling: the schemas are rendered as given, as in SFT data."""
+    "parameters"}`` in the client's spelling (the schemas are rendered as given, as in SFT data), and
+    whether any of them says ``"strict": true``."""
     from codechat.tools import ToolError, tool_from_schema
     raw = body.get("tools")
     if raw is None:
-        return ()
+        return (), False
     if not isinstance(raw, list):
         raise bad("tools", "must be a list of {\"type\": \"function\", \"function\": {...}}")
     if len(raw) > cfg.max_tools:
         raise bad("tools", f"{len(raw)} tools; at most {cfg.max_tools}")
-    out, names = [], set()
+    out, names, strict = [], set(), False
     for k, t in enumerate(raw):
         if not (isinstance(t, Mapping) and t.get("type") == "function" and isinstance(t.get("function"), Mapping)):
             raise bad(f"tools[{k}]", "must be {\"type\": \"function\", \"function\": {\"name\", \"parameters\"}}")
@@ -177,7 +160,8 @@ def _tools(body: Mapping[str, Any], cfg: ServeConfig) -> tuple[dict[str, Any], .
         names.add(tool.name)
         fn = t["function"]
         out.append({key: fn[key] for key in ("name", "description", "parameters") if key in fn})
-    return tuple(out)
+        strict |= _bool(fn, "strict", f"tools[{k}].function.strict")
+    return tuple(out), strict
 
 
 def _tool_choice(body: Mapping[str, Any], tools: tuple[dict[str, Any], ...]) -> str | dict[str, Any]:
@@ -197,6 +181,25 @@ def _tool_choice(body: Mapping[str, Any], tools: tuple[dict[str, Any], ...]) -> 
     if not match:
         raise bad("tool_choice", f"names {name!r}, which is not among the tools")
     return match[0]
+
+
+def _response_format(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``response_format`` when it asks for JSON (``json_object`` or ``json_schema``); None for ``text``
+    or none given. The schema itself is checked when it is compiled (:mod:`.constraints`)."""
+    v = body.get("response_format")
+    if v is None:
+        return None
+    kinds = ("text", "json_object", "json_schema")
+    if not isinstance(v, Mapping) or v.get("type") not in kinds:
+        raise bad("response_format", f"must be {{\"type\": T}} with T one of {', '.join(kinds)}, got "
+                                     f"{json.dumps(v)[:60]}")
+    if v["type"] == "json_schema":
+        spec = v.get("json_schema")
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("schema"), Mapping):
+            raise bad("response_format.json_schema", "must be {\"name\": ..., \"schema\": {...}, \"strict\": "
+                                                     "true} with a schema object")
+        _bool(spec, "strict", "response_format.json_schema.strict")
+    return None if v["type"] == "text" else v
 
 
 def _check_tree(body: Mapping[str, Any], max_depth: int) -> None:
@@ -232,10 +235,6 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
             raise bad(key, "is not supported by codechat serve (give 0 or leave it out)", "unsupported_parameter")
     if body.get("logit_bias"):
         raise bad("logit_bias", "is not supported by codechat serve", "unsupported_parameter")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
-        raise bad("response_format", "only {\"type\": \"text\"} is supported by codechat serve",
-                  "unsupported_parameter")
     if (body.get("top_logprobs") or 0) != 0:
         raise bad("top_logprobs", "is not supported: codechat returns the chosen token's log-probability only "
                                   "(logprobs: true)", "unsupported_parameter")
@@ -244,20 +243,23 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- the request
-def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig) -> ChatRequest:
-    """Check a decoded ``POST /v1/chat/completions`` body and render its prompt.
+def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig, grammars: Grammars
+                       ) -> ChatRequest:
+    """Check a decoded ``POST /v1/chat/completions`` body, render its prompt and compile its grammar.
 
     Args:
         body: the decoded JSON body.
         tok: the model's tokenizer.
         max_len: the engine's context (prompt plus completion positions).
         cfg: the server's limits.
+        grammars: the server's grammar compiler (built here at the first request that needs it).
 
     Raises:
         APIError: 400 for a malformed or over-limit field (nesting and lone surrogates included:
             :func:`_check_tree`; ``param`` names it; the prompt plus
-            ``max_tokens`` over the context is ``code="context_length_exceeded"``), 404 for a
-            model other than ``cfg.model_name``.
+            ``max_tokens`` over the context is ``code="context_length_exceeded"``), for a schema
+            that does not compile or a grammar without llguidance (:func:`.constraints.reply_grammar`),
+            404 for a model other than ``cfg.model_name``.
     """
     if not isinstance(body, Mapping):
         raise bad(None, f"the request body must be a JSON object, got {type(body).__name__}", "invalid_json")
@@ -281,16 +283,11 @@ def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig
     if messages[-1].role == "assistant":
         raise bad(f"messages[{len(raw) - 1}].role", "the last message is the assistant's; end with a user or tool "
                                                     "message to get the next assistant turn")
-    tools = _tools(body, cfg)
+    tools, strict = _tools(body, cfg)
     choice = _tool_choice(body, tools)
+    fmt = _response_format(body)
     conv = Conversation(messages, tools if choice != "none" else None)
     prompt = render_for_completion(tok, conv)
-    forced: list[int] = []
-    if choice == "required" or isinstance(choice, dict):
-        forced = [tok.special_id(FUNCTION_CALL_TOKEN)]
-        if isinstance(choice, dict):  # the opening of format_call's JSON, up to the arguments' value
-            forced += tok.encode('{"name": ' + json.dumps(choice["name"], ensure_ascii=False) + ', "arguments":')
-    prompt += forced
 
     stream = _bool(body, "stream")
     opts = body.get("stream_options")
@@ -321,10 +318,11 @@ def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
     seed = _int(body, "seed", -MAX_SEED - 1, MAX_SEED)
     stop_ids = tok.special_ids - ({tok.special_id(FUNCTION_CALL_TOKEN)} if choice != "none" else set())
+    stop, logprobs = _stop(body, cfg), _bool(body, "logprobs")
+    grammar = reply_grammar(grammars, tools, choice, strict, fmt)  # last: compiling is the costly check
     request = Request(prompt, SamplingConfig(new, temperature, 0, top_p), samples=n,
-                      seed=secrets.randbits(31) if seed is None else seed, stop_ids=sorted(stop_ids))
-    return ChatRequest(conv, request, _stop(body, cfg), choice != "none", tuple(forced), stream, include_usage,
-                       _bool(body, "logprobs"))
+                      seed=secrets.randbits(31) if seed is None else seed, stop_ids=sorted(stop_ids), grammar=grammar)
+    return ChatRequest(conv, request, stop, choice != "none", stream, include_usage, logprobs)
 
 
 __all__ = ["APIError", "ChatRequest", "bad", "parse_chat_request"]

@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator
 
 from codechat.engine import Engine, Request, Token
 
-from .protocol import APIError
+from .errors import APIError
 
 
 class QueueFull(Exception):

@@ -30,6 +30,9 @@ FUNCALL_STAGES = ("funcall", "funcall_eval")
 #: learning rate, decaying to zero; chat SFT then starts from it. Its time is taken from pretraining's.
 MID_STAGES = ("mid",)
 #: Shares of the whole budget of the optional stages; the other stages' shares shrink to make room.
+#: ``funcall_eval`` generates every held-out reply twice, free and strict (with the grammar extra; the
+#: two passes batched as one), and is bounded by ``funcall_eval_limit`` and ``funcall_tokens``, not by
+#: its grant: its share is the planner's estimate of that work, time it leaves unused passes on.
 EXTRA_SHARES = {"mbpp": 0.06, "funcall": 0.08, "funcall_eval": 0.04}
 
 #: Shares of the whole budget per stage. CPU: 12 minutes with today's 9 of pretraining; the

@@ -14,6 +14,8 @@ The line (every key always present; ``None`` where the run had no such stage)::
     mbpp            {"pass@1": p, "pass@10": p} on MBPP's test split (with ``--mbpp``)
     funcall         parse_rate, schema_valid_rate, name_accuracy, arguments_exact_match, no_call_accuracy
                     (fractions) of the held-out function-calling evaluation (with ``--funcall-data``)
+    funcall_strict  the same five rates with every reply under the strict tool grammar (``--funcall-data``
+                    with the grammar extra installed; None otherwise)
     rl_ran          True when GRPO trained (not skipped), rl_steps its optimizer steps (0 when skipped)
     mid_share       the share of pretraining's time given to mid-training (``--mid-share``; 0: none)
 
@@ -68,6 +70,7 @@ def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str
             "humaneval": _passk((m.get("eval") or {}).get("humaneval")),
             "humaneval_after_rl": _passk(rl.get("humaneval")) if rl_ran else None,
             "mbpp": _passk(m.get("mbpp")), "funcall": {k: fc.get(k) for k in FUNCALL_KEYS} if fc else None,
+            "funcall_strict": {k: fc["strict"].get(k) for k in FUNCALL_KEYS} if fc and fc.get("strict") else None,
             "rl_ran": rl_ran, "rl_steps": int(rl.get("steps") or 0) if rl_ran else 0,
             "mid_share": (m.get("plan") or {}).get("mid_share", 0.0)}
 

@@ -262,12 +262,20 @@ def speedrun_report(m: dict[str, Any]) -> str:
 
         def pct(x: float | None) -> str:
             return "-" if x is None else f"{x:.1%}"
+        strict = f.get("strict")
+
+        def both(key: str) -> str:  # free, then strict (every reply under the tool grammar) when it ran
+            return pct(f[key]) + (f" (strict {pct(strict[key])})" if strict else "")
         lines += ["## Function calling (held-out conversations)", markdown_table([
             ("trained on", f"{t.get('data', '?')}: {t.get('examples_kept', '?')} conversations, {t.get('steps', '?')} steps"),
             ("assistant turns scored", f"{f['call_turns']} that call, {f['text_turns']} that answer in text"),
-            ("call parses", pct(f["parse_rate"])), ("arguments valid against the schema", pct(f["schema_valid_rate"])),
-            ("right function", pct(f["name_accuracy"])), ("arguments exactly right", pct(f["arguments_exact_match"])),
-            ("no call where none is due", pct(f["no_call_accuracy"]))]), ""]
+            ("call parses", both("parse_rate")), ("arguments valid against the schema", both("schema_valid_rate")),
+            ("right function", both("name_accuracy")), ("arguments exactly right", both("arguments_exact_match")),
+            ("no call where none is due", both("no_call_accuracy")),
+            ("strict decoding", f"every reply generated again under the tool grammar (tool_choice auto); "
+                                f"{strict['grammar_errors']} case(s) whose schemas did not compile generated free"
+             if strict
+             else "not run" + (f": {f['strict_skipped']}" if f.get("strict_skipped") else ""))]), ""]
     lines += ["## Data sources and licences", markdown_table(list(m.get("licenses", {}).items())), ""]
     lines += [_time_table(stages, m.get("total_wall_s", 0.0)), ""]
     if _section(m, "samples"):

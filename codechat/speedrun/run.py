@@ -34,6 +34,7 @@ on a GPU a preset sized to the budget, on the standard library plus the installe
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -56,7 +57,7 @@ from codechat.data.windows import eval_windows
 from codechat.engine import Engine, EngineConfig, SamplingConfig
 from codechat.engine.completion import best_completion, sample_completions
 from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan
-from codechat.speedrun.record import append_record, current_commit, record_line
+from codechat.speedrun.record import FUNCALL_KEYS, append_record, current_commit, record_line
 from codechat.speedrun.tuning import TuningStages
 from codechat.speedrun.report import (parses_after_dropping_last_line, plot_loss, read_metrics, speedrun_report,
                                       validation_baselines)
@@ -374,16 +375,22 @@ class Speedrun(TuningStages):
                 "pass_rate_last": rows[-1]["pass_rate"] if rows else None, "humaneval": humaneval}
 
     def _funcall_eval(self, grant: float, tag: str) -> dict[str, Any]:
+        """The held-out function-calling figures, free and — with the grammar extra installed — strict
+        (``strict``: the same rates with every reply under the strict tool grammar, both passes batched
+        together; None without the extra, and ``strict_skipped`` says why)."""
         print(f"{tag} function-calling evaluation on {self.p.funcall_data} (held out)")
         from codechat.checkpoint import load_model
         from codechat.eval.funcall import format_summary, run_funcall_suite
+        strict = importlib.util.find_spec("llguidance") is not None
         model, tok, _ = load_model(self.run / "funcall", self.dev)
         res = run_funcall_suite(Engine(model), tok, path=self.p.funcall_data, out_dir=self.run / "eval" / "funcall",
                                 split="heldout", max_new_tokens=self.p.funcall_tokens,
-                                limit=self.p.funcall_eval_limit or None, model_id=str(self.run / "funcall"))
+                                limit=self.p.funcall_eval_limit or None, model_id=str(self.run / "funcall"),
+                                strict="both" if strict else "off")
         print(format_summary(res))
-        return {k: res[k] for k in ("cases", "call_turns", "text_turns", "parse_rate", "schema_valid_rate",
-                                    "name_accuracy", "arguments_exact_match", "no_call_accuracy")}
+        return {**{k: res[k] for k in ("cases", "call_turns", "text_turns", *FUNCALL_KEYS)},
+                "strict": {k: res["strict"][k] for k in (*FUNCALL_KEYS, "grammar_errors")} if strict else None,
+                **({} if strict else {"strict_skipped": "the grammar extra (llguidance) is not installed"})}
 
 
 def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_min: float | None = None,
