@@ -43,6 +43,9 @@ the preset and the engine settings; then the figures, one line each:
 
 On CPU (fp32, no graphs, no compilation) the figures only show that the script runs; a failing
 HF static cache is skipped with a message and the dynamic cache timed instead.
+
+``--constrained`` (issue 35) times grammar-constrained decoding instead: ``benchmarks/constrained_decode.py`` says what
+and how (free rows against rows under one and under eight tool schemas, and an A/B of the free path).
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ from codechat.config.device import resolve_device
 from codechat.config.stages import preset
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.model import GPT, build_model
+from constrained_decode import TOOLS, ab_worker, constrained_main  # benchmarks/, beside this script
 
 
 def to_hf(model: GPT, dtype: torch.dtype) -> torch.nn.Module:
@@ -139,7 +143,7 @@ def hf_fn(hf: torch.nn.Module, prompts: list[list[int]], new: int, cache: str | 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="1b", help="model shape (codechat.config.stages.PRESETS): d20, 1b, tiny, ...")
-    ap.add_argument("--vocab-size", type=int, default=32768)
+    ap.add_argument("--vocab-size", type=int, default=32768, help="the model's vocabulary (logits width)")
     ap.add_argument("--batches", default="1,8,64", help="comma-separated batch sizes of the fixed-length rows")
     ap.add_argument("--prompt-len", type=int, default=256, help="prompt tokens of the fixed-length rows and TTFT")
     ap.add_argument("--new-tokens", type=int, default=256, help="tokens generated per row")
@@ -152,12 +156,31 @@ def main() -> None:
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True, help="EngineConfig.compile")
     ap.add_argument("--hbm-bytes-per-s", type=float, default=4.8e12, help="memory bandwidth (H200: 4.8e12)")
     ap.add_argument("--decode-steps", type=int, default=0, help="EngineConfig.decode_steps (0: the engine's choice)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="auto")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and sampling")
+    ap.add_argument("--device", default="auto", help="auto, cuda, cpu, ...")
     ap.add_argument("--out", default="", help="write the table as JSON here (e.g. $OUT/generate.json)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke check: batches 1,2, prompt 16, 8 new tokens, 4 mixed prompts of 4..32, 1 repeat")
+    c = ap.add_argument_group("--constrained (issue 35: grammar-constrained decoding; see the description above)")
+    c.add_argument("--constrained", action="store_true",
+                   help="time free, one-schema and 8-schema rows (and the A/B) instead of the HF comparison; "
+                        "--out defaults to $OUT/generate_constrained.json when $OUT is set")
+    c.add_argument("--rows", type=int, default=64, help="rows kept running in each arm (and engine slots)")
+    c.add_argument("--schemas", type=int, default=8, help=f"tools of the many-schemas arm (1..{len(TOOLS)}; divides --rows)")
+    c.add_argument("--tokenizer", default="", help="tokenizer directory for the grammars (default: train a BPE on the "
+                                                   "standard library with the model's vocabulary size)")
+    c.add_argument("--tokenizer-bytes", type=int, default=8_000_000,
+                   help="characters of standard-library source the default tokenizer trains on")
+    c.add_argument("--ab-commit", default="dc51aeb",
+                   help="the base of the free-path A/B (the commit before constrained decoding); '' skips the A/B")
+    c.add_argument("--ab-rounds", type=int, default=4, help="A/B rounds (each times both sides once, alternating order)")
+    c.add_argument("--ab-worker", action="store_true",
+                   help="internal: run as one side of the A/B (stdin: run / quit; stdout: READY, RESULT {json})")
     args = ap.parse_args()
+    if args.ab_worker:
+        return ab_worker(args)
+    if args.constrained:
+        return constrained_main(args)
     if args.quick:
         args.batches, args.prompt_len, args.new_tokens, args.mixed_batch = "1,2", 16, 8, 4
         args.mixed_lens, args.repeats = "4,32", 1
