@@ -406,3 +406,15 @@ def constrained_main(args: argparse.Namespace) -> None:
         raise SystemExit(f"{len(failures)} constrained rows did not parse as a valid call")
 
 
+
+
+def main() -> None:
+    """``python benchmarks/constrained_decode.py ARGS`` = ``generate_throughput.py --constrained ARGS``
+    (the options are that script's)."""
+    import generate_throughput
+    sys.argv.insert(1, "--constrained")
+    generate_throughput.main()
+
+
+if __name__ == "__main__":
+    main()
