@@ -1,32 +1,36 @@
 """Load on ``codechat serve``: requests/s, tokens/s, p50/p99 latency and time to first token for 1,
-16 and 64 concurrent streaming clients, against the engine alone on the same work.
+16 and 64 concurrent clients, streaming and not, against the engine alone on the same work.
 
 Starts ``python -m codechat serve`` on a free port of 127.0.0.1 over ``--model`` or, by default, a
 ``--preset`` with random weights (seeded) saved with a tokenizer of ``--vocab-size`` ids trained
 on this Python's standard library (cached in ``--work``). Random weights get their control ids'
 logits set to 0 (below the best of thousands of random logits), so no greedy reply stops early and
 every request generates exactly ``--new-tokens`` tokens. Each of C clients (the official
-``openai.AsyncOpenAI``, streaming, ``include_usage``) sends ``--requests`` chat requests one after
-another: a user turn of ``--prompt-chars`` characters of stdlib source (a different slice per
-request), greedy, ``max_tokens`` = ``--new-tokens``.
+``openai.AsyncOpenAI``; streaming with ``include_usage``, or not) sends ``--requests`` chat requests
+one after another: a user turn of ``--prompt-chars`` characters of stdlib source (a different slice
+per request), greedy, ``max_tokens`` = ``--new-tokens``. The C clients are spread over
+``--client-procs`` spawned processes (each an event loop of its share), so that parsing the
+server's JSON in the client is not what limits the rate; their CPU use is reported.
 
     PYTHONPATH=. python benchmarks/serve_load.py --preset d20 --device cuda [--out $OUT/serve.json]
     PYTHONPATH=. python benchmarks/serve_load.py --preset tiny --vocab-size 2048 --device cpu --quick
 
-Before the timed rounds one warm-up round runs at the largest concurrency (CUDA graph capture and
-compilation for every batch size happen there). Then, per concurrency C, one line per figure:
+Before the timed rounds one warm-up round (streaming) runs at the largest concurrency (CUDA graph
+capture and compilation for every batch size happen there). Then, per mode and concurrency C, one
+line per figure, ``serve_c{C}_*`` streaming and ``serve_whole_c{C}_*`` not:
 
-- ``serve_c{C}_requests_s``: requests finished / the round's wall seconds (first send to last
-  ``[DONE]``);
-- ``serve_c{C}_tokens_s``: completion tokens (from each stream's ``usage``) / the same seconds;
-- ``serve_c{C}_latency_p50_s`` / ``_p99_s``: one request, send to ``[DONE]``;
-- ``serve_c{C}_ttft_p50_ms`` / ``_p99_ms``: send to the first content chunk;
-- ``serve_c{C}_errors``: requests that failed (a figure above 0 makes the others suspect);
+- ``requests_s``: requests finished / the round's wall seconds (first send to last answer);
+- ``tokens_s``: completion tokens (from each answer's ``usage``) / the same seconds;
+- ``latency_p50_s`` / ``_p99_s``: one request, send to its last byte;
+- ``ttft_p50_ms`` / ``_p99_ms`` (streaming): send to the first content chunk;
+- ``errors``: requests that failed (a figure above 0 makes the others suspect);
+- ``server_cpu``: the server process's CPU seconds (every thread) / wall seconds, in cores;
+  ``client_cpu``: the client processes' together, and ``client_cpu_max`` the busiest one's (near 1
+  means a client process was saturated: raise ``--client-procs``);
 - ``engine_c{C}_tokens_s``: the baseline, measured after the server stopped: the same C prompts as
   one :meth:`codechat.engine.Engine.generate` call in this process, ``--requests`` times, same
-  engine settings; ``serve_c{C}_vs_engine``: serve tokens/s over it (HTTP, JSON, SSE and the
-  client's own parsing cost the difference; the client runs in this one Python process, so at
-  high rates it can be the bottleneck).
+  engine settings; ``*_vs_engine``: the serve tokens/s over it (HTTP, JSON and SSE cost the
+  difference).
 
 ``--out`` writes every figure and the settings as JSON.
 """
@@ -110,42 +114,94 @@ def start_server(model: Path, args: argparse.Namespace, log: Path) -> tuple[subp
     sys.exit("the server did not answer /health within 600 s")
 
 
-async def one_round(url: str, messages: list[str], clients: int, per_client: int, new: int) -> dict:
-    """``clients`` concurrent streaming clients, ``per_client`` requests each; the round's figures."""
+async def _client_requests(url: str, texts: list[list[str]], new: int, stream: bool) -> dict:
+    """One process's clients: client ``k`` sends ``texts[k]`` one after another (official
+    ``openai.AsyncOpenAI``, greedy, ``max_tokens`` = ``new``); its latencies, TTFTs, tokens, errors."""
     import openai
     api = openai.AsyncOpenAI(api_key="none", base_url=url + "/v1", max_retries=0, timeout=3600)
-    latencies, ttfts, tokens, errors = [], [], [], 0
+    out: dict = {"latencies": [], "ttfts": [], "tokens": 0, "errors": 0}
 
-    async def client(k: int) -> None:
-        nonlocal errors
-        for r in range(per_client):
-            text = messages[(k * per_client + r) % len(messages)]
-            t0 = time.perf_counter()
-            first = None
+    async def one(text: str) -> None:
+        t0 = time.perf_counter()
+        first = None
+        kw = dict(model="codechat", messages=[{"role": "user", "content": text}], max_tokens=new, temperature=0)
+        if stream:
+            resp = await api.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+            async for chunk in resp:
+                if first is None and chunk.choices and chunk.choices[0].delta.content:
+                    first = time.perf_counter()
+                if chunk.usage is not None:
+                    out["tokens"] += chunk.usage.completion_tokens
+        else:
+            resp = await api.chat.completions.create(**kw)  # awaited before the sum is read: others add meanwhile
+            out["tokens"] += resp.usage.completion_tokens
+        out["latencies"].append(time.perf_counter() - t0)
+        out["ttfts"].append((first or time.perf_counter()) - t0)
+
+    async def client(mine: list[str]) -> None:
+        for text in mine:
             try:
-                stream = await api.chat.completions.create(
-                    model="codechat", messages=[{"role": "user", "content": text}], max_tokens=new, temperature=0,
-                    stream=True, stream_options={"include_usage": True})
-                async for chunk in stream:
-                    if first is None and chunk.choices and chunk.choices[0].delta.content:
-                        first = time.perf_counter()
-                    if chunk.usage is not None:
-                        tokens.append(chunk.usage.completion_tokens)
+                await one(text)
             except openai.APIError as e:
-                errors += 1
+                out["errors"] += 1
                 print(f"# request failed: {e}", file=sys.stderr)
-                continue
-            latencies.append(time.perf_counter() - t0)
-            ttfts.append((first or time.perf_counter()) - t0)
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client(k) for k in range(clients)))
-    wall = time.perf_counter() - t0
+    await asyncio.gather(*(client(mine) for mine in texts))
     await api.close()
+    return out
+
+
+def _client_process(url: str, texts: list[list[str]], new: int, stream: bool, barrier, results) -> None:
+    """A client process (spawned): waits at ``barrier`` with the others, runs its clients, puts its
+    figures, its CPU seconds and its first-send / last-finish times (CLOCK_MONOTONIC, which every
+    process of the machine shares) on ``results``."""
+    import openai  # noqa: F401  (imported before the barrier: not timed)
+    barrier.wait()
+    cpu0, t0 = time.process_time(), time.monotonic()
+    out = asyncio.run(_client_requests(url, texts, new, stream))
+    results.put({**out, "cpu_s": time.process_time() - cpu0, "t0": t0, "t1": time.monotonic()})
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def one_round(url: str, messages: list[str], clients: int, per_client: int, new: int, stream: bool, procs: int,
+              server_pid: int) -> dict:
+    """``clients`` concurrent clients, ``per_client`` requests each, spread over ``procs`` client
+    processes (so that the clients' own JSON and SSE parsing is not what limits the rate); the
+    round's figures (module docstring), timed from the first send to the last answer."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    procs = max(1, min(procs, clients))
+    texts = [[messages[(k * per_client + r) % len(messages)] for r in range(per_client)] for k in range(clients)]
+    barrier, results = ctx.Barrier(procs + 1), ctx.Queue()
+    workers = [ctx.Process(target=_client_process, args=(url, texts[i::procs], new, stream, barrier, results))
+               for i in range(procs)]
+    for w in workers:
+        w.start()
+    barrier.wait(timeout=600)
+    server0 = _cpu_s(server_pid)
+    parts = [results.get(timeout=3600) for _ in workers]
+    server_cpu = _cpu_s(server_pid) - server0
+    for w in workers:
+        w.join()
+    wall = max(p["t1"] for p in parts) - min(p["t0"] for p in parts)
+    latencies = [x for p in parts for x in p["latencies"]]
+    ttfts = [x for p in parts for x in p["ttfts"]]
     pct = (lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan"))
-    return {"requests_s": len(latencies) / wall, "tokens_s": sum(tokens) / wall,
-            "latency_p50_s": pct(latencies, 50), "latency_p99_s": pct(latencies, 99),
-            "ttft_p50_ms": 1e3 * pct(ttfts, 50), "ttft_p99_ms": 1e3 * pct(ttfts, 99), "errors": errors}
+    figures = {"requests_s": len(latencies) / wall, "tokens_s": sum(p["tokens"] for p in parts) / wall,
+               "latency_p50_s": pct(latencies, 50), "latency_p99_s": pct(latencies, 99)}
+    if stream:
+        figures |= {"ttft_p50_ms": 1e3 * pct(ttfts, 50), "ttft_p99_ms": 1e3 * pct(ttfts, 99)}
+    return figures | {"errors": sum(p["errors"] for p in parts), "server_cpu": server_cpu / wall,
+                      "client_cpu": sum(p["cpu_s"] for p in parts) / wall,
+                      "client_cpu_max": max(p["cpu_s"] for p in parts) / wall}
 
 
 def engine_baseline(model_dir: Path, messages: list[str], args: argparse.Namespace) -> dict[int, float]:
@@ -180,6 +236,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4, help="requests each client sends in a round (default 4)")
     ap.add_argument("--new-tokens", type=int, default=256, help="max_tokens of each request (default 256)")
     ap.add_argument("--prompt-chars", type=int, default=1000, help="characters of each user turn (default 1000)")
+    ap.add_argument("--modes", default="stream,whole",
+                    help="rounds to run: stream (SSE), whole (non-streaming), or both (default stream,whole)")
+    ap.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="client processes the clients of a round are spread over (default: half the CPUs)")
     ap.add_argument("--quick", action="store_true", help="CPU smoke check: 1 request a client, 16 new tokens, "
                                                          "300-character prompts")
     ap.add_argument("--seed", type=int, default=0)
@@ -188,6 +248,11 @@ def main() -> None:
     ap.add_argument("--out", help="write the figures and settings as JSON here")
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.modes = args.modes.split(",")
+    if not args.modes or set(args.modes) - {"stream", "whole"}:
+        ap.error(f"--modes takes stream, whole or both, comma-separated; got {','.join(args.modes)!r}")
+    if args.client_procs < 1:
+        ap.error(f"--client-procs must be >= 1, got {args.client_procs}")
     if args.quick:
         args.requests, args.new_tokens, args.prompt_chars = 1, 16, 300
     work = Path(args.work)
@@ -196,23 +261,31 @@ def main() -> None:
     import openai
     print(f"# serve_load: {model_dir} on {args.device}, torch {torch.__version__}, openai {openai.__version__}; "
           f"concurrency {args.concurrency}, {args.requests} requests a client, {args.new_tokens} new tokens, "
-          f"{args.prompt_chars}-character prompts", flush=True)
+          f"{args.prompt_chars}-character prompts, modes {args.modes}, clients over {args.client_procs} processes",
+          flush=True)
     messages = prompts(max(args.concurrency) * args.requests, args.prompt_chars)
     proc, url = start_server(model_dir, args, work / "server.log")
     figures: dict[str, float] = {}
+    rounds = [(mode, c) for mode in args.modes for c in args.concurrency]
     try:
-        asyncio.run(one_round(url, messages, max(args.concurrency), 1, args.new_tokens))  # warm-up
-        for c in args.concurrency:
-            for k, v in asyncio.run(one_round(url, messages, c, args.requests, args.new_tokens)).items():
-                figures[f"serve_c{c}_{k}"] = v
-                print(f"serve_c{c}_{k} {v:.4g}", flush=True)
+        one_round(url, messages, max(args.concurrency), 1, args.new_tokens, True, args.client_procs, proc.pid)  # warm-up
+        for mode, c in rounds:
+            stream = mode == "stream"
+            name = f"serve_c{c}" if stream else f"serve_whole_c{c}"
+            for k, v in one_round(url, messages, c, args.requests, args.new_tokens, stream, args.client_procs,
+                                  proc.pid).items():
+                figures[f"{name}_{k}"] = v
+                print(f"{name}_{k} {v:.4g}", flush=True)
     finally:
         proc.terminate()
         proc.wait(30)
     for c, v in engine_baseline(model_dir, messages, args).items():
         figures[f"engine_c{c}_tokens_s"] = v
-        figures[f"serve_c{c}_vs_engine"] = figures[f"serve_c{c}_tokens_s"] / v
-        print(f"engine_c{c}_tokens_s {v:.4g}\nserve_c{c}_vs_engine {figures[f'serve_c{c}_vs_engine']:.3f}")
+        print(f"engine_c{c}_tokens_s {v:.4g}")
+        for name in (f"serve_c{c}", f"serve_whole_c{c}"):
+            if f"{name}_tokens_s" in figures:
+                figures[f"{name}_vs_engine"] = figures[f"{name}_tokens_s"] / v
+                print(f"{name}_vs_engine {figures[f'{name}_vs_engine']:.3f}")
     if args.out:
         Path(args.out).write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()},
                                               "model": str(model_dir), "figures": figures}, indent=2))

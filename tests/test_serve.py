@@ -3,7 +3,8 @@ conftest.py) with the tiny model taught one function-calling conversation, drive
 ``openai`` client and by plain HTTP. Answers are checked against the engine run in this process on
 the same checkpoint: a completion, streaming, ``n`` seeded choices, stop strings, log-probs, the
 tools round trip (the call is the model's own), the key, a 400 for each kind of malformed request,
-and 64 concurrent streams equal to the same requests made one at a time while ``/health`` answers."""
+and 64 concurrent streams equal to the same requests made one at a time, unstreamed, while ``/health``
+answers."""
 from __future__ import annotations
 
 import asyncio
@@ -284,7 +285,9 @@ def test_errors_reach_the_openai_client_and_the_server_lives_on(client, served):
     assert status == 200 and health["status"] == "ok" and health["in_flight"] == 0
 
 
-def test_64_concurrent_streams_equal_the_same_requests_one_at_a_time_while_health_answers(served, weather):
+def test_64_concurrent_streams_equal_the_same_requests_unstreamed_one_at_a_time_while_health_answers(served, weather):
+    """Each stream's chunks (several tokens of a choice coalesced into one) join to the answer the same
+    request gets alone and unstreamed: text, calls and finish reason."""
     cities = ["Tokyo", "Paris", "Lima", "Oslo", "Cairo", "Quito", "Rome", "Delhi"]
     requests = [dict(messages=[{"role": "user", "content": f"Weather in {cities[i % 8]}{'?' * (1 + i // 8)}"}],
                      tools=[weather] if i % 2 else None, max_tokens=28 + i % 16) for i in range(64)]
@@ -299,9 +302,13 @@ def test_64_concurrent_streams_equal_the_same_requests_one_at_a_time_while_healt
     def kwargs(r: dict) -> dict:
         return {k: v for k, v in r.items() if v is not None}
 
+    def unstreamed(r: dict) -> tuple:
+        [c] = sync.chat.completions.create(model="codechat", **GREEDY, **kwargs(r)).choices
+        return (c.message.content or "", [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []],
+                [c.finish_reason])
+
     sync = openai.OpenAI(api_key=key, base_url=base, max_retries=0, timeout=120)
-    alone = [answer(list(sync.chat.completions.create(model="codechat", stream=True, **GREEDY, **kwargs(r))))
-             for r in requests]
+    alone = [unstreamed(r) for r in requests]
     health: list[tuple[float, int, object]] = []  # (seconds, status, body) of each /health during the load
     done = threading.Event()
 

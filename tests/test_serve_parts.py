@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import subprocess
 import sys
 
@@ -138,6 +139,57 @@ def test_merged_deltas_are_each_choices_pieces_joined_with_its_finish(tok):
     assert [m.finish for m in merged] == ["stop", "length"]
     assert merge(da[:2]) + merge(da[2:]) == [merge(da[:2])[0], merge(da[2:])[0]]  # two batches, two chunks
     assert merge(da[:2])[0].content + merge(da[2:])[0].content == a.content
+
+
+def test_a_mixed_batchs_coalesced_chunks_are_each_choices_unchunked_text(tok):
+    """Engine steps of random sizes over a batch of choices that interleave — multi-byte characters
+    split over byte tokens, a stop string split over tokens, a call, a reply cut by length — sent as
+    one merged chunk per choice per step: each choice's chunks join to exactly the text it gives
+    token by token, and no chunk holds part of a character."""
+    texts = ["naïve 🙂 ok, 東京 — done", "It is 21 C in Tokyo.", "print('héllo')\n" * 3, "Ω≈ç√∫ " * 4]
+    ids = [ids_one_byte_each(tok, t) for t in texts]
+    fc = tok.special_id(FUNCTION_CALL_TOKEN)
+    ids.append(tok.encode("Let me look. ") + [fc] + tok.encode('{"name": "weather", "arguments": {"city": "Lima"}}'))
+
+    def choices():
+        return [ChoiceStream(tok, 0), ChoiceStream(tok, 1, stop=["C in"]), ChoiceStream(tok, 2),
+                ChoiceStream(tok, 3), ChoiceStream(tok, 4, tools=True)]
+
+    def events(i):
+        evs = [Token(0, i, t, 0.0, 0.0, None) for t in ids[i]]
+        if i == 3:  # cut by max_tokens
+            evs[-1] = Token(0, i, ids[i][-1], 0.0, 0.0, "length")
+        else:
+            evs.append(Token(0, i, tok.end_id, 0.0, 0.0, "stop"))
+        return evs
+
+    alone = []
+    for c in choices():
+        for ev in events(c.index):
+            c.push(ev)
+            if c.finish is not None:
+                break
+        alone.append((c.content, c.tool_call and c.tool_call["function"], c.finish))
+    assert alone[1] == ("It is 21 ", None, "stop") and alone[3][2] == "length"
+    assert alone[4] == ("Let me look. ", {"name": "weather", "arguments": json.dumps({"city": "Lima"})}, "tool_calls")
+    rng = random.Random(0)
+    for _ in range(20):
+        cs, queues = choices(), [events(i) for i in range(5)]
+        sent: dict[int, list[str]] = {i: [] for i in range(5)}
+        while any(queues):
+            batch = []
+            for i, q in enumerate(queues):  # an engine step: 1 to 6 tokens of every unfinished choice
+                for _ in range(min(len(q), rng.randint(1, 6))):
+                    if cs[i].finish is None:
+                        batch.append(cs[i].push(q.pop(0)))
+                    else:
+                        q.clear()
+            for d in merge(batch):
+                assert "\ufffd" not in d.content
+                sent[d.index].append(d.content)
+        assert [("".join(sent[i]), c.tool_call and c.tool_call["function"], c.finish)
+                for i, c in enumerate(cs)] == alone
+        assert cs[0].content == texts[0]
 
 
 def test_a_lagging_reader_takes_every_waiting_step_at_once_and_the_error_after_them():

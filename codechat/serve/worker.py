@@ -175,20 +175,39 @@ class EngineWorker:
         self._jobs[job.rid] = job
 
     def _step(self) -> None:
+        """One engine step; every job's tokens (and the end of the jobs it finished) reach each event
+        loop in one callback, not one per job: waking a loop is a write to its self-pipe, made while
+        this thread holds the GIL the loop needs too."""
         by_rid: dict[int, list[Token]] = defaultdict(list)
         for ev in self.engine.step():
             by_rid[ev.request].append(ev)
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, list[Token] | None]]] = defaultdict(list)
         for rid, events in by_rid.items():
-            if rid in self._jobs:
-                self._jobs[rid]._put(events)
-                self._check_done(rid)
+            job = self._jobs.get(rid)
+            if job is None:
+                continue
+            by_loop[job._loop].append((job, events))
+            if self._finished(rid) is not None:
+                by_loop[job._loop].append((job, None))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the loop is closed: nobody is listening
+                pass
 
     def _check_done(self, rid: int) -> None:
-        if self.engine.done(rid):
-            self.engine.pop(rid)
-            job = self._jobs.pop(rid)
-            self._release(job)
+        job = self._finished(rid)
+        if job is not None:
             job._put(None)
+
+    def _finished(self, rid: int) -> Job | None:
+        """The job of request ``rid`` if the engine finished it (forgotten, its rows freed), else None."""
+        if not self.engine.done(rid):
+            return None
+        self.engine.pop(rid)
+        job = self._jobs.pop(rid)
+        self._release(job)
+        return job
 
     def _release(self, job: Job) -> None:
         with self._lock:
@@ -204,6 +223,12 @@ class EngineWorker:
             self._release(job)
             job._put(error)
         self._jobs.clear()
+
+
+def _deliver(items: list[tuple[Job, list[Token] | None]]) -> None:
+    """On a job's event loop: hand each job its tokens, or None (done), in order."""
+    for job, item in items:
+        job._queue.put_nowait(item)
 
 
 __all__ = ["EngineWorker", "Job", "QueueFull"]
