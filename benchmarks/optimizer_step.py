@@ -1,11 +1,13 @@
-"""Cost of a pretraining step with Muon against AdamW, on the current device.
+"""Cost of a pretraining step with Muon or 8-bit AdamW against AdamW, on the current device.
 
 Runs the real trainer step of a preset's recipe (the ``tiny`` one by default: Muon, 4 x 512 tokens,
-vocab 4,096 as in the speedrun) on random tokens, with three optimizers built from the same
-initial weights: AdamW, Muon with its Newton-Schulz iteration in fp32, and Muon in bf16 (what
-``torch.optim.Muon`` always does). Timed rounds alternate between them so that a machine whose
-speed drifts (neighbours on a VM) affects all three alike; each figure is the median over rounds.
-Prints tokens/s per optimizer and the step-time ratio of each Muon to AdamW.
+vocab 4,096 as in the speedrun) on random tokens, with four optimizers built from the same
+initial weights: AdamW, Muon with its Newton-Schulz iteration in fp32, Muon in bf16 (what
+``torch.optim.Muon`` always does) and torchao's 8-bit AdamW (``adamw8bit``; its compiles happen in
+the warm-up steps). Timed rounds alternate between them so that a machine whose
+speed drifts (neighbours on a VM) affects all alike; each figure is the median over rounds.
+Prints tokens/s per optimizer, the step-time ratio of each to AdamW and each one's optimizer-state
+bytes per parameter.
 
     python benchmarks/optimizer_step.py [--preset tiny] [--rounds 8] [--steps 5] [--device cpu]
 """
@@ -16,6 +18,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,7 +29,7 @@ from codechat.train.trainer import Trainer
 from pretrain_throughput import RandomTokens
 
 VARIANTS = {"adamw": dict(name="adamw"), "muon_fp32": dict(name="muon", muon_ns_dtype="fp32"),
-            "muon_bf16": dict(name="muon", muon_ns_dtype="bf16")}
+            "muon_bf16": dict(name="muon", muon_ns_dtype="bf16"), "adamw8bit": dict(name="adamw8bit")}
 
 
 def main() -> None:
@@ -73,8 +76,24 @@ def main() -> None:
     print(f"device: {device}; preset {args.preset}, {tokens} tokens/step, {args.rounds} rounds x {args.steps} steps")
     for name, s in step.items():
         print(f"{name}_tokens_per_s: {tokens / s:,.0f}  (step {s * 1e3:.1f} ms)")
-    for name in ("muon_fp32", "muon_bf16"):
-        print(f"{name}_step_over_adamw: {step[name] / step['adamw']:.2f}")
+    for name in step:
+        if name != "adamw":
+            print(f"{name}_step_over_adamw: {step[name] / step['adamw']:.2f}")
+    for name, tr in trainers.items():
+        n = sum(p.numel() for p in tr.model.parameters())
+        print(f"{name}_state_bytes_per_param: {state_bytes_held(tr.optimizer) / n:.3f}")
+
+
+def state_bytes_held(optimizer: Any) -> int:
+    """Bytes of every tensor in ``optimizer``'s state (an 8-bit moment's codes, scales and table)."""
+    parts = [optimizer.muon, optimizer.adamw] if hasattr(optimizer, "muon") else [optimizer]
+    total = 0
+    for part in parts:
+        for s in part.state.values():
+            for t in s.values():
+                pieces = (t.codes, t.scale, t.qmap) if hasattr(t, "codes") else (t,)
+                total += sum(x.numel() * x.element_size() for x in pieces if x.dim() > 0)
+    return total
 
 
 if __name__ == "__main__":

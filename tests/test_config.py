@@ -16,7 +16,7 @@ from codechat.config.sft import SFTConfig, SFTStageConfig
     (lambda: DataConfig(src=("/no/such/dir",)), "/no/such/dir"),
     (lambda: OptimConfig(lr=-1), "optim.lr"),
     (lambda: OptimConfig(schedule="step"), "optim.schedule"),
-    (lambda: OptimConfig(name="sgd"), "optim.name must be adamw or muon"),
+    (lambda: OptimConfig(name="sgd"), "optim.name must be one of adamw, muon, adamw8bit"),
     (lambda: TrainConfig(max_steps=0, time_budget_s=0), "none of train.max_steps, train.time_budget_s, train.epochs"),
     (lambda: TrainConfig(micro_batch_size=0), "train.micro_batch_size"),
     (lambda: TrainConfig(max_steps=1, micro_batch_size=3, batch_size=8), "train.batch_size=8 does not divide"),

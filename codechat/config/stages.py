@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 
+from codechat.config.lora import LoraConfig, check_peft
 from codechat.config.yaml_io import (ConfigError, _check, build, load, parse_overrides, save_yaml,  # noqa: F401 (re-exported)
                                      to_dict)
 
@@ -222,11 +223,18 @@ class DataConfig:
 
 
 # ----------------------------------------------------------------------------- optim
+#: ``optim.name`` values (:class:`OptimConfig`).
+OPTIMIZERS = ("adamw", "muon", "adamw8bit")
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """The optimizer and the learning-rate schedule; warmup then decay to a floor.
 
     ``name``: ``adamw`` — AdamW on every parameter, decoupled weight decay on matrices only;
+    ``adamw8bit`` — the same AdamW with both moments in 8 bits (block-wise quantized, one fp32 scale
+    per 256 elements: ~2 bytes a parameter instead of 8; torchao's, on CUDA or CPU; the weights stay
+    fp32; :mod:`codechat.train.optim8bit`);
     ``muon`` — Muon (momentum orthogonalised by Newton-Schulz; Jordan et al. 2024,
     https://kellerjordan.github.io/posts/muon/) on the hidden matrices (attention and MLP
     projections), AdamW on the embedding, the LM head and the norms. Muon's step is scaled by
@@ -260,7 +268,7 @@ class OptimConfig:
     head_lr_mult: float = 1.0  # the untied LM head's LR = this * the scheduled LR
 
     def __post_init__(self) -> None:
-        _check(self.name in ("adamw", "muon"), f"optim.name must be adamw or muon, got {self.name!r}")
+        _check(self.name in OPTIMIZERS, f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {self.name!r}")
         _check(0 <= self.muon_momentum < 1, f"optim.muon_momentum must be in [0, 1), got {self.muon_momentum}")
         _check(self.muon_ns_dtype in ("auto", "fp32", "bf16"),
                f"optim.muon_ns_dtype must be auto, fp32 or bf16, got {self.muon_ns_dtype!r}")
@@ -420,6 +428,7 @@ class PretrainConfig:
 
     ``init`` (optional) continues pretraining a checkpoint (or ``hf:PATH``, :mod:`codechat.hf`): its
     weights, model shape and tokenizer replace the preset's, and the corpus is tokenised with it.
+    ``peft`` ``lora`` (with ``init`` only) trains LoRA adapters on it instead (:mod:`codechat.config.lora`).
     """
 
     init: str = ""
@@ -428,8 +437,11 @@ class PretrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
     run: RunConfig = field(default_factory=RunConfig)
+    peft: str = "none"  # PEFT_METHODS: none (every weight trained) | lora (adapters on the frozen --init)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
+        check_peft(self.peft, self.optim, self.train, self.init)
         _check(self.train.pp <= self.model.n_layer,
                f"--pp {self.train.pp} stages for a model of {self.model.n_layer} layers: every stage needs at least "
                f"one block; use --pp <= {self.model.n_layer}")

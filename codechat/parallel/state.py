@@ -20,8 +20,8 @@ def whole_template(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
     parts = optimizer_parts(optimizer)
     for part in parts:
         lrs = [g["lr"] for g in part.param_groups]
-        for g in part.param_groups:
-            g["lr"] = 0.0
+        for g in part.param_groups:  # a tensor LR stays a tensor (torchao's 8-bit AdamW keeps one)
+            g["lr"] = torch.zeros_like(g["lr"]) if isinstance(g["lr"], torch.Tensor) else 0.0
             for p in g["params"]:
                 p.grad = torch.zeros_like(p)
         part.step()

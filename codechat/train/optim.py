@@ -4,6 +4,9 @@ Both are driven the same way by :class:`~codechat.train.trainer.Trainer`: it wri
 learning rate, times the group's ``lr_mult`` (1 where absent), into every entry of ``param_groups``
 (:func:`set_lr`), then calls ``step()`` and ``zero_grad()``,
 and saves/loads ``state_dict()`` with each checkpoint.
+
+``adamw8bit`` is AdamW with its moments in 8 bits, torchao's (:mod:`codechat.train.optim8bit`: why
+torchao's rather than bitsandbytes', its bytes per parameter, the devices it runs on).
 """
 from __future__ import annotations
 
@@ -164,16 +167,25 @@ class MuonAdamW:
 
 
 def set_lr(optimizer: Any, lr: float) -> None:
-    """Write the scheduled ``lr`` into every param group, scaled by the group's ``lr_mult``."""
+    """Write the scheduled ``lr`` into every param group, scaled by the group's ``lr_mult``; into the
+    group's 0-dim tensor where it keeps one (``adamw8bit``: torchao's)."""
     for g in optimizer.param_groups:
-        g["lr"] = lr * g.get("lr_mult", 1.0)
+        value = lr * g.get("lr_mult", 1.0)
+        if isinstance(g["lr"], torch.Tensor):
+            g["lr"].fill_(value)
+        else:
+            g["lr"] = value
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig,
-                    device: torch.device) -> torch.optim.AdamW | MuonAdamW:
-    """The optimizer ``cfg.name`` names, over ``model``'s trainable parameters.
+                    device: torch.device) -> torch.optim.Optimizer | MuonAdamW:
+    """The optimizer ``cfg.name`` names, over ``model``'s trainable parameters (``requires_grad``:
+    every weight, or LoRA's adapters alone).
 
     ``adamw``: decoupled weight decay on parameters of 2+ dims (matrices) only; fused on CUDA.
+    ``adamw8bit``: the same groups in torchao's 8-bit AdamW
+    (:func:`codechat.train.optim8bit.build_adamw8bit`; raises ConfigError off CUDA and CPU or
+    without torchao).
     ``muon``: :class:`Muon` (Nesterov momentum ``cfg.muon_momentum``, 5 Newton-Schulz steps in
     ``cfg.muon_ns_dtype``, the update RMS matched to AdamW's) on :func:`hidden_matrix_names`, with
     weight decay; AdamW as above on the rest. With ``cfg.embed_lr_mult`` or ``cfg.head_lr_mult``
@@ -183,7 +195,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig,
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     hidden = hidden_matrix_names(model) if cfg.name == "muon" else set()
 
-    def adamw(params: list[tuple[str, torch.Tensor]]) -> torch.optim.AdamW:
+    def adamw(params: list[tuple[str, torch.Tensor]]) -> torch.optim.Optimizer:
         own: dict[int, float] = {}  # id(param) -> lr_mult, for the embedding's and head's own groups
         if (cfg.embed_lr_mult, cfg.head_lr_mult) != (1.0, 1.0):
             head = getattr(model, "lm_head", None)
@@ -199,6 +211,9 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig,
             mine = [p for _, p in params if own.get(id(p)) == mult]
             if mine:
                 groups.append({"params": mine, "weight_decay": cfg.weight_decay, "lr_mult": mult})
+        if cfg.name == "adamw8bit":
+            from .optim8bit import build_adamw8bit
+            return build_adamw8bit(groups, cfg.lr, (cfg.beta1, cfg.beta2), cfg.eps, device)
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                  fused=device.type == "cuda")
 
