@@ -69,3 +69,28 @@ def profile_steps(step: Callable[[int], None], n: int, device: torch.device, tra
         trace_dir.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(trace_dir / f"{label}.json"))
     return per
+
+
+#: Profiler event names that are the process group's collectives (``nccl:all_reduce``,
+#: ``gloo:broadcast``, ...) and the wrappers' own hooks (``FSDP::post_backward_reduce (3)``, DDP's
+#: reducer is in C++: its work shows as the collectives alone).
+COLLECTIVE_PREFIXES = ("nccl:", "gloo:")
+HOOK_PREFIX = "FSDP::"
+
+
+def count_collectives(step: Callable[[], None]) -> tuple[dict[str, int], dict[str, int]]:
+    """Run ``step()`` once under the profiler (CPU events only); returns the collectives it launched
+    by name (``{"nccl:all_reduce": 1, ...}``) and FSDP's hooks by kind (the layer index dropped:
+    ``{"FSDP::post_backward_reduce": 21, ...}``). Proof that a wrapper is in place: DDP all-reduces,
+    FSDP runs its hooks (over one rank torch may skip the collective itself: its hooks still run)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    collectives: dict[str, int] = {}
+    hooks: dict[str, int] = {}
+    for evt in prof.events():
+        if evt.name.startswith(COLLECTIVE_PREFIXES):
+            collectives[evt.name] = collectives.get(evt.name, 0) + 1
+        elif evt.name.startswith(HOOK_PREFIX):
+            kind = evt.name.split(" (")[0].split(" for ")[0]
+            hooks[kind] = hooks.get(kind, 0) + 1
+    return collectives, hooks

@@ -9,7 +9,11 @@ tokens, after warm-up steps, and prints one line per figure.
     torchrun --standalone --nproc_per_node=1 benchmarks/pretrain_throughput.py --preset 1b --compile --parallel fsdp
 
 Under ``torchrun`` the model is wrapped for ``--parallel`` even in a world of one (NCCL on CUDA),
-so the DDP / FSDP paths can be timed against the plain one on a single GPU; ``--ac full``
+so the DDP / FSDP paths can be timed against the plain one on a single GPU; one more step then
+runs under the profiler and ``collectives_per_step`` (``nccl:all_reduce``: DDP's buckets, FSDP's
+reduce-scatters and all-gathers where torch does not skip them over one rank) and
+``fsdp_hooks_per_step`` (``FSDP::pre_forward``, ``FSDP::post_backward_reduce``, ...) show that the
+wrapper is in place and what it did; ``--ac full``
 recomputes every block in the backward pass; ``--compile-scope blocks`` compiles each block, and
 the head with its loss, on its own instead of the whole model (regional compilation,
 ``train.compile_scope``). Figures: ``first_step_s`` (the first warm-up step: the compile included;
@@ -187,6 +191,9 @@ def main() -> None:
             profile_steps(lambda i: trainer.train_step([batches[i % 4]]), args.profile, device, args.trace_dir,
                           f"codechat-{args.preset}")
         layout = f"{trainer.par.strategy} over {world.size}" if world.distributed else "plain (no torchrun)"
+        if world.distributed:  # the wrapper's work in one more step: collectives and FSDP hooks
+            from pretrain_profile import count_collectives
+            collectives, hooks = count_collectives(lambda: trainer.train_step([batches[0]]))
         trainer = None  # frees the optimizer state before the transformers run
     tps = args.steps * mbs * seq * world.size / dt
     if not world.main:
@@ -195,6 +202,9 @@ def main() -> None:
           f"batch {mbs}x{seq}, compile={args.compile}{f' ({args.compile_scope})' if args.compile else ''}, "
           f"{layout}, --ac {args.ac}")
     print(f"first_step_s: {first:.1f}")
+    if world.distributed:
+        print(f"collectives_per_step: {collectives or 'none'}")
+        print(f"fsdp_hooks_per_step: {hooks or 'none'}")
     print(f"tokens_per_s: {tps:,.0f}")
     print(f"achieved_tflops: {tps * fpt / 1e12:.1f}")
     print(f"mfu: {tps * fpt / peak:.1%}" if peak else "mfu: n/a (no known peak for this device)")
