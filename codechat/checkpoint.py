@@ -30,6 +30,12 @@ resuming, ``--init``, sampling and export treat both kinds the same. One process
     OUT/model.safetensors   the weights (as trained; a tied LM head stored once, as the embedding)
     OUT/state.json          step and meta (model config, stage); no optimizer or data position
     OUT/tokenizer/
+
+A LoRA checkpoint (``--peft lora``, :mod:`codechat.peft.lora`) holds the adapters only (and their optimizer
+state); its ``meta.peft`` names the base (a checkpoint directory, itself possibly LoRA) and fingerprints
+it. :func:`load_model` loads the base, refuses one of another shape or other weights, and merges the
+adapters into it in memory, so every command that loads a model takes such a checkpoint; :func:`export`
+with ``merge`` writes the merged weights as a plain checkpoint (:func:`load_merged`).
 """
 from __future__ import annotations
 
@@ -251,8 +257,16 @@ def _load_sharded_model(d: Path, with_optim: bool) -> dict[str, Any]:
         cfg = build(ModelConfig, state["meta"]["model"])
     except KeyError:
         raise CheckpointError(f"{f}: has no meta.model (not a codechat checkpoint?)") from None
-    sd = build_model(cfg, "cpu").state_dict()
-    tied = cfg.tie_embeddings
+    cpu_model = build_model(cfg, "cpu")
+    peft = state["meta"].get("peft")
+    if peft is not None:  # the adapters only
+        from codechat.config.lora import LoraConfig
+        from codechat.peft.lora import adapter_state_dict, apply_lora
+        apply_lora(cpu_model, build(LoraConfig, peft["lora"]))
+        sd = adapter_state_dict(cpu_model)
+    else:
+        sd = cpu_model.state_dict()
+    tied = cfg.tie_embeddings and peft is None
     model = load_sharded(d, {"model": {k: v for k, v in sd.items() if not (tied and k == TIED_HEAD)}})["model"]
     if tied:
         model[TIED_HEAD] = model[EMBEDDING]
@@ -274,22 +288,25 @@ def _safetensors_load(f: Path, map_location: str | torch.device, state: dict[str
         sd = load_file(f, device=str(map_location))
     except Exception as e:  # truncated header, bad JSON: the file is broken
         raise CheckpointError(f"{f}: cannot be read ({type(e).__name__}: {e}); the file is truncated or corrupt") from None
-    if _tied(state) and TIED_HEAD not in sd:
+    if _tied(state) and TIED_HEAD not in sd and EMBEDDING in sd:  # (an export of LoRA adapters has neither)
         sd[TIED_HEAD] = sd[EMBEDDING]
     return sd
 
 
-def export(path: str | os.PathLike, out: str | os.PathLike) -> Path:
+def export(path: str | os.PathLike, out: str | os.PathLike, merge: bool = False) -> Path:
     """Write the checkpoint at ``path`` (:func:`resolve`: a stage directory means its newest, a run
     directory its last code stage's) as a consolidated
     directory ``out`` (module docstring): one process, on the CPU, with about the model's size in
-    host memory. Written under ``.tmp-NAME`` beside ``out`` and renamed when complete.
+    host memory. Written under ``.tmp-NAME`` beside ``out`` and renamed when complete. A LoRA
+    checkpoint is written as it is (its adapters, naming its base), or with ``merge`` as the plain
+    merged weights (:func:`load_merged`).
 
     Raises:
-        CheckpointError: an unreadable checkpoint, or ``out`` exists and is not an earlier export.
+        CheckpointError: an unreadable checkpoint, ``out`` exists and is not an earlier export, or
+            ``merge`` of a checkpoint without adapters.
     """
     from safetensors.torch import save_file
-    c = load(path, map_location="cpu")
+    c = load_merged(path) if merge else load(path, map_location="cpu")
     dst = Path(out)
     if dst.exists() and not (dst / "model.safetensors").is_file():
         raise CheckpointError(f"--out {dst}: exists and is not an export; choose a new directory")
@@ -321,21 +338,74 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
     Raises:
         CheckpointError: unreadable checkpoint, or weights that do not fit the saved model config.
     """
+    from .tokenizer import Tokenizer
+    model, c = _load_model(path, device)
+    d = c["dir"]
+    if not (d / "tokenizer").is_dir():
+        raise CheckpointError(f"{d / 'tokenizer'}: missing; the checkpoint is incomplete")
+    return model.eval(), Tokenizer.load(d / "tokenizer"), c["state"]
+
+
+def _load_model(path: str | os.PathLike, device: str | torch.device) -> tuple[Any, dict[str, Any]]:
+    """The model of checkpoint ``path`` (a LoRA checkpoint's adapters merged into its base) and what
+    :func:`load` read of it.
+
+    Raises:
+        CheckpointError: unreadable checkpoint, weights that do not fit the saved config, a LoRA base that
+            is missing. ConfigError: a LoRA base of another shape or with other weights.
+    """
     from codechat.config.stages import ModelConfig, build
     from .model import build_model
-    from .tokenizer import Tokenizer
-
     c = load(path, map_location=device)
     d = c["dir"]
     try:
         cfg = build(ModelConfig, c["state"]["meta"]["model"])
     except KeyError:
         raise CheckpointError(f"{d / 'state.json'}: has no meta.model (not a codechat checkpoint?)") from None
+    peft = c["state"]["meta"].get("peft")
+    if peft is not None:
+        return _merged(c, peft, device), c
     model = build_model(cfg, device)
     try:
         model.load_state_dict(c["model"])
     except RuntimeError as e:
         raise CheckpointError(f"{d}: the weights do not match its config ({e})") from None
-    if not (d / "tokenizer").is_dir():
-        raise CheckpointError(f"{d / 'tokenizer'}: missing; the checkpoint is incomplete")
-    return model.eval(), Tokenizer.load(d / "tokenizer"), c["state"]
+    return model, c
+
+
+def _merged(c: dict[str, Any], peft: dict[str, Any], device: str | torch.device) -> Any:
+    """The base ``peft["base"]`` names, checked against its fingerprint, with the adapters of checkpoint
+    ``c`` merged in (:func:`codechat.peft.lora.merge_lora`)."""
+    from codechat.config.lora import LoraConfig
+    from codechat.config.stages import build
+    from codechat.peft.lora import adapter_state_dict, apply_lora, check_base, merge_lora
+    d = c["dir"]
+    try:
+        base, _ = _load_model(peft["base"], device)
+    except CheckpointError as e:
+        raise CheckpointError(f"{d}: its LoRA base (meta.peft.base) cannot be loaded: {e}") from None
+    check_base(base.state_dict(), peft, str(d))
+    apply_lora(base, build(LoraConfig, peft["lora"]))
+    if set(c["model"]) != set(adapter_state_dict(base)):
+        raise CheckpointError(f"{d}: its adapters do not fit its meta.peft.lora settings on the base")
+    base.load_state_dict(c["model"], strict=False)
+    return merge_lora(base)
+
+
+def load_merged(path: str | os.PathLike) -> dict[str, Any]:
+    """:func:`load` of LoRA checkpoint ``path`` as a plain one, on the CPU: ``model`` the merged weights,
+    ``state.meta`` without ``peft`` (``merged_onto``: the base it named).
+
+    Raises:
+        CheckpointError: ``path`` holds no adapters (``--merge`` needs a LoRA checkpoint), or see
+            :func:`load_model`.
+    """
+    d = resolve(path)
+    f = d / "state.json"
+    if not f.is_file() or "peft" not in json.loads(f.read_text()).get("meta", {}):
+        raise CheckpointError(f"--merge: {d} has no LoRA adapters (no meta.peft in state.json) to merge; export it "
+                              "without --merge")
+    model, c = _load_model(d, "cpu")
+    meta = dict(c["state"]["meta"])
+    base = meta.pop("peft")["base"]
+    return {**c, "model": model.state_dict(), "state": {**c["state"], "meta": {**meta, "merged_onto": base}}}

@@ -79,19 +79,23 @@ HF_INIT_HELP = "or hf:PATH (a Llama / Qwen3 directory or Hub repo id, imported i
 
 
 def _add_stage_io(p: argparse.ArgumentParser, stage: str) -> None:
-    """A training stage's --out, --checkpoint-every-s and --resume (read back by :func:`_stage_flags`)."""
+    """A training stage's --out, --checkpoint-every-s, --resume and --peft (read back by :func:`_stage_flags`)."""
     p.add_argument("--out", help=f"stage directory (default runs/default/{stage})")
     p.add_argument("--checkpoint-every-s", type=float,
                    help="also save a checkpoint after this many seconds of training, so a killed run resumes close "
                         "to where it stopped (train.save_every_s; default: every train.save_every steps only)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--peft", choices=["none", "lora"],
+                   help="lora: train LoRA adapters on the frozen --init (AdamW; --lora.rank R --lora.alpha A "
+                        "--lora.dropout P --lora.targets q,k,v,o,gate,up,down); checkpoints hold the adapters and "
+                        "name their base (default none: every weight is trained)")
 
 
 def _stage_flags(args: argparse.Namespace, parallel: bool = True) -> dict:
     """The flags every training stage shares, as dotted settings: --init, :func:`_add_stage_io`'s,
     :func:`_add_common`'s and (``parallel``) :func:`_add_parallel`'s."""
     flags = {"init": args.init, "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed,
-             "run.device": args.device, "train.save_every_s": args.checkpoint_every_s}
+             "run.device": args.device, "train.save_every_s": args.checkpoint_every_s, "peft": args.peft}
     if parallel:
         flags.update({"train.parallel": args.parallel, "train.ac": args.ac, "train.pp": args.pp})
     return flags
@@ -214,22 +218,35 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
                                    "template, model card) that transformers loads. One process, CPU only.")
     p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--out", required=True, help="directory to write (replaced if it is an earlier export)")
-    p.add_argument("--format", default="codechat", choices=["codechat", "hf"],
-                   help="codechat (default): safetensors + config + tokenizer; hf: transformers' layout")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], help="--format hf: dtype of the weights (default bf16)")
+    p.add_argument("--format", default="codechat", choices=["codechat", "hf", "peft"],
+                   help="codechat (default): safetensors + config + tokenizer; hf: transformers' layout; peft: a "
+                        "LoRA checkpoint's adapters as adapter_config.json + adapter_model.safetensors, which "
+                        "peft's PeftModel.from_pretrained loads onto the --format hf export of its base")
+    p.add_argument("--dtype", choices=["bf16", "fp32"],
+                   help="--format hf: dtype of the weights (default bf16); --format peft: of the adapters (default fp32)")
+    p.add_argument("--merge", action="store_true",
+                   help="a LoRA checkpoint's adapters merged into its base: plain weights (--format codechat or hf)")
     p.set_defaults(func=_cmd_export)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from .checkpoint import export, load
+    from .checkpoint import export, load, load_merged
+    if args.format == "peft":
+        if args.merge:
+            raise ConfigError("--merge writes plain weights; --format peft writes the adapters unmerged: choose one")
+        from .hf.peft import export_peft
+        print(f"exported {args.model} -> {export_peft(load(args.model), args.out, args.dtype or 'fp32')} (PEFT LoRA)")
+        return 0
     if args.format == "codechat":
         if args.dtype:
-            raise ConfigError("--dtype applies to --format hf only (the codechat format keeps the trained dtype)")
-        print(f"exported {args.model} -> {export(args.model, args.out)}")
+            raise ConfigError("--dtype applies to --format hf and peft only (the codechat format keeps the trained "
+                              "dtype)")
+        print(f"exported {args.model} -> {export(args.model, args.out, merge=args.merge)}")
         return 0
     from .hf import ExportConfig, export_hf
     config = ExportConfig(dtype=args.dtype or "bf16")
-    print(f"exported {args.model} -> {export_hf(load(args.model), args.out, config)} (Hugging Face, {config.dtype})")
+    c = load_merged(args.model) if args.merge else load(args.model)
+    print(f"exported {args.model} -> {export_hf(c, args.out, config)} (Hugging Face, {config.dtype})")
     return 0
 
 

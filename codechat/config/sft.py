@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
+from codechat.config.lora import LoraConfig, check_peft
 from codechat.config.stages import OptimConfig, RunConfig, TrainConfig, check_init
 from codechat.config.yaml_io import _check
 
@@ -121,7 +122,8 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class SFTStageConfig:
-    """Everything ``codechat sft`` needs: the model to start from, the data, optimizer, loop and run."""
+    """Everything ``codechat sft`` needs: the model to start from, the data, optimizer, loop and run, and
+    whether every weight is trained or LoRA adapters on the frozen model (``peft``, ``lora``)."""
 
     init: str = ""  # stage directory or checkpoint to start from (required)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -130,8 +132,11 @@ class SFTStageConfig:
     train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=1.0, micro_batch_size=8, log_every=10,
                                                                    eval_every=10**9, save_every=500))
     run: RunConfig = field(default_factory=lambda: RunConfig(out="runs/default/sft"))
+    peft: str = "none"  # PEFT_METHODS: none (every weight trained) | lora (adapters on the frozen --init)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
+        check_peft(self.peft, self.optim, self.train)
         _check(not (self.sft.packing and self.train.pp > 1),
                "--packing with --pp: pipeline stages do not pass the documents of packed rows along yet; "
                "leave --packing out or use --pp 1")

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import GPT, logits_fp32, rope_tables, soft_cap
+from codechat.peft.lora import dense_weight
 from . import attention as decode_kernels
 from . import skinny
 
@@ -152,17 +153,18 @@ class InferenceModel:
     @torch.no_grad()
     def load(self, model: GPT) -> None:
         """Copy ``model``'s current weights in (in place after the first call, so that captured CUDA
-        graphs stay valid: an RL trainer calls this after each update)."""
+        graphs stay valid: an RL trainer calls this after each update). A projection with LoRA
+        adapters is copied merged (:func:`codechat.peft.lora.dense_weight`): rollouts see the current adapters."""
         new: dict[str, torch.Tensor] = {"embed": model.embed_tokens.weight, "norm": model.norm.weight}
         if not self.cfg.tie_embeddings:
             new["lm_head"] = model.lm_head.weight
         for i, b in enumerate(model.layers):
             a, m = b.self_attn, b.mlp
-            new[f"{i}.wqkv"] = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            new[f"{i}.wo"] = a.o_proj.weight
-            new[f"{i}.wgu"] = m.up_proj.weight if m.gate_proj is None else torch.cat([m.gate_proj.weight,
-                                                                                      m.up_proj.weight])
-            new[f"{i}.wdown"] = m.down_proj.weight
+            new[f"{i}.wqkv"] = torch.cat([dense_weight(a.q_proj), dense_weight(a.k_proj), dense_weight(a.v_proj)])
+            new[f"{i}.wo"] = dense_weight(a.o_proj)
+            new[f"{i}.wgu"] = dense_weight(m.up_proj) if m.gate_proj is None else torch.cat([dense_weight(m.gate_proj),
+                                                                                             dense_weight(m.up_proj)])
+            new[f"{i}.wdown"] = dense_weight(m.down_proj)
             new[f"{i}.ln1"], new[f"{i}.ln2"] = b.input_layernorm.weight, b.post_attention_layernorm.weight
             if a.q_norm is not None:
                 new[f"{i}.qn"], new[f"{i}.kn"] = a.q_norm.weight, a.k_norm.weight

@@ -55,7 +55,8 @@ def export_hf(ckpt: dict[str, Any], out: str | os.PathLike, config: ExportConfig
 
     Raises:
         ConfigError: ``out`` exists and is not an earlier Hugging Face export, the checkpoint has no
-            model config or no tokenizer.
+            model config or no tokenizer, or holds LoRA adapters (:func:`codechat.checkpoint.load_merged`
+            gives their merged model).
         HFExportError: the model has an option transformers' Llama / Qwen3 cannot express
             (``model.mlp_act`` relu2, ``model.logit_softcap``, ``model.x0_mix``, ``model.unet_skips``;
             :data:`codechat.hf.config.NOT_EXPORTABLE`).
@@ -66,6 +67,9 @@ def export_hf(ckpt: dict[str, Any], out: str | os.PathLike, config: ExportConfig
     meta = ckpt["state"].get("meta", {})
     if "model" not in meta:
         raise ConfigError(f"{src / 'state.json'}: has no meta.model (not a codechat checkpoint?)")
+    if "peft" in meta:
+        raise ConfigError(f"{src} holds LoRA adapters, not whole weights: export with --merge for the merged model, "
+                          "or --format peft for the adapters")
     if not (src / "tokenizer").is_dir():
         raise ConfigError(f"{src / 'tokenizer'}: missing; the checkpoint is incomplete")
     cfg = build(ModelConfig, meta["model"])

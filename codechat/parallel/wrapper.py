@@ -183,10 +183,11 @@ class Parallel:
         return {"model": model_sd, "optim": optim_state}
 
     def load_state_dicts(self, model_sd: dict[str, Any], optim_sd: dict[str, Any] | None, optimizer: Any,
-                         whole: tuple[torch.nn.Module, Callable[[], Any]] | None = None) -> None:
+                         whole: tuple[torch.nn.Module, Callable[[], Any]] | None = None, strict: bool = True) -> None:
         """Load whole states (a one-process checkpoint, or a sharded one read through :func:`whole_template`).
         ``whole``: the whole model and a builder of its optimizer, which name a one-process optimizer
-        state's parameters for a pipeline stage.
+        state's parameters for a pipeline stage. ``strict`` False: ``model_sd`` may hold part of the
+        model (LoRA adapters: the frozen base is already in place).
 
         Raises:
             RuntimeError, ValueError, KeyError: the states do not fit this model or optimizer.
@@ -197,13 +198,13 @@ class Parallel:
             return
         by_name = optim_sd is not None and keyed_by_name(optim_sd)
         if not self.sharded and not by_name:
-            self.model.load_state_dict(model_sd)
+            self.model.load_state_dict(model_sd, strict=strict)
             if optim_sd is not None:
                 optimizer.load_state_dict(optim_sd)
             return
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
-        opts = StateDictOptions(full_state_dict=True)
+        opts = StateDictOptions(full_state_dict=True, strict=strict)
         set_model_state_dict(self.model, model_sd, options=opts)
         if optim_sd is not None:
             if not by_name:  # a one-process checkpoint resumed under FSDP: name its parameters first

@@ -76,9 +76,11 @@ import torch
 
 from .. import checkpoint as ckpt
 from codechat.config.atomic import write_text
+from codechat.config.lora import LoraConfig, check_peft
 from codechat.config.stages import (ConfigError, OptimConfig, RunConfig, TrainConfig, _check, check_init, save_yaml,
                                     to_dict)
 from codechat.parallel.world import init_world
+from codechat.peft.lora import base_forward
 from .grpo_update import GRPOStep
 from .init import resolve_init
 from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages
@@ -148,7 +150,9 @@ class RLStageConfig:
     """Everything ``codechat rl`` needs: the policy to start from, the RL settings, optimizer, loop and run.
 
     ``train.max_steps`` counts RL steps (batches of rollouts); ``train.micro_batch_size`` counts
-    rollouts per forward pass.
+    rollouts per forward pass. ``peft`` ``lora`` trains LoRA adapters on the frozen ``init``
+    (:mod:`codechat.config.lora`): rollouts sample from the merged current adapters after every update,
+    and the KL reference (``rl.beta`` > 0) is the base with the adapters off.
     """
 
     init: str = ""  # stage directory or checkpoint to start from (required)
@@ -158,6 +162,11 @@ class RLStageConfig:
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=50, micro_batch_size=8, log_every=1,
                                                                    eval_every=10**9, save_every=10))
     run: RunConfig = field(default_factory=lambda: RunConfig(out="runs/default/rl"))
+    peft: str = "none"  # PEFT_METHODS: none (every weight trained) | lora (adapters on the frozen --init)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+    def __post_init__(self) -> None:
+        check_peft(self.peft, self.optim, self.train)
 
     def check_init(self) -> None:
         """Raises ConfigError unless ``init`` names an existing run directory or checkpoint."""
@@ -270,7 +279,8 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
     trainer = Trainer(model.train(), train=cfg.train, optim=cfg.optim, run=cfg.run, batches=schedule, out_dir=out,
                       meta={"stage": "rl", "model": state["meta"]["model"], "config": to_dict(cfg),
                             "init": str(init_dir)}, tokenizer_dir=init_dir / "tokenizer",
-                      show_progress=show_progress and world.main, world=world)
+                      show_progress=show_progress and world.main, world=world,
+                      lora=cfg.lora if cfg.peft == "lora" else None)
     resumed = cfg.run.resume and trainer.resume()
     per_rank = rl.prompts_per_step // world.size
     engine = Engine(model, EngineConfig(slots=rl.engine_slots or per_rank * rl.group_size))
@@ -291,7 +301,9 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
                                       "fix that, or pass --force to run anyway (the run stops itself after "
                                       f"--dead-steps {rl.dead_steps} dead steps)")
                 echo("--force: starting anyway")
-        ref = copy.deepcopy(model).eval().requires_grad_(False) if rl.beta > 0 else None
+        # the KL reference: the initial policy; under LoRA the base with the adapters off (no second copy)
+        ref = None if rl.beta == 0 else base_forward(model) if cfg.peft == "lora" else \
+            copy.deepcopy(model).eval().requires_grad_(False)
         update = GRPOStep(trainer, rl, tok.end_id, ref)
         log = MetricsLog(out, trainer.step if resumed else None) if world.main else None
         if world.main:

@@ -8,7 +8,7 @@ synchronises gradients on the same, last micro-step.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -43,8 +43,9 @@ def _rows(batch: RolloutBatch, keep: list[int], mask_truncated: bool, pad_id: in
 class GRPOStep:
     """The update of one step: ``num_iterations`` optimizer steps on a batch of judged rollouts."""
 
-    def __init__(self, trainer: Trainer, cfg: Any, pad_id: int, ref: torch.nn.Module | None) -> None:
-        """``cfg``: the stage's :class:`~codechat.train.grpo.RLConfig`; ``ref``: the frozen reference (``beta > 0``)."""
+    def __init__(self, trainer: Trainer, cfg: Any, pad_id: int, ref: Callable[..., torch.Tensor] | None) -> None:
+        """``cfg``: the stage's :class:`~codechat.train.grpo.RLConfig`; ``ref``: the frozen reference's forward,
+        ids (B, T) -> logits (B, T, V) (``beta > 0``: a copy of the initial policy, or the LoRA base)."""
         self.t, self.cfg, self.pad_id, self.ref = trainer, cfg, pad_id, ref
 
     def __call__(self, batch: RolloutBatch, adv: torch.Tensor) -> dict[str, float]:

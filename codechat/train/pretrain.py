@@ -116,7 +116,7 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True, budget_afte
                       meta={"stage": "pretrain", "model": to_dict(cfg.model), "config": to_dict(cfg),
                             **({"init": str(init_dir)} if init_dir else {})},
                       tokenizer_dir=tok_dir, show_progress=show_progress, world=world,
-                      budget_after_first_step=budget_after_first_step)
+                      budget_after_first_step=budget_after_first_step, lora=cfg.lora if cfg.peft == "lora" else None)
     result = trainer.fit()
     return {**result, "params": model.num_params(), "flops_per_token": model.flops_per_token(cfg.data.seq_len),
             "train_tokens": index["splits"]["train"]["tokens"], "device": str(device)}

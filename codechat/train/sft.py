@@ -121,7 +121,8 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
                                                    cfg.train.micro_batch_size),
                       meta={"stage": "sft", "model": state["meta"]["model"], "config": to_dict(cfg),
                             "init": str(init_dir)},
-                      tokenizer_dir=init_dir / "tokenizer", show_progress=show_progress, world=world)
+                      tokenizer_dir=init_dir / "tokenizer", show_progress=show_progress, world=world,
+                      lora=cfg.lora if cfg.peft == "lora" else None)
     try:
         result = trainer.fit()
     finally:  # the realised proportions exist only now (also after Ctrl-C)

@@ -24,10 +24,12 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import checkpoint as ckpt
+from codechat.config.lora import LoraConfig
 from codechat.config.stages import ConfigError, ModelConfig, OptimConfig, RunConfig, TrainConfig, build, to_dict
 from ..data.batch import Batch
 from codechat.config.device import autocast_for, compute_dtype, peak_flops
 from ..model import GPT, IGNORE_INDEX, build_model
+from codechat.peft.lora import adapter_state_dict, apply_lora, attach_lora, is_adapter_key
 from codechat.parallel.state import whole_template
 from codechat.parallel.world import World
 from codechat.parallel.wrapper import Parallel
@@ -126,17 +128,34 @@ class Trainer:
             equal training time then train equally long whatever their compile costs
             (``benchmarks/pretrain_ablation.py``). Off, the budget counts every step (a speedrun's
             compile is part of its clock).
+        lora: train LoRA adapters on the frozen ``model`` instead of every weight
+            (:func:`codechat.peft.lora.attach_lora`, before any wrapper or compile): ``meta["init"]`` names
+            the base, the blocks' frozen projections are stored in the compute dtype (bf16 on CUDA), the
+            optimizer sees the adapters only, and checkpoints hold the adapters (and their optimizer state)
+            with ``meta["peft"]`` naming the base.
+
+    Raises:
+        ConfigError: ``lora`` without ``meta["init"]``, or adapters that do not fit the model
+            (:func:`codechat.peft.lora.apply_lora`).
     """
 
     def __init__(self, model: GPT, *, train: TrainConfig, optim: OptimConfig, run: RunConfig,
                  batches: BatchSource, out_dir: Path, evaluate: Callable[[GPT], dict[str, float]] | None = None,
                  meta: dict[str, Any] | None = None, tokenizer_dir: Path | None = None,
-                 show_progress: bool = True, world: World | None = None, budget_after_first_step: bool = False) -> None:
+                 show_progress: bool = True, world: World | None = None, budget_after_first_step: bool = False,
+                 lora: LoraConfig | None = None) -> None:
         self.model, self.tcfg, self.ocfg, self.rcfg = model, train, optim, run
-        self.batches, self.evaluate, self.meta = batches, evaluate, meta or {}
+        self.batches, self.evaluate, self.meta = batches, evaluate, dict(meta or {})
         self.out_dir, self.tokenizer_dir, self.show_progress = Path(out_dir), tokenizer_dir, show_progress
         self.device = next(model.parameters()).device
         self.world = world or World(device=self.device)
+        self.lora = lora
+        if lora is not None:  # the adapters first: a wrapper, compile and the optimizer see the adapted model
+            if not self.meta.get("init"):
+                raise ConfigError("--peft lora adapts a trained model: give --init CHECKPOINT")
+            self.meta["peft"] = attach_lora(model, lora, self.meta["init"], seed=run.seed,
+                                            base_dtype=compute_dtype(self.device, train.dtype))
+            torch.manual_seed(run.seed + self.world.rank)  # the adapters' dropout: a run repeats, a resume restores it
         # before the optimizer: FSDP swaps parameters, a pipeline keeps this rank's stage
         if train.cpu_offload and optim.name == "muon":
             raise ConfigError("train.cpu_offload with optim.name muon: Muon's Newton-Schulz iterations would run on "
@@ -202,15 +221,24 @@ class Trainer:
             raise ckpt.CheckpointError(f"{c['dir'] / 'state.json'}: the checkpoint's model config {saved_model} "
                                        f"does not match this run's {self.meta.get('model')}; resume with the same "
                                        "--preset/--config or start a new --out directory")
+        saved_peft = c["state"].get("meta", {}).get("peft")
+        if saved_peft != self.meta.get("peft"):
+            raise ckpt.CheckpointError(f"{c['dir'] / 'state.json'}: the checkpoint's meta.peft {saved_peft} does not "
+                                       f"match this run's {self.meta.get('peft')} (--peft, --lora.*, the --init base); "
+                                       "resume with the same settings and base or start a new --out directory")
         if ckpt.is_sharded(c["dir"]):  # the optimizer read whole, into one built over a CPU copy of the model
             cpu = torch.device("cpu")
             copy = build_model(self.model.cfg, cpu)
+            if self.lora is not None:
+                apply_lora(copy, self.lora)
             t = whole_template(copy, build_optimizer(copy, self.ocfg, cpu))
             c["optim"] = {"state": ckpt.load_sharded(c["dir"], {"optim": t["optim"]})["optim"],
                           "param_groups": t["param_groups"]}
         whole = (self.model, lambda: build_optimizer(self.model, self.ocfg, torch.device("meta")))
         try:
-            self.par.load_state_dicts(c["model"], c["optim"], self.optimizer, whole)
+            if self.lora is not None and set(c["model"]) != set(adapter_state_dict(self.model)):
+                raise KeyError(f"the adapters of the checkpoint ({len(c['model'])} tensors) are not this model's")
+            self.par.load_state_dicts(c["model"], c["optim"], self.optimizer, whole, strict=self.lora is None)
         except (RuntimeError, ValueError, KeyError) as e:
             raise ckpt.CheckpointError(f"{c['dir']}: does not match this model/optimizer ({e})") from None
         s = c["state"]
@@ -226,10 +254,14 @@ class Trainer:
         state = {"step": self.step, "elapsed_s": self.elapsed_s, "untimed_s": self.untimed_s, "loader": loader_state,
                  "meta": self.meta, "metrics": self.last}
         if self.world.size > 1:  # every rank writes its part (DCP)
-            return ckpt.save_sharded(self.out_dir / "checkpoints", self.step, shards=self.par.shards(self.optimizer),
+            shards = self.par.shards(self.optimizer)
+            if self.lora is not None:  # the adapters only: the base is meta.peft's
+                shards["model"] = {k: v for k, v in shards["model"].items() if is_adapter_key(k)}
+            return ckpt.save_sharded(self.out_dir / "checkpoints", self.step, shards=shards,
                                      state=state, main=self.world.main, barrier=self.par.barrier,
                                      tokenizer_dir=self.tokenizer_dir, keep_last=self.tcfg.keep_last)
-        return ckpt.save(self.out_dir / "checkpoints", self.step, model=self.model.state_dict(), state=state,
+        weights = self.model.state_dict() if self.lora is None else adapter_state_dict(self.model)
+        return ckpt.save(self.out_dir / "checkpoints", self.step, model=weights, state=state,
                          optim=self.optimizer.state_dict(), tokenizer_dir=self.tokenizer_dir,
                          keep_last=self.tcfg.keep_last)
 
