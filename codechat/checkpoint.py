@@ -257,15 +257,15 @@ def _load_sharded_model(d: Path, with_optim: bool) -> dict[str, Any]:
         cfg = build(ModelConfig, state["meta"]["model"])
     except KeyError:
         raise CheckpointError(f"{f}: has no meta.model (not a codechat checkpoint?)") from None
-    cpu_model = build_model(cfg, "cpu")
     peft = state["meta"].get("peft")
-    if peft is not None:  # the adapters only
+    if peft is not None:  # the adapters only: the shapes from a model on the meta device, the tensors on the CPU
         from codechat.config.lora import LoraConfig
         from codechat.peft.lora import adapter_state_dict, apply_lora
-        apply_lora(cpu_model, build(LoraConfig, peft["lora"]))
-        sd = adapter_state_dict(cpu_model)
+        shapes = build_model(cfg, "meta")
+        apply_lora(shapes, build(LoraConfig, peft["lora"]))
+        sd = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in adapter_state_dict(shapes).items()}
     else:
-        sd = cpu_model.state_dict()
+        sd = build_model(cfg, "cpu").state_dict()
     tied = cfg.tie_embeddings and peft is None
     model = load_sharded(d, {"model": {k: v for k, v in sd.items() if not (tied and k == TIED_HEAD)}})["model"]
     if tied:

@@ -232,6 +232,23 @@ def test_kl_several_updates_per_batch_and_sequence_norm_run_and_are_logged(polic
     assert kinds == ["best", "typical"] * 3
 
 
+def test_lora_rl_samples_from_the_current_adapters_and_its_kl_reference_is_the_base(policy, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl")
+    out = tmp_path / "rl"
+    res = run_rl(rl_config(policy, tasks, out, **{"train.max_steps": "3", "rl.beta": "0.1", "peft": "lora",
+                                                  "lora.rank": "8", "optim.lr": "2e-2", "optim.name": "adamw",
+                                                  "rl.prompts_per_step": "4"}),
+                 show_progress=False)
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert res["step"] == 3 and all(r["train_tokens"] > 0 for r in rows)
+    # the engine's log-probs are the training forward's: every step's rollouts came from the updated adapters
+    assert all(r["logprob_mismatch"] < 1e-3 for r in rows)
+    # B starts at 0, so the first step's policy is the base exactly; the next have left it
+    assert rows[0]["kl"] < 1e-6 and all(r["kl"] > 1e-4 for r in rows[1:])
+    saved = torch.load(ckpt.resolve(out) / "model.pt")
+    assert saved and all(".lora_" in k for k in saved)
+
+
 def test_the_speedrun_rl_stage_trains_when_the_verdict_allows_and_reports_it(policy, tmp_path):
     import shutil
     from dataclasses import replace
