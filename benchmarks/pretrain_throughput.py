@@ -210,7 +210,7 @@ def main() -> None:
     print(f"mfu: {tps * fpt / peak:.1%}" if peak else "mfu: n/a (no known peak for this device)")
     if device.type == "cuda":
         plan = estimate(plan_config(cfg, train, optim, seq, gpus=world.size, parallel=args.parallel,
-                                    ac=args.ac)).tensors / GIB
+                                    ac=args.ac, distributed=world.distributed)).tensors / GIB
         print(f"peak_memory_gib: {measured:.2f}")
         print(f"plan_tensors_gib: {plan:.2f}")
         print(f"plan_over_measured: {plan / measured:.3f}")

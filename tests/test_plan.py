@@ -252,3 +252,107 @@ def test_cpu_offload_moves_the_model_states_to_host_memory(capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "host memory per rank (--train.cpu_offload): " in out and "\n  ddp " in out  # DDP's row, unoffloaded
+
+
+#: Every weight of one shape family: (64, 64) matrices that torchao's 8-bit AdamW quantizes, (64,) norms it does not.
+SQUARE = ModelConfig(vocab_size=64, n_layer=2, n_embd=64, n_head=1, n_kv_head=1, head_dim=64, intermediate_size=64,
+                     max_seq_len=64)
+
+
+def test_lora_trains_the_adapters_of_the_real_model_and_freezes_the_base():
+    """``--peft lora``: the trainable parameters are those ``apply_lora`` leaves trainable, rank * (in + out)
+    per targeted projection; the base is stored in bf16 without gradients, optimizer state or master copy."""
+    from codechat.config.lora import LoraConfig
+    from codechat.peft.lora import apply_lora
+    for targets in (("q", "k", "v", "o", "gate", "up", "down"), ("q", "v")):
+        model = GPT(SMALL)
+        base = model.num_params()
+        apply_lora(model, LoraConfig(rank=4, targets=targets))
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        e = estimate(PlanConfig(model=SMALL, lora_rank=4, lora_targets=targets))
+        assert e.grads == 4 * trainable and e.optimizer == 8 * trainable and e.master == 0
+        assert e.weights == 4 * trainable + 2 * base  # fp32 adapters, the frozen base in the compute dtype (bf16)
+    h, kv, i = 64, 32, 160
+    assert trainable == 2 * 4 * ((h + h) + (h + kv))  # q (64 x 64) and v (32 x 64) in both blocks
+    full = estimate(PlanConfig(model=preset("8b"), ac="full"))
+    lora = estimate(PlanConfig(model=preset("8b"), ac="full", lora_rank=16))
+    assert lora.total < full.total / 4
+    with pytest.raises(ConfigError, match="lora.rank 40 is larger than k's smaller dimension"):
+        estimate(PlanConfig(model=SMALL, lora_rank=40))
+    with pytest.raises(ConfigError, match="'gate' matches no layer of this model"):
+        estimate(PlanConfig(model=preset("tiny", mlp_act="relu2"), lora_rank=4, lora_targets=("gate",)))
+    with pytest.raises(ConfigError, match="--peft lora trains its adapters with AdamW"):
+        PlanConfig(model=SMALL, lora_rank=4, optim="muon")
+    assert i == SMALL.intermediate_size
+
+
+def test_adamw8bit_optimizer_bytes_are_torchaos_state_bytes():
+    """The planner's 8-bit state is :func:`codechat.train.optim8bit.state_bytes` of every trainable tensor
+    (``tests/test_optim8bit.py`` holds that to a real torchao optimizer): ~2.03 bytes a parameter at scale."""
+    from codechat.train.optim8bit import state_bytes
+    model = GPT(SQUARE)
+    assert estimate(PlanConfig(model=SQUARE, optim="adamw8bit")).optimizer == sum(
+        state_bytes(p.numel()) for p in model.parameters())
+    n8 = param_counts(preset("8b")).total
+    assert estimate(PlanConfig(model=preset("8b"), optim="adamw8bit")).optimizer / n8 == pytest.approx(2.03, abs=0.01)
+    lora = PlanConfig(model=SQUARE, optim="adamw8bit", lora_rank=64)  # A (64, 64) and B (64, 64): quantized
+    assert estimate(lora).optimizer == 2 * 7 * 2 * state_bytes(64 * 64)
+
+
+def test_recommends_lora_and_8bit_states_when_nothing_else_fits(capsys):
+    """8b on one H200 (139.8 GiB): full AdamW does not fit; LoRA and the 8-bit optimizer do."""
+    cfg = PlanConfig(model=preset("8b"), ac="full", gpu_mem_gib=139.8, compiled=True)
+    text = recommend(cfg)
+    assert not fits(cfg, estimate(cfg)) and text.startswith("nothing fits on 1 GPU(s) with full adamw")
+    assert re.search(r"`--peft lora --lora.rank 16` fits at about \d+\.\d GiB per GPU \(--parallel ddp", text)
+    assert re.search(r"`--optim.name adamw8bit` with fp32 weights fits at about \d+\.\d GiB per GPU", text)
+    bf16 = PlanConfig(model=preset("8b"), ac="full", gpu_mem_gib=80.0, param_bytes=2, grad_bytes=2)
+    assert "`--optim.name adamw8bit` with bf16 weights fits" in recommend(bf16)
+    args = ["plan", "--preset", "8b", "--gpu-mem-gb", "139.8", "--ac", "full", "--peft", "lora", "--lora.rank", "8",
+            "--lora.targets", "q,v"]
+    assert main(args) == 0
+    assert "--peft lora rank 8 on q,v: 4,259,840 trainable parameters, the base frozen in bf16" in \
+        capsys.readouterr().out  # 40 layers x 8 x ((4096 + 4096) + (4096 + 1024))
+
+
+#: DDP over one rank (torchrun, NCCL, a ``DistributedDataParallel`` module in place), 1b compiled, micro-batch 8
+#: x 2048, AdamW: ``torch.cuda.max_memory_allocated`` in benchmarks/RESULTS.md (2026-12-01), GiB.
+DDP_1B_MEASURED, PLAIN_1B_MEASURED = 39.26, 31.30
+
+
+def test_ddp_buckets_are_a_second_copy_of_the_gradients_and_match_the_measured_peak():
+    one = dict(model=preset("1b"), micro_batch_size=8, seq_len=2048, compiled=True)
+    plain, ddp = estimate(PlanConfig(**one)), estimate(PlanConfig(**one, distributed=True))
+    assert plain.buckets == 0 and ddp.buckets == ddp.grads == 4 * param_counts(preset("1b")).total
+    assert ddp.tensors / GIB == pytest.approx(DDP_1B_MEASURED, rel=0.03)  # 39.99: within 2%
+    assert plain.tensors / GIB == pytest.approx(PLAIN_1B_MEASURED, rel=0.01)
+    # the graph cut at every 25 MiB bucket saves what the eager blocks save; a cut every few blocks (LoRA) does not
+    assert ddp.activations > plain.activations
+    lora = dict(one, lora_rank=16)
+    assert estimate(PlanConfig(**lora, distributed=True)).activations == estimate(PlanConfig(**lora)).activations
+    assert estimate(PlanConfig(**one, distributed=True, parallel="fsdp")).buckets == 0
+    assert estimate(PlanConfig(**one, gpus=8)).buckets == ddp.buckets  # replicas: every rank holds all buckets
+
+
+def test_ddp_buckets_hold_one_element_per_trainable_parameter(tmp_path):
+    """The formula against torch's reducer: a real ``DistributedDataParallel`` (gloo, world of one) over a
+    model with LoRA's frozen base reports buckets of exactly the trainable parameters' bytes."""
+    import torch.distributed as dist
+    from codechat.config.lora import LoraConfig
+    from codechat.config.stages import DDP_GRADIENT_AS_BUCKET_VIEW
+    from codechat.peft.lora import apply_lora
+    from codechat.train.plan_states import ddp_bucket_bytes
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        for lora in (None, LoraConfig(rank=4, targets=("q", "v"))):
+            model = GPT(SMALL)
+            if lora:
+                apply_lora(model, lora)
+            ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=DDP_GRADIENT_AS_BUCKET_VIEW)
+            held = sum(int(b) for b in str(ddp._get_ddp_logging_data()["bucket_sizes"]).split(","))
+            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            assert held == ddp_bucket_bytes(trainable, 4)
+            adapters = dict(lora_rank=4, lora_targets=("q", "v")) if lora else {}
+            assert estimate(PlanConfig(model=SMALL, distributed=True, **adapters)).buckets == held
+    finally:
+        dist.destroy_process_group()

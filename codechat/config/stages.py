@@ -288,6 +288,9 @@ class OptimConfig:
 # ----------------------------------------------------------------------------- train
 #: ``train.parallel`` values (:mod:`codechat.parallel.wrapper`).
 PARALLEL_STRATEGIES = ("ddp", "fsdp", "hsdp")
+#: ``gradient_as_bucket_view`` the DDP wrapper passes (torch's default, False): each gradient is a tensor of its
+#: own beside DDP's buckets, a second copy of all gradients, which the planner counts (codechat.train.plan_states).
+DDP_GRADIENT_AS_BUCKET_VIEW = False
 #: ``train.pp_schedule`` values: ``torch.distributed.pipelining``'s ScheduleGPipe and Schedule1F1B.
 PP_SCHEDULES = ("gpipe", "1f1b")
 #: ``train.compile_scope`` values. ``model``: one ``torch.compile`` of the whole model (Inductor

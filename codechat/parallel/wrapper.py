@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from codechat.checkpoint import TIED_HEAD
 from codechat.config.stages import PARALLEL_STRATEGIES as STRATEGIES
-from codechat.config.stages import ConfigError, check_pipeline_options
+from codechat.config.stages import DDP_GRADIENT_AS_BUCKET_VIEW, ConfigError, check_pipeline_options
 from codechat.parallel.pipeline import Pipeline, stage_blocks
 from codechat.parallel.state import keyed_by_name, name_optimizer_state, optimizer_parts
 from codechat.parallel.world import World
@@ -73,7 +73,8 @@ class Parallel:
         if self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
             ids = [world.device.index] if world.device.type == "cuda" else None
-            self.module = DistributedDataParallel(model, device_ids=ids)
+            self.module = DistributedDataParallel(model, device_ids=ids,
+                                                  gradient_as_bucket_view=DDP_GRADIENT_AS_BUCKET_VIEW)
             return
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard

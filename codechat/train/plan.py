@@ -11,11 +11,18 @@ What one GPU holds, in bytes (shown in GiB, 2**30 bytes). ``Ψ`` is the paramete
 GPU's pipeline stage, ``shard`` the ranks its model states are split over (1 for DDP, the data-
 parallel ranks for FSDP, the ranks of one node for HSDP), ``tokens = micro_batch_size * seq_len``:
 
-- weights ``Ψ param_bytes / shard``; grads ``Ψ grad_bytes / shard``;
+- weights ``Ψ param_bytes / shard``; grads ``Ψ grad_bytes / shard``; with ``--peft lora``
+  (``lora_rank``) only the adapters train (``Ψ`` is theirs) and the frozen base adds its parameters
+  in the compute dtype to the weights (:mod:`codechat.train.plan_states`);
 - optimizer: AdamW keeps m and v, ``2 state_bytes`` per parameter; Muon keeps one momentum buffer
   per hidden matrix (:func:`codechat.train.optim.hidden_matrix_names`) and AdamW's m and v for the
-  rest; ``/ shard``;
+  rest; ``adamw8bit`` ~2.03 bytes per parameter (torchao's block-wise codes, scales and tables,
+  :func:`codechat.train.plan_states.optimizer_bytes`); ``/ shard``;
 - master: ``Ψ master_bytes / shard``, the fp32 copy an optimizer keeps when the weights are bf16;
+- buckets: DDP's gradient buckets, ``Ψ grad_bytes`` on every replica when a
+  ``DistributedDataParallel`` module is in place (more than one GPU, or ``distributed``: under
+  torchrun): with ``gradient_as_bucket_view=False`` a second copy of the gradients, held all run
+  (:func:`codechat.train.plan_states.ddp_bucket_bytes`);
 - activations: ``tokens * n_layer * activation_bytes(...)`` saved for backward, plus the one
   block recomputed at a time under checkpointing (:func:`activation_bytes`; a compiled step saves
   less than an eager one), plus what ``model.x0_mix`` / ``unet_skips`` keep (:func:`skip_bytes`). With ``pp`` stages
@@ -41,13 +48,19 @@ parallel ranks for FSDP, the ranks of one node for HSDP), ``tokens = micro_batch
 - ``cpu_offload`` (FSDP/HSDP, AdamW): weights, grads, optimizer and master shards move to host
   memory (``Estimate.host``, per rank); the GPU keeps the activations, logits and FSDP's buffers.
 
-Peak = weights + grads + optimizer + master + max(activations + logits + buffers, step) + margin:
+Peak = weights + grads + optimizer + master + buckets + max(activations + logits + buffers, step) + margin:
 a conservative upper bound for an eager step, since with ``zero_grad(set_to_none=True)`` gradients
 are allocated as activations are freed. A compiled step (``train.compile``) peaks as its backward
 starts, before any gradient exists: weights + optimizer + master + max(activations + logits +
 buffers, grads + step) + margin. With ``--pp`` stages only the blocks are compiled (their
 activations are the compiled ones, the head's are eager); ``train.compile_scope`` ``blocks``
 compiles the head too (compiled logits) but has no whole-step graph: the peak is the eager one.
+Compiled under DDP, ``torch._dynamo``'s DDPOptimizer cuts the graph at every 25 MiB bucket; where a
+block's trainable weights span more than one bucket, each piece is partitioned on its own and can
+no longer recompute across the cuts, so the blocks' activations are planned as eager ones (an
+upper bound: on a CPU, a small model cut at every matrix saved 95% of the eager bytes). The 1b
+run of ``benchmarks/RESULTS.md`` (DDP over one rank under torchrun, micro-batch 8 x 2048) measured
+39.26 GiB; this plan gives 39.99 (1.02; 31.03 before buckets and cuts were modelled, 0.79).
 Measured on an H200 (``benchmarks/RESULTS.md``), the whole-model compiled plan is within 1% of
 ``torch.cuda.max_memory_allocated`` for d20 and 1b at micro-batches 8-32 x 2048.
 
@@ -76,13 +89,17 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from codechat.config.stages import ConfigError, ModelConfig, OptimConfig, TrainConfig
+from codechat.config.lora import LORA_TARGETS, LoraConfig
+from codechat.config.stages import OPTIMIZERS, ConfigError, ModelConfig, OptimConfig, TrainConfig
+
+from .plan_activations import FP32, activation_bytes, lora_activation_bytes, skip_bytes
+from .plan_states import (ParamCounts, ddp_bucket_bytes, elements, lora_tensors, optimizer_bytes, param_counts,
+                          split_by_buckets, stage_tensors)
 
 STRATEGIES = ("ddp", "hsdp", "fsdp")  # cheapest first: replicated, sharded in a node, sharded everywhere
 AC_MODES = ("none", "selective", "full")  # cheapest first: recomputation costs compute
 GIB = 2 ** 30
 log = logging.getLogger(__name__)
-FP32 = 4
 #: fp32 (B, T, V) tensors alive at once in the cross-entropy's backward (see the module docstring).
 LOGITS_FP32_COPIES = 3
 #: Bytes per element of Muon's Newton-Schulz iterates: bf16 on CUDA (``optim.muon_ns_dtype`` auto).
@@ -91,8 +108,8 @@ NS_BYTES = 2
 DEFAULT_GPU_MEM_GIB = 80.0
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 #: The table's columns: :class:`Estimate` fields (bytes, shown in GiB) and their headings.
-COLUMNS = {"weights": "weights", "grads": "grads", "optimizer": "optim", "master": "master", "activations": "activ",
-           "logits": "logits", "buffers": "buffers", "step": "step", "margin": "margin"}
+COLUMNS = {"weights": "weights", "grads": "grads", "optimizer": "optim", "master": "master", "buckets": "bucket",
+           "activations": "activ", "logits": "logits", "buffers": "buffers", "step": "step", "margin": "margin"}
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -122,7 +139,10 @@ class PlanConfig:
     parallel: str = "ddp"  # see STRATEGIES
     pp: int = 1  # pipeline stages; the other gpus / pp ranks are data parallel
     ac: str = "none"  # activation checkpointing, see AC_MODES
-    optim: str = "adamw"  # adamw | muon (OptimConfig.name)
+    optim: str = "adamw"  # OptimConfig.name: adamw | muon | adamw8bit
+    lora_rank: int = 0  # --peft lora --lora.rank: adapters on a frozen base (plan_states); 0 -> every weight trains
+    lora_targets: tuple[str, ...] = tuple(LORA_TARGETS)  # --lora.targets: the projections adapted in every block
+    lora_dropout: float = 0.0  # --lora.dropout: > 0 keeps each adapter's dropped input for its backward
     param_bytes: int = 4  # stored weights (fp32 in codechat; the seed: bf16)
     grad_bytes: int = 4  # stored gradients, also FSDP's reduce-scatter dtype
     master_bytes: int = 0  # fp32 master copy of bf16 weights (the seed: 4); 0 -> none
@@ -131,6 +151,7 @@ class PlanConfig:
     compiled: bool = False  # the step runs under torch.compile (train.compile): see activation_bytes
     compiled_blocks_only: bool = False  # train.compile_scope "blocks": blocks and head compiled apart (eager peak)
     cpu_offload: bool = False  # train.cpu_offload: FSDP/HSDP shards in host memory (AdamW only)
+    distributed: bool = False  # under torchrun: the DDP/FSDP wrapper is in place even at --gpus 1 (plain python: not)
     fp8: bool = False  # train.fp8 tensorwise / rowwise: see the module docstring's buffers
     gpu_mem_gib: float = DEFAULT_GPU_MEM_GIB
     context_gib: float = 1.0  # CUDA context + cuBLAS workspaces + NCCL buffers per GPU
@@ -141,7 +162,11 @@ class PlanConfig:
         _check(self.parallel in STRATEGIES, f"unknown strategy --parallel {self.parallel!r}; choose one of "
                f"{', '.join(STRATEGIES)}")
         _check(self.ac in AC_MODES, f"unknown --ac {self.ac!r}; choose one of {', '.join(AC_MODES)}")
-        _check(self.optim in ("adamw", "muon"), f"optim.name must be adamw or muon, got {self.optim!r}")
+        _check(self.optim in OPTIMIZERS, f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {self.optim!r}")
+        _check(self.lora_rank >= 0, f"lora.rank must be > 0, got {self.lora_rank}")
+        _check(not (self.lora_rank and self.optim == "muon"), "--peft lora trains its adapters with AdamW; "
+               "--optim.name muon orthogonalises whole hidden matrices: use --optim.name adamw or adamw8bit")
+        _check(0.0 <= self.lora_dropout < 1.0, f"lora.dropout must be in [0, 1), got {self.lora_dropout}")
         _check(self.pp >= 1 and self.model.n_layer % self.pp == 0,
                f"--pp {self.pp} does not divide the model's {self.model.n_layer} layers; pick a divisor of "
                f"{self.model.n_layer}")
@@ -158,8 +183,9 @@ class PlanConfig:
         _check(self.master_bytes in (0, 4), f"master_bytes must be 0 (none) or 4 (fp32), got {self.master_bytes}")
         _check(not (self.master_bytes and self.param_bytes == 4),
                "an fp32 master copy of fp32 weights holds nothing new: use --master-weights with --param-dtype bf16")
-        _check(not self.cpu_offload or (self.parallel != "ddp" and self.pp == 1 and self.optim == "adamw"),
-               "train.cpu_offload needs --parallel fsdp or hsdp, no --pp, and optim.name adamw")
+        _check(not self.cpu_offload or (self.parallel != "ddp" and self.pp == 1 and self.optim == "adamw"
+                                        and not self.lora_rank),
+               "train.cpu_offload needs --parallel fsdp or hsdp, no --pp, optim.name adamw and no --peft")
         _check(self.gpu_mem_gib > 0 and self.context_gib >= 0 and 0 <= self.fragmentation < 1,
                "gpu_mem_gib must be > 0, context_gib >= 0 and fragmentation in [0, 1)")
 
@@ -174,71 +200,10 @@ class PlanConfig:
         those of one node (HSDP)."""
         return {"ddp": 1, "fsdp": self.dp, "hsdp": min(self.dp, self.gpus_per_node)}[self.parallel]
 
-
-@dataclass(frozen=True)
-class ParamCounts:
-    """Parameter counts of a :class:`ModelConfig`; ``total`` equals ``GPT(cfg).num_params()``."""
-
-    n_layer: int
-    embedding: int  # vocab_size * n_embd
-    block: int  # one transformer block: 2 norms, q/k/v/o, optional QK-norm, SwiGLU
-    head: int  # final norm + LM head (the LM head is the embedding when tied) + x0_mix's and unet_skips' scalars
-    block_matrices: tuple[tuple[int, int], ...]  # shapes of one block's 2-D weights (Muon's hidden matrices)
-    head_matrix: int  # elements of the LM head's matrix (cast by autocast even when tied)
-
     @property
-    def total(self) -> int:
-        return self.embedding + self.n_layer * self.block + self.head
-
-
-def param_counts(cfg: ModelConfig) -> ParamCounts:
-    """Parameter counts of ``cfg`` from its shapes (see :class:`codechat.model.GPT`)."""
-    h, q, kv, i = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.intermediate_size
-    mlp = ((i, h), (h, i)) if cfg.mlp_act == "relu2" else ((i, h), (i, h), (h, i))  # ReLU² has no gate
-    matrices = ((q, h), (kv, h), (kv, h), (h, q)) + mlp
-    block = 2 * h + sum(r * c for r, c in matrices) + (2 * cfg.head_dim if cfg.qk_norm else 0)
-    lm_head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
-    scalars = 2 * cfg.n_layer * cfg.x0_mix + cfg.n_layer // 2 * cfg.unet_skips  # the model's own, beside the head's
-    return ParamCounts(cfg.n_layer, cfg.vocab_size * h, block, h + lm_head + scalars, matrices, cfg.vocab_size * h)
-
-
-def activation_bytes(cfg: ModelConfig, ac: str, residual_bytes: int, compute_bytes: int,
-                     compiled: bool = False) -> int:
-    """Bytes per token that one transformer block keeps for its backward.
-
-    The method of Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
-    Models", sec. 4.1: sbh(34 + 5as/h) for a GPT layer) applied to this block (RMSNorm, GQA,
-    SwiGLU, no dropout, fused SDPA that keeps no (T, T) scores, only a logsumexp per head), with
-    h = n_embd, q = n_head * head_dim, kv = n_kv_head * head_dim, I = intermediate_size,
-    r = residual_bytes (the residual stream: fp32 when autocast runs on fp32 weights), c = compute_bytes:
-
-    - ``none``: 2hr (the inputs of both norms) + nhc with n = 5 casts of the norms' outputs when
-      r != c (autocast casts them once per projection: q, k, v, gate, up), else n = 2; (q + kv)c for
-      QK-norm; (2q + 2kv)c for attention (rotated q and k, v, the output that ``o_proj`` reads);
-      4Ic for SwiGLU (gate, up, silu(gate), the product); fp32 statistics (norms' rstd, logsumexp).
-    - ``selective``: torchtitan's op-level policy (``apply_ac`` with ``selective_ac_option: op``):
-      keep the attention output and the output of every other matmul of the block, recompute the
-      rest; in this block's order (q, k, v, o, gate, up, down) that keeps q, v, gate and down:
-      hr + (2q + kv + I + h)c + the logsumexp.
-    - ``full`` (each block recomputed from its input; Korthikanti et al.'s 2sbh per layer): hr.
-
-    ``compiled`` (``none`` only): what AOTAutograd's min-cut partitioner keeps when ``torch.compile``
-    traces the step — 2hr + 2hc (each norm's output cast once) + (q + kv)c (the QK-norm inputs) +
-    (2q + 2kv)c + 3Ic (gate, up and silu(gate): the product is recomputed) + the fp32 statistics.
-    ``tests/test_plan.py`` holds it to the bytes a compiled step saves (counted with
-    ``saved_tensors_hooks``), and on an H200 it predicts the measured growth of peak memory per
-    token of d20 and 1b within 0.2%.
-    """
-    h, q, kv, i = cfg.n_embd, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.intermediate_size
-    r, c = residual_bytes, compute_bytes
-    if ac == "full":
-        return h * r
-    if ac == "selective":
-        return h * r + (2 * q + kv + i + h) * c + FP32 * cfg.n_head
-    casts = 2 if compiled or r == c else 5
-    qk_norm = ((q + kv) * c + FP32 * (cfg.n_head + cfg.n_kv_head)) if cfg.qk_norm else 0
-    swiglu = (3 if compiled else 4) * i * c
-    return 2 * h * r + casts * h * c + qk_norm + (2 * q + 2 * kv) * c + swiglu + FP32 * (2 + cfg.n_head)
+    def ddp_wrapped(self) -> bool:
+        """Whether a ``DistributedDataParallel`` module holds the model: DDP under torchrun, no stages."""
+        return self.parallel == "ddp" and self.pp == 1 and (self.distributed or self.gpus > 1)
 
 
 @dataclass(frozen=True)
@@ -251,6 +216,7 @@ class Estimate:
     grads: float
     optimizer: float
     master: float
+    buckets: float  # DDP's gradient buckets (plan_states.ddp_bucket_bytes)
     activations: float
     logits: float
     buffers: float
@@ -267,7 +233,7 @@ class Estimate:
     def tensors(self) -> float:
         """Peak bytes of tensors: model states plus the larger of the backward's and the step's
         working sets (compiled: the gradients only with the step's)."""
-        kept = self.weights + self.optimizer + self.master
+        kept = self.weights + self.optimizer + self.master + self.buckets
         if self.compiled:
             return kept + max(self.activations + self.logits + self.buffers, self.grads + self.step)
         return kept + self.grads + max(self.activations + self.logits + self.buffers, self.step)
@@ -278,40 +244,35 @@ class Estimate:
         return self.tensors + self.margin
 
 
-def skip_bytes(cfg: ModelConfig, residual_bytes: int) -> int:
-    """Bytes per token that ``model.x0_mix`` and ``model.unet_skips`` keep for their backward, outside the
-    blocks (checkpointed or not): with ``x0_mix`` the input of every mix (the embedding output and each
-    block's output but the last: ``n_layer`` residual tensors); ``unet_skips`` alone only block
-    ``n_layer // 2 - 1``'s output when ``n_layer`` is even (each other skipped output is the next block's
-    input, kept anyway). A compiled step keeps less (AOTAutograd recomputes some): an upper bound there
-    (``tests/test_model_options.py`` counts both).
-    """
-    L = cfg.n_layer
-    return cfg.n_embd * residual_bytes * (L if cfg.x0_mix else int(cfg.unet_skips and L % 2 == 0))
-
-
 def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Estimate:
     """The estimate of one pipeline stage (``first`` holds the embedding, ``last`` the head and logits)."""
     m, layers, shard = cfg.model, cfg.model.n_layer // cfg.pp, cfg.shard
-    tied_copy = counts.embedding if (m.tie_embeddings and last and not first) else 0  # the head's shared matrix
-    root = (counts.embedding if first else 0) + (counts.head + tied_copy if last else 0)
-    params = layers * counts.block + root
+    tied_copy = m.tie_embeddings and last and not first  # the head's shared matrix
+    root = (counts.embedding if first else 0) + (counts.head + tied_copy * counts.embedding if last else 0)
+    base = stage_tensors(counts, layers, first, last, tied_copy)
+    lora = lora_tensors(counts, 1, cfg.lora_rank, cfg.lora_targets) if cfg.lora_rank else []  # one block's adapters
+    trainable = [t._replace(count=t.count * layers) for t in lora] if lora else base
+    n_train, frozen = elements(trainable), elements(base) if lora else 0
+    block_trainable = elements(lora) if lora else counts.block
     block_matrices = sum(rows * cols for rows, cols in counts.block_matrices)
-    matrices = layers * block_matrices  # Muon's hidden matrices
+    optimizer, step = optimizer_bytes(cfg.optim, trainable, cfg.state_bytes), 0.0
     if cfg.optim == "muon":
-        optimizer = matrices * cfg.state_bytes + (params - matrices) * 2 * cfg.state_bytes
         largest = layers * max(rows * cols * n for (rows, cols), n in Counter(counts.block_matrices).items())
         step = largest * (2 * cfg.grad_bytes + 3 * NS_BYTES) / shard
-    else:
-        optimizer, step = params * 2 * cfg.state_bytes, 0.0
     sharded = cfg.parallel != "ddp"
     c = cfg.compute_bytes
-    r = c if sharded else cfg.param_bytes  # FSDP gathers the weights (the embedding too) in the compute dtype
+    # FSDP gathers the weights (the embedding too) in the compute dtype; a LoRA base is stored in it
+    r = c if sharded or lora else cfg.param_bytes
     tokens = cfg.micro_batch_size * cfg.seq_len
     in_flight = cfg.pp if first else 1  # 1F1B: stage 0 holds pp micro-batches in flight, the last one
-    acts = in_flight * tokens * layers * activation_bytes(m, cfg.ac, r, c, cfg.compiled)
+    buckets = ddp_bucket_bytes(n_train, cfg.grad_bytes) if cfg.ddp_wrapped else 0.0
+    # compiled DDP: DDPOptimizer cuts the graph at every bucket; cut inside each block, the blocks save as eager
+    blocks_compiled = cfg.compiled and not (cfg.ddp_wrapped and split_by_buckets(block_trainable * cfg.grad_bytes))
+    adapters = lora_activation_bytes(counts, cfg.lora_rank, cfg.lora_targets, cfg.lora_dropout > 0, c)
+    acts = in_flight * tokens * layers * (activation_bytes(m, cfg.ac, r, c, blocks_compiled)
+                                          + (adapters if cfg.ac != "full" else 0))
     if cfg.ac != "none":  # the one block recomputed during its backward
-        acts += tokens * activation_bytes(m, "none", r, c, cfg.compiled)
+        acts += tokens * (activation_bytes(m, "none", r, c, blocks_compiled) + adapters)
     acts += tokens * skip_bytes(m, r)  # 0 without x0_mix and unet_skips (refused with pp > 1)
     logits = 0.0
     # with stages the trainer compiles each block and the head runs eager; compile_scope "blocks"
@@ -322,20 +283,23 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
         # (compiled: the norm's rstd and the loss's two per-token statistics)
         acts += tokens * (m.n_embd * r + FP32 * 3 if head_compiled else m.n_embd * (r + c) + FP32)
         logits = float((c if head_compiled else LOGITS_FP32_COPIES * FP32) * tokens * m.vocab_size)
-    if sharded:
-        buffers = 2 * counts.block * c + counts.block * (c + cfg.grad_bytes) + root * 2 * c
+    if sharded:  # two gathered blocks, one block's unsharded grads, the root gathered (with its grads)
+        root_grads = 0 if lora else root * c
+        buffers = 2 * counts.block * c + block_trainable * (c + cfg.grad_bytes) + root * c + root_grads
+    elif lora:  # the base is in the compute dtype already: autocast casts the adapters only
+        buffers = n_train * c if c < cfg.param_bytes else 0
     elif c < cfg.param_bytes:
-        buffers = (matrices + (counts.head_matrix if last else 0)) * c
+        buffers = (layers * block_matrices + (counts.head_matrix if last else 0)) * c
     else:
         buffers = 0
     if cfg.fp8:  # the float8 casts of the block's weights being multiplied (1 byte each)
         buffers += block_matrices
-    states = (params * cfg.param_bytes / shard, params * cfg.grad_bytes / shard, optimizer / shard,
-              params * cfg.master_bytes / shard)
+    states = ((n_train * cfg.param_bytes + frozen * c) / shard, n_train * cfg.grad_bytes / shard, optimizer / shard,
+              n_train * cfg.master_bytes / shard)
     host = 0.0
     if cfg.cpu_offload:  # the states live in host memory, the GPU holds none of them
         host, states = sum(states), (0.0,) * 4
-    est = Estimate(cfg.parallel, cfg.pp, *states, float(acts), logits, float(buffers), step, 0.0, whole, host)
+    est = Estimate(cfg.parallel, cfg.pp, *states, buckets, float(acts), logits, float(buffers), step, 0.0, whole, host)
     return replace(est, margin=cfg.context_gib * GIB + cfg.fragmentation * est.tensors)
 
 
@@ -382,7 +346,8 @@ def _flags(cfg: PlanConfig, base: PlanConfig) -> str:
 
 def recommend(cfg: PlanConfig) -> str:
     """One sentence: the cheapest variant of ``cfg`` that fits (in :func:`_candidates`' order), or
-    how many GPUs FSDP with full checkpointing at micro-batch 1 would need."""
+    how many GPUs FSDP with full checkpointing at micro-batch 1 would need and what fits on these
+    GPUs with LoRA or 8-bit optimizer states (:func:`_lighter`)."""
     asked_fits = fits(cfg, estimate(cfg))
     for cand in _candidates(cfg):
         if cand == cfg and asked_fits:
@@ -393,19 +358,44 @@ def recommend(cfg: PlanConfig) -> str:
             return f"{lead}: {_flags(cand, cfg)} (about {est.total / GIB:.1f} GiB per GPU)."
     floor = replace(cfg, parallel="fsdp", ac="full", pp=1, micro_batch_size=1)
     offload = ""
-    if cfg.optim == "adamw" and not cfg.cpu_offload:
+    if cfg.optim == "adamw" and not cfg.cpu_offload and not cfg.lora_rank:
         off = replace(floor, cpu_offload=True)
         est = estimate(off)
         if fits(off, est):
             offload = (f"; or, at AdamW's speed on the CPU, --parallel fsdp --ac full --train.cpu_offload true "
                        f"at micro-batch 1 fits now (about {est.total / GIB:.1f} GiB per GPU, "
                        f"{est.host / GIB:.1f} GiB of host memory per rank)")
+    what = f"{'--peft lora' if cfg.lora_rank else 'full'} {cfg.optim}"
     for k in range(1, 15):
         big = replace(floor, gpus=cfg.gpus * 2 ** k)
         if fits(big, estimate(big)):
-            return (f"nothing fits on {cfg.gpus} GPU(s): --parallel fsdp --ac full at micro-batch 1 needs about "
-                    f"{big.gpus} GPUs of {cfg.gpu_mem_gib:.0f} GiB{offload}.")
-    return "nothing fits: the LM head and the logits alone exceed one GPU; lower data.seq_len."
+            return (f"nothing fits on {cfg.gpus} GPU(s) with {what}: --parallel fsdp --ac full at micro-batch 1 "
+                    f"needs about {big.gpus} GPUs of {cfg.gpu_mem_gib:.0f} GiB{offload}{_lighter(cfg)}.")
+    return f"nothing fits: the LM head and the logits alone exceed one GPU; lower data.seq_len{_lighter(cfg)}."
+
+
+def _lighter(cfg: PlanConfig) -> str:
+    """``; --peft lora fits at ...; --optim.name adamw8bit (weights fp32) fits at ...``: the cheapest
+    layout (:func:`_candidates`) of each that fits on ``cfg``'s GPUs, where ``cfg`` does not use it
+    already; empty when neither fits."""
+    options = []
+    if not cfg.lora_rank:  # adapters train with AdamW (its 8-bit form kept)
+        rank = LoraConfig().rank
+        options.append((f"`--peft lora --lora.rank {rank}`",
+                        replace(cfg, lora_rank=rank, optim="adamw8bit" if cfg.optim == "adamw8bit" else "adamw")))
+    if cfg.optim != "adamw8bit" and not cfg.cpu_offload:
+        names = {4: "fp32", 2: "bf16"}
+        master = " and an fp32 master copy" if cfg.master_bytes else ""
+        options.append((f"`--optim.name adamw8bit` with {names[cfg.param_bytes]} weights{master}",
+                        replace(cfg, optim="adamw8bit")))
+    out = ""
+    for flag, alt in options:
+        for cand in _candidates(alt):
+            est = estimate(cand)
+            if fits(cand, est):
+                out += f"; {flag} fits at about {est.total / GIB:.1f} GiB per GPU ({_flags(cand, cfg)})"
+                break
+    return out
 
 
 def format_plan(cfg: PlanConfig) -> str:
@@ -414,7 +404,9 @@ def format_plan(cfg: PlanConfig) -> str:
     names = {4: "fp32", 2: "bf16"}
     lines = [f"model: {counts.total:,} parameters ({m.n_layer} layers, width {m.n_embd}, vocab {m.vocab_size}); "
              f"micro-batch {cfg.micro_batch_size} x {cfg.seq_len} tokens; {cfg.gpus} GPU(s), "
-             f"{cfg.gpus_per_node} per node; optimizer {cfg.optim}; {'compiled' if cfg.compiled else 'eager'} step",
+             f"{cfg.gpus_per_node} per node; optimizer {cfg.optim}; {'compiled' if cfg.compiled else 'eager'} step"
+             + (f"; --peft lora rank {cfg.lora_rank} on {','.join(cfg.lora_targets)}: {_trainable(cfg):,} trainable "
+                f"parameters, the base frozen in {names[cfg.compute_bytes]}" if cfg.lora_rank else ""),
              f"dtypes: weights {names[cfg.param_bytes]}, grads {names[cfg.grad_bytes]}, optimizer state "
              f"{names[cfg.state_bytes]}, master copy {names.get(cfg.master_bytes, 'none')}, compute "
              f"{names[cfg.compute_bytes]}{' (block matmuls fp8)' if cfg.fp8 else ''}",
@@ -443,6 +435,11 @@ def format_plan(cfg: PlanConfig) -> str:
     return "\n".join(lines)
 
 
+def _trainable(cfg: PlanConfig) -> int:
+    """LoRA's trainable parameters over the whole model."""
+    return elements(lora_tensors(param_counts(cfg.model), cfg.model.n_layer, cfg.lora_rank, cfg.lora_targets))
+
+
 def peak_note(compiled: bool, rows: list[str] | None = None) -> str:
     """The line under the table: ``peak`` (what the verdict compares) is not the sum of the columns
     (:attr:`Estimate.tensors`); ``rows``: the layouts it is for, when the table mixes both kinds."""
@@ -462,9 +459,12 @@ def verdict(cfg: PlanConfig, est: Estimate | None = None) -> str:
     return f"verdict: {est.layout} on {cfg.gpus} GPU(s) needs about {need:.1f} GiB per GPU of {have:.1f} GiB: {word}"
 
 
-def plan_config(model: ModelConfig, train: TrainConfig, optim: OptimConfig, seq_len: int, **layout: Any
-                ) -> PlanConfig:
-    """The :class:`PlanConfig` of a training run's settings; ``layout`` sets the other fields."""
+def plan_config(model: ModelConfig, train: TrainConfig, optim: OptimConfig, seq_len: int,
+                lora: LoraConfig | None = None, **layout: Any) -> PlanConfig:
+    """The :class:`PlanConfig` of a training run's settings (``lora``: the adapters of ``--peft lora``,
+    None for full training); ``layout`` sets the other fields."""
+    if lora is not None:
+        layout.update(lora_rank=lora.rank, lora_targets=lora.targets, lora_dropout=lora.dropout)
     layout.setdefault("compiled", train.compile)
     layout.setdefault("compiled_blocks_only", train.compile and train.compile_scope == "blocks")
     layout.setdefault("cpu_offload", train.cpu_offload)
@@ -511,10 +511,13 @@ def check_training_memory(model: ModelConfig, train: TrainConfig, optim: OptimCo
                           echo: Callable[[str], None] = print, **layout: Any) -> Estimate | None:
     """What a training stage calls before step 0: on CUDA print the plan's line and warn if it
     exceeds the device; on other devices do nothing and return None. A layout the planner does not
-    model (``--pp`` not dividing the layers) is said in one line, not an error."""
+    model (``--pp`` not dividing the layers) is said in one line, not an error. ``layout`` may hold
+    ``lora`` (:func:`plan_config`); a started process group (torchrun) plans the wrapper in place."""
     mem = device_memory_gib(device)
     if mem is None:
         return None
+    import torch.distributed as dist
+    layout.setdefault("distributed", dist.is_available() and dist.is_initialized())
     if train.pp > 1:  # the planner's micro-batch is what a stage holds at once: one pipeline micro-batch
         train = replace(train, micro_batch_size=train.micro_batch_size // train.pipeline_microbatches,
                         pp_microbatches=1, pp=1)
