@@ -271,7 +271,9 @@ def test_lora_trains_the_adapters_of_the_real_model_and_freezes_the_base():
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         e = estimate(PlanConfig(model=SMALL, lora_rank=4, lora_targets=targets))
         assert e.grads == 4 * trainable and e.optimizer == 8 * trainable and e.master == 0
-        assert e.weights == 4 * trainable + 2 * base  # fp32 adapters, the frozen base in the compute dtype (bf16)
+        # fp32 adapters; of the frozen base the blocks' projections in the compute dtype (bf16), the rest in fp32
+        blocks = 2 * sum(r * c for r, c in param_counts(SMALL).block_matrices)
+        assert e.weights == 4 * trainable + 2 * blocks + 4 * (base - blocks)
     h, kv, i = 64, 32, 160
     assert trainable == 2 * 4 * ((h + h) + (h + kv))  # q (64 x 64) and v (32 x 64) in both blocks
     full = estimate(PlanConfig(model=preset("8b"), ac="full"))
@@ -311,7 +313,7 @@ def test_recommends_lora_and_8bit_states_when_nothing_else_fits(capsys):
     args = ["plan", "--preset", "8b", "--gpu-mem-gb", "139.8", "--ac", "full", "--peft", "lora", "--lora.rank", "8",
             "--lora.targets", "q,v"]
     assert main(args) == 0
-    assert "--peft lora rank 8 on q,v: 4,259,840 trainable parameters, the base frozen in bf16" in \
+    assert "--peft lora rank 8 on q,v: 4,259,840 trainable parameters, the blocks' projections frozen in bf16" in \
         capsys.readouterr().out  # 40 layers x 8 x ((4096 + 4096) + (4096 + 1024))
 
 

@@ -13,7 +13,7 @@ parallel ranks for FSDP, the ranks of one node for HSDP), ``tokens = micro_batch
 
 - weights ``Ψ param_bytes / shard``; grads ``Ψ grad_bytes / shard``; with ``--peft lora``
   (``lora_rank``) only the adapters train (``Ψ`` is theirs) and the frozen base adds its parameters
-  in the compute dtype to the weights (:mod:`codechat.train.plan_states`);
+  to the weights, the blocks' projections in the compute dtype (:mod:`codechat.train.plan_states`);
 - optimizer: AdamW keeps m and v, ``2 state_bytes`` per parameter; Muon keeps one momentum buffer
   per hidden matrix (:func:`codechat.train.optim.hidden_matrix_names`) and AdamW's m and v for the
   rest; ``adamw8bit`` ~2.03 bytes per parameter (torchao's block-wise codes, scales and tables,
@@ -252,17 +252,19 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
     base = stage_tensors(counts, layers, first, last, tied_copy)
     lora = lora_tensors(counts, 1, cfg.lora_rank, cfg.lora_targets) if cfg.lora_rank else []  # one block's adapters
     trainable = [t._replace(count=t.count * layers) for t in lora] if lora else base
-    n_train, frozen = elements(trainable), elements(base) if lora else 0
     block_trainable = elements(lora) if lora else counts.block
     block_matrices = sum(rows * cols for rows, cols in counts.block_matrices)
+    n_train = elements(trainable)
+    # LoRA's frozen base: the blocks' projections in the compute dtype, the rest as stored (codechat.peft.lora)
+    frozen = (layers * block_matrices * cfg.compute_bytes
+              + (elements(base) - layers * block_matrices) * cfg.param_bytes) if lora else 0
     optimizer, step = optimizer_bytes(cfg.optim, trainable, cfg.state_bytes), 0.0
     if cfg.optim == "muon":
         largest = layers * max(rows * cols * n for (rows, cols), n in Counter(counts.block_matrices).items())
         step = largest * (2 * cfg.grad_bytes + 3 * NS_BYTES) / shard
     sharded = cfg.parallel != "ddp"
     c = cfg.compute_bytes
-    # FSDP gathers the weights (the embedding too) in the compute dtype; a LoRA base is stored in it
-    r = c if sharded or lora else cfg.param_bytes
+    r = c if sharded else cfg.param_bytes  # FSDP gathers the weights (the embedding too) in the compute dtype
     tokens = cfg.micro_batch_size * cfg.seq_len
     in_flight = cfg.pp if first else 1  # 1F1B: stage 0 holds pp micro-batches in flight, the last one
     buckets = ddp_bucket_bytes(n_train, cfg.grad_bytes) if cfg.ddp_wrapped else 0.0
@@ -286,15 +288,15 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
     if sharded:  # two gathered blocks, one block's unsharded grads, the root gathered (with its grads)
         root_grads = 0 if lora else root * c
         buffers = 2 * counts.block * c + block_trainable * (c + cfg.grad_bytes) + root * c + root_grads
-    elif lora:  # the base is in the compute dtype already: autocast casts the adapters only
-        buffers = n_train * c if c < cfg.param_bytes else 0
+    elif lora:  # the frozen projections are in the compute dtype already: autocast casts the adapters and head
+        buffers = (n_train + (counts.head_matrix if last else 0)) * c if c < cfg.param_bytes else 0
     elif c < cfg.param_bytes:
         buffers = (layers * block_matrices + (counts.head_matrix if last else 0)) * c
     else:
         buffers = 0
     if cfg.fp8:  # the float8 casts of the block's weights being multiplied (1 byte each)
         buffers += block_matrices
-    states = ((n_train * cfg.param_bytes + frozen * c) / shard, n_train * cfg.grad_bytes / shard, optimizer / shard,
+    states = ((n_train * cfg.param_bytes + frozen) / shard, n_train * cfg.grad_bytes / shard, optimizer / shard,
               n_train * cfg.master_bytes / shard)
     host = 0.0
     if cfg.cpu_offload:  # the states live in host memory, the GPU holds none of them
@@ -406,7 +408,7 @@ def format_plan(cfg: PlanConfig) -> str:
              f"micro-batch {cfg.micro_batch_size} x {cfg.seq_len} tokens; {cfg.gpus} GPU(s), "
              f"{cfg.gpus_per_node} per node; optimizer {cfg.optim}; {'compiled' if cfg.compiled else 'eager'} step"
              + (f"; --peft lora rank {cfg.lora_rank} on {','.join(cfg.lora_targets)}: {_trainable(cfg):,} trainable "
-                f"parameters, the base frozen in {names[cfg.compute_bytes]}" if cfg.lora_rank else ""),
+                f"parameters, the blocks' projections frozen in {names[cfg.compute_bytes]}" if cfg.lora_rank else ""),
              f"dtypes: weights {names[cfg.param_bytes]}, grads {names[cfg.grad_bytes]}, optimizer state "
              f"{names[cfg.state_bytes]}, master copy {names.get(cfg.master_bytes, 'none')}, compute "
              f"{names[cfg.compute_bytes]}{' (block matmuls fp8)' if cfg.fp8 else ''}",

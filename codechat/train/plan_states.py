@@ -9,8 +9,9 @@
 - **LoRA** (``--peft lora``; Hu et al. 2021, arXiv:2106.09685; :func:`lora_tensors`): each targeted
   projection ``W`` (out, in) of every block gets ``A`` (rank, in) and ``B`` (out, rank):
   ``rank * (in + out)`` trainable parameters, stored, differentiated and optimized (AdamW) at the
-  plan's ``param_bytes`` / ``grad_bytes`` (fp32). The base is frozen: stored in the compute dtype
-  (bf16 on CUDA), no gradients, no optimizer state, no master copy.
+  plan's ``param_bytes`` / ``grad_bytes`` (fp32). The base is frozen: no gradients, no optimizer
+  state, no master copy; the blocks' projections are stored in the compute dtype (bf16 on CUDA), the
+  embedding, head and norms as before (:mod:`codechat.peft.lora`: the residual stream stays fp32).
 - **Optimizer state** (:func:`optimizer_bytes`) of the trainable tensors: AdamW's m and v,
   ``2 state_bytes`` a parameter; Muon's one momentum buffer per hidden matrix and AdamW's for the
   rest; ``adamw8bit`` (:mod:`codechat.train.optim8bit`): ``2 * (n + 4 n / 256 + 1024)`` bytes for a
