@@ -147,6 +147,9 @@ def test_resume_with_lora_continues_exactly(base, data, tmp_path):
     oa = torch.load(ckpt.resolve(tmp_path / "straight") / "optim.pt")["state"]
     ob = torch.load(ckpt.resolve(tmp_path / "cut") / "optim.pt")["state"]
     assert all(torch.equal(oa[i]["exp_avg_sq"], ob[i]["exp_avg_sq"]) for i in oa)
+    with pytest.raises(ckpt.CheckpointError, match=r"meta.peft .* does not match this run's"):  # other adapters
+        run_sft(sft_config(base, data, tmp_path / "cut", **{"lora.rank": 2, "train.max_steps": 8, "run.resume": True}),
+                show_progress=False)
 
 
 # ----------------------------------------------------------------------------- loading and exports

@@ -188,8 +188,19 @@ def fingerprint(sd: dict[str, torch.Tensor]) -> dict[str, Any]:
         v = sd[k].detach()
         h.update(f"{k}:{tuple(v.shape)};".encode())
         flat = v.reshape(-1)
-        total += float(flat[::max(1, flat.numel() // FINGERPRINT_SAMPLE)].double().abs().sum())
+        total += float(flat[::max(1, flat.numel() // FINGERPRINT_SAMPLE)].cpu().double().abs().sum())  # any device
     return {"shapes": h.hexdigest(), "checksum": total}
+
+
+def same_peft(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two ``meta.peft`` records (None: no adapters) mean the same adapters on the same base: equal but
+    for the checksums, which agree to :data:`FINGERPRINT_RTOL` (a base merged on another device)."""
+    if a is None or b is None:
+        return a is b
+    def rest(m: dict[str, Any]) -> dict[str, Any]:
+        return {**m, "fingerprint": m["fingerprint"]["shapes"]}
+    return rest(a) == rest(b) and math.isclose(a["fingerprint"]["checksum"], b["fingerprint"]["checksum"],
+                                               rel_tol=FINGERPRINT_RTOL)
 
 
 def check_base(sd: dict[str, torch.Tensor], peft: dict[str, Any], where: str) -> None:
@@ -234,4 +245,4 @@ def attach_lora(model: nn.Module, cfg: LoraConfig, base: str | Path, *, seed: in
 
 
 __all__ = ["LoRALinear", "dense_weight", "is_adapter_key", "apply_lora", "lora_layers", "has_adapters",
-           "adapters_disabled", "base_forward", "merge_lora", "adapter_state_dict", "fingerprint", "check_base", "attach_lora"]
+           "adapters_disabled", "base_forward", "merge_lora", "adapter_state_dict", "fingerprint", "same_peft", "check_base", "attach_lora"]

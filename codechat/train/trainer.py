@@ -29,7 +29,7 @@ from codechat.config.stages import ConfigError, ModelConfig, OptimConfig, RunCon
 from ..data.batch import Batch
 from codechat.config.device import autocast_for, compute_dtype, peak_flops
 from ..model import GPT, IGNORE_INDEX, build_model
-from codechat.peft.lora import adapter_state_dict, apply_lora, attach_lora, is_adapter_key
+from codechat.peft.lora import adapter_state_dict, apply_lora, attach_lora, is_adapter_key, same_peft
 from codechat.parallel.state import whole_template
 from codechat.parallel.world import World
 from codechat.parallel.wrapper import Parallel
@@ -222,7 +222,7 @@ class Trainer:
                                        f"does not match this run's {self.meta.get('model')}; resume with the same "
                                        "--preset/--config or start a new --out directory")
         saved_peft = c["state"].get("meta", {}).get("peft")
-        if saved_peft != self.meta.get("peft"):
+        if not same_peft(saved_peft, self.meta.get("peft")):
             raise ckpt.CheckpointError(f"{c['dir'] / 'state.json'}: the checkpoint's meta.peft {saved_peft} does not "
                                        f"match this run's {self.meta.get('peft')} (--peft, --lora.*, the --init base); "
                                        "resume with the same settings and base or start a new --out directory")
