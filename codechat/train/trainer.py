@@ -10,7 +10,8 @@ Around that: AdamW, or Muon on the hidden matrices (see :mod:`.optim`), warmup t
 linear decay to a floor, gradient clipping, bf16 autocast on CUDA, a step or time budget,
 validation every N steps, logging to stdout / TensorBoard / ``metrics.jsonl``, checkpoints
 every N steps, at the end and on Ctrl-C, exact resume, and a stop on a non-finite loss
-that leaves the last good checkpoint intact.
+that leaves the last good checkpoint intact. With ``lora`` the same loop trains LoRA adapters on
+the frozen model (:mod:`codechat.peft.lora`), its checkpoints holding the adapters only.
 """
 from __future__ import annotations
 
