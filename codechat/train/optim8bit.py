@@ -23,7 +23,8 @@ its state is 0.25x AdamW's bytes (``tests/test_optim8bit.py``). bitsandbytes is 
 CUDA kernels (too big for a 64 MiB device carry beside the code) and has no CPU path to test here.
 The cost is the step: torchao compiles the update once per distinct (shape, quantized or not) pair
 (about 35 s on that VM for the first step of a small model with a cold compile cache, seconds
-warm; ``benchmarks/optimizer_step.py`` prints the per-step figures) and launches it once per tensor.
+warm) and launches it once per tensor: on that VM a ``tiny`` step took 3.4x AdamW's
+(``benchmarks/optimizer_step.py``, ``benchmarks/RESULTS.md``; GPU step time not measured yet).
 
 Not adopted: bf16 weights with stochastic rounding (torchao's ``bf16_stochastic_round``). It would
 save the fp32 weights' other 2 bytes a parameter, but codechat's trainer keeps fp32 weights for
