@@ -107,7 +107,8 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True, budget_afte
     device = world.device
     check_training_memory(cfg.model, cfg.train, cfg.optim, cfg.data.seq_len, device, echo=print if world.main else
                           (lambda _: None), gpus=world.size, gpus_per_node=world.local_size,
-                          parallel=cfg.train.parallel, ac=cfg.train.ac, pp=cfg.train.pp)  # one line on CUDA only
+                          parallel=cfg.train.parallel, ac=cfg.train.ac, pp=cfg.train.pp,
+                          lora=cfg.lora if cfg.peft == "lora" else None)  # one line on CUDA only
     model = init_model if init_model is not None else build_model(cfg.model, device)
     val_rows = eval_windows(read_split(data_dir, "val"), cfg.data.seq_len, cfg.train.eval_tokens)
     token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.long)

@@ -80,7 +80,7 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
     cfg = replace(cfg, sft=cfg.sft.for_model(model.cfg.max_seq_len, str(init_dir)))
     check_training_memory(model.cfg, cfg.train, cfg.optim, cfg.sft.max_length, device, echo=say, gpus=world.size,
                           gpus_per_node=world.local_size, parallel=cfg.train.parallel, ac=cfg.train.ac,
-                          pp=cfg.train.pp)  # one line on CUDA only
+                          pp=cfg.train.pp, lora=cfg.lora if cfg.peft == "lora" else None)  # one line on CUDA only
 
     mixture = Mixture.from_config(cfg.sft, progress=say if show_progress else None)
     counts, examples = preflight(mixture, tok, cfg.sft, min(cfg.sft.preflight_examples, mixture.epoch_size))
