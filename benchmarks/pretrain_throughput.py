@@ -23,6 +23,12 @@ first's kernels in Inductor's cache), ``tokens_per_s`` (all ranks), ``mfu``,
 ``plan_tensors_gib`` (the memory planner's peak of tensors for the same settings, margin left out,
 :mod:`codechat.train.plan`) with their ratio ``plan_over_measured``.
 
+``--optim adamw8bit`` times torchao's 8-bit AdamW; ``--lora-rank R`` trains LoRA adapters of rank R on
+every projection of the frozen (random) model instead of every weight (``--peft lora``): with
+``plan_over_measured`` these check the planner's LoRA and 8-bit figures, e.g.
+
+    python benchmarks/pretrain_throughput.py --preset 8b --seq-len 2048 --micro-batch-size 1 --lora-rank 16 --ac full
+
 ``--vs-transformers`` then trains the same shape as transformers' ``Qwen3ForCausalLM`` (QK-norm
 on) or ``LlamaForCausalLM`` (off), from the same initial weights and on the same batches, with a
 plain loop: bf16 autocast, SDPA attention, fused AdamW with the same hyper-parameters, gradient
@@ -59,7 +65,8 @@ import torch
 import torch.nn.functional as F
 
 from codechat.config.device import peak_flops
-from codechat.config.stages import (COMPILE_SCOPES, FP8_RECIPES, PARALLEL_STRATEGIES, OptimConfig, RunConfig, TrainConfig,
+from codechat.config.lora import LoraConfig
+from codechat.config.stages import (COMPILE_SCOPES, FP8_RECIPES, OPTIMIZERS, PARALLEL_STRATEGIES, OptimConfig, RunConfig, TrainConfig,
                                     pretrain_recipe, replace)
 from codechat.model import IGNORE_INDEX, build_model
 from codechat.parallel.world import init_world
@@ -158,6 +165,10 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--parallel", default="ddp", choices=PARALLEL_STRATEGIES, help="layout under torchrun")
     ap.add_argument("--ac", default="none", choices=["none", "selective", "full"], help="activation checkpointing")
+    ap.add_argument("--optim", default="adamw", choices=OPTIMIZERS, help="optim.name (default adamw)")
+    ap.add_argument("--lora-rank", type=int, default=0, metavar="R",
+                    help="train LoRA adapters of rank R on every projection of the frozen random model "
+                         "(--peft lora; 0: every weight, the default)")
     ap.add_argument("--vs-transformers", action="store_true", help="also time transformers' model of the same shape")
     ap.add_argument("--numerics-steps", type=int, default=0, metavar="N", help="compare N steps with the eager path")
     ap.add_argument("--fp8", choices=FP8_RECIPES[1:], help="also time FP8 training with this torchao recipe")
@@ -166,6 +177,8 @@ def main() -> None:
     ap.add_argument("--trace-dir", type=Path, help="with --profile: write the Chrome trace here")
     args = ap.parse_args()
 
+    if args.lora_rank and (args.vs_transformers or args.numerics_steps or args.fp8):
+        ap.error("--lora-rank times the adapters alone: leave out --vs-transformers, --numerics-steps and --fp8")
     recipe = pretrain_recipe(args.preset)
     world = init_world(args.device)
     device = world.device
@@ -175,11 +188,13 @@ def main() -> None:
     model = build_model(cfg, device)
     train = TrainConfig(micro_batch_size=mbs, batch_size=mbs * world.size, max_steps=1, compile=args.compile,
                         compile_scope=args.compile_scope, parallel=args.parallel, ac=args.ac)
-    optim = OptimConfig(warmup_steps=0)
+    optim = OptimConfig(name=args.optim, warmup_steps=0)
+    lora = LoraConfig(rank=args.lora_rank) if args.lora_rank else None
     fpt, peak = model.flops_per_token(seq), peak_flops(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(model, train=train, optim=optim, run=RunConfig(out=tmp), out_dir=Path(tmp),
+        trainer = Trainer(model, train=train, optim=optim, run=RunConfig(out=tmp), out_dir=Path(tmp), lora=lora,
+                          meta={"init": "random weights"} if lora else None,
                           batches=RandomTokens(cfg.vocab_size, mbs, seq), show_progress=False, world=world)
         batches = [trainer.batches.next_batch() for _ in range(4)]
         keep = args.vs_transformers or args.numerics_steps or args.fp8
@@ -200,7 +215,9 @@ def main() -> None:
         return
     print(f"device: {name}; torch {torch.__version__}; preset {args.preset}: {model.num_params() / 1e6:.1f}M params, "
           f"batch {mbs}x{seq}, compile={args.compile}{f' ({args.compile_scope})' if args.compile else ''}, "
-          f"{layout}, --ac {args.ac}")
+          f"{layout}, --ac {args.ac}, optim {args.optim}"
+          + (f", LoRA rank {args.lora_rank} on every projection of the frozen model (MFU counts 6N a token)"
+             if args.lora_rank else ""))
     print(f"first_step_s: {first:.1f}")
     if world.distributed:
         print(f"collectives_per_step: {collectives or 'none'}")
@@ -209,7 +226,7 @@ def main() -> None:
     print(f"achieved_tflops: {tps * fpt / 1e12:.1f}")
     print(f"mfu: {tps * fpt / peak:.1%}" if peak else "mfu: n/a (no known peak for this device)")
     if device.type == "cuda":
-        plan = estimate(plan_config(cfg, train, optim, seq, gpus=world.size, parallel=args.parallel,
+        plan = estimate(plan_config(cfg, train, optim, seq, lora=lora, gpus=world.size, parallel=args.parallel,
                                     ac=args.ac, distributed=world.distributed)).tensors / GIB
         print(f"peak_memory_gib: {measured:.2f}")
         print(f"plan_tensors_gib: {plan:.2f}")

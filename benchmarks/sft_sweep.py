@@ -14,8 +14,16 @@ HumanEval (and on MBPP test with ``--mbpp``) with the speedrun's sampling (``--n
 ``--temperature``, ``--max-new-tokens``). A variant whose results exist is not run again, so a
 killed sweep resumes.
 
-Printed: one row per variant: SFT steps, its fixed-set loss, pass@1 and pass@10 on each suite,
-and the problems solved; the same rows go to ``RUN/sweep/results.json`` (written whole, then renamed).
+Printed: one row per variant: SFT steps, its fixed-set loss (``eval_loss`` at the end: the first
+training examples', or held-out records' with ``--sft.eval_data SPEC`` among the overrides), pass@1 and
+pass@10 on each suite, and the problems solved; the same rows, with the whole ``eval_curve``
+(``[step, eval_loss]``; add ``--train.eval_every N`` for more points), go to
+``RUN/sweep/results.json`` (written whole, then renamed). ``--loss-only`` skips the suites: LoRA
+against full fine-tuning at three learning rates each, on held-out mined pairs, for instance::
+
+    python benchmarks/sft_sweep.py --run runs/NAME --budget-s 40 --loss-only \
+        --variant full_3e-5='--optim.lr 3e-5 --sft.eval_data held.jsonl --train.eval_every 50' \
+        --variant lora_1e-3='--peft lora --lora.rank 16 --optim.lr 1e-3 --sft.eval_data held.jsonl ...' ...
 """
 from __future__ import annotations
 
@@ -50,10 +58,12 @@ def _variant(run: Path, name: str, extra: list[str], args: argparse.Namespace) -
                "--train.epochs", "0", *extra], out / "sft.log")
     sft_s = time.perf_counter() - t0
     rows = [json.loads(ln) for ln in (out / "sft" / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
+    curve = [[r["step"], r["eval_loss"]] for r in rows if "eval_loss" in r]
     row = {"variant": name, "overrides": shlex.join(extra), "sft_wall_s": round(sft_s, 1),
-           "steps": max((r.get("step", 0) for r in rows), default=0), "fixed_set_loss": evals[-1] if evals else None}
-    suites = [("humaneval", "humaneval")] + ([("mbpp", f"mbpp:{args.mbpp}")] if args.mbpp else [])
+           "steps": max((r.get("step", 0) for r in rows), default=0), "fixed_set_loss": curve[-1][1] if curve else None,
+           "eval_curve": curve}
+    suites = [] if args.loss_only else [("humaneval", "humaneval")] + ([("mbpp", f"mbpp:{args.mbpp}")] if args.mbpp
+                                                                     else [])
     for key, suite in suites:
         t0 = time.perf_counter()
         _codechat(["eval", "run", "--model", str(out / "sft"), "--suite", suite, "--n", str(args.n),
@@ -87,6 +97,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
     ap.add_argument("--max-new-tokens", type=int, default=512, help="tokens per sample at most (default 512)")
     ap.add_argument("--limit", type=int, default=0, help="only the first N problems of each suite (0: all)")
+    ap.add_argument("--loss-only", action="store_true",
+                    help="no suite: each variant's eval_loss curve alone (held-out with --sft.eval_data in its overrides)")
     args = ap.parse_args()
     run = Path(args.run)
     for need in (run / "pretrain", run / "sft" / "config.yaml"):

@@ -257,3 +257,22 @@ def test_missing_inputs_are_reported_before_the_budgets(tiny_ckpt, tmp_path, cap
     assert main([*common, "--init", str(tmp_path / "none"), "--data", f"{FIXTURES / 'messages.jsonl'},/nope.jsonl:0.5"]) == 2
     err = capsys.readouterr().err  # every missing input at once
     assert f"--init {tmp_path / 'none'}: no such run directory" in err and "'/nope.jsonl' does not exist" in err
+
+
+def test_eval_data_gives_a_held_out_loss_and_a_missing_one_is_named(tiny_ckpt, tmp_path, capsys):
+    """``--sft.eval_data``: eval_loss over held-out records (not the training data's first examples),
+    at step 0, every ``eval_every`` steps and at the end; a missing file is refused before training."""
+    from codechat.cli import main
+    held = CASES_B / "alpaca/instructions.json"
+    common = ["sft", "--device", "cpu", "--init", str(tiny_ckpt), "--data", str(CASES_B / "mbpp/mbpp.jsonl"),
+              "--train.micro_batch_size", "4", "--train.log_every", "1", "--optim.lr", "3e-3"]
+    curves = {}
+    for name, extra in (("train", []), ("held", ["--sft.eval_data", str(held), "--train.eval_every", "2"])):
+        assert main([*common, "--out", str(tmp_path / name), "--max-steps", "4", *extra]) == 0
+        rows = [json.loads(ln) for ln in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        curves[name] = [(r["step"], r["eval_loss"]) for r in rows if "eval_loss" in r]
+    assert f"eval_loss on 7 held-out examples of {held}" in capsys.readouterr().out
+    assert [s for s, _ in curves["held"]] == [0, 2, 4] and [s for s, _ in curves["train"]] == [0, 4]
+    assert abs(curves["held"][0][1] - curves["train"][0][1]) > 1e-3  # another set at the same weights
+    assert main([*common, "--out", str(tmp_path / "bad"), "--max-steps", "1", "--sft.eval_data", "/nope.json"]) == 2
+    assert "'/nope.json' does not exist (--sft.eval_data)" in capsys.readouterr().err

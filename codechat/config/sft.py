@@ -51,6 +51,8 @@ class SFTConfig:
     pad_to_multiple: int = 8  # padded rows are padded to a multiple of this (packed rows: to max_length)
     preflight_examples: int = 2000  # records rendered before step 0 to count what the budgets keep
     eval_examples: int = 64  # first kept preflight examples whose loss is logged as eval_loss
+    eval_data: str = ""  # mixture spec of held-out records: eval_loss over their first eval_examples kept ones
+    #                      (rendered and decontaminated as data); "" -> the first training examples (what the model fits)
     skip_bad: bool = False  # skip (and count) records that fit no format instead of failing
     max_examples: int = 0  # > 0 -> a seeded subset of at most this many records (smoke tests)
     seed: int = 1337  # mixture order and subsets

@@ -72,8 +72,9 @@ def parse_spec(spec: str) -> list[SourceSpec]:
     return out
 
 
-def missing_sources(spec: str, base_dir: str | os.PathLike | None = None) -> list[str]:
-    """One message per local source of ``spec`` (any weight; ``mine:DIR`` too) that does not exist or holds no data.
+def missing_sources(spec: str, base_dir: str | os.PathLike | None = None, flag: str = "--data") -> list[str]:
+    """One message per local source of ``spec`` (any weight; ``mine:DIR`` too) that does not exist or holds no data;
+    ``flag``: the option the messages name.
 
     Cheap (no record is read), so a stage can report missing inputs before any other work.
 
@@ -87,12 +88,12 @@ def missing_sources(spec: str, base_dir: str | os.PathLike | None = None) -> lis
         if item.source.startswith("mine:"):
             where = item.source[len("mine:"):]
             if where and not Path(resolve_path(where, base_dir)).is_dir():
-                out.append(f"data source {item.source!r} (--data): directory {where!r} does not exist; fix the path")
+                out.append(f"data source {item.source!r} ({flag}): directory {where!r} does not exist; fix the path")
             continue
         try:
             data_files(resolve_path(item.source, base_dir))
         except ValueError as e:
-            out.append(f"{e} (--data); fix the path or remove it from the spec")
+            out.append(f"{e} ({flag}); fix the path or remove it from the spec")
     return out
 
 

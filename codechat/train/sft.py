@@ -41,9 +41,9 @@ def fixed_examples_loss(examples: list[RenderedExample], pad_id: int, batch_size
                         ) -> Callable[[GPT], dict[str, float]]:
     """``eval_loss``: mean cross-entropy (nats) over the supervised tokens of a fixed set of examples.
 
-    The examples are the first ones the preflight kept, so they are training data: the figure
-    says whether the model fits what it is shown (it is logged at step 0 and at the end), not how
-    it generalises.
+    The examples are the first ones the preflight kept of ``sft.eval_data`` (held-out records: how
+    the model generalises) or, without it, of the training data (whether the model fits what it is
+    shown). Logged at step 0, every ``train.eval_every`` steps and at the end.
     """
     batches = [collate([[e] for e in examples[i:i + batch_size]], pad_id, 1, packed=False)
                for i in range(0, len(examples), batch_size)]
@@ -64,6 +64,7 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
         CheckpointError: the init checkpoint cannot be read.
     """
     missing = missing_sources(cfg.sft.data) if cfg.sft.data else []
+    missing += missing_sources(cfg.sft.eval_data, flag="--sft.eval_data") if cfg.sft.eval_data else []
     try:
         cfg.check_init()
     except ConfigError as e:
@@ -96,6 +97,14 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
         raise ConfigError(f"nothing to train on: every one of {counts.seen} records was dropped ({counts.dropped}); "
                           f"{prompts_only}raise --sft.max_length / lower --sft.max_prompt_length or check the data "
                           "format with `codechat data inspect`")
+    eval_set = examples[:cfg.sft.eval_examples]
+    if cfg.sft.eval_data:
+        held = Mixture.from_config(replace(cfg.sft, data=cfg.sft.eval_data))
+        eval_counts, eval_set = preflight(held, tok, cfg.sft, min(cfg.sft.eval_examples, held.epoch_size))
+        if not eval_set:
+            raise ConfigError(f"--sft.eval_data {cfg.sft.eval_data}: none of its first {eval_counts.seen} records is "
+                              f"kept ({eval_counts.dropped}); check it with `codechat data inspect`")
+        say(f"eval_loss on {len(eval_set)} held-out examples of {cfg.sft.eval_data}")
     examples_per_epoch = mixture.epoch_size * counts.kept / counts.seen
     rows_per_example = (counts.tokens / counts.kept) / cfg.sft.max_length if cfg.sft.packing else 1.0
     rows_per_step = cfg.train.micro_batch_size * cfg.train.accum_steps(world.dp_size) * world.dp_size
@@ -117,8 +126,7 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
     loader = SFTLoader(mixture, tok, cfg.sft, cfg.train.micro_batch_size * world.dp_size)
     trainer = Trainer(model.train(), train=cfg.train, optim=cfg.optim, run=cfg.run, batches=RankSlice(loader, world),
                       out_dir=out,
-                      evaluate=fixed_examples_loss(examples[:cfg.sft.eval_examples], tok.end_id,
-                                                   cfg.train.micro_batch_size),
+                      evaluate=fixed_examples_loss(eval_set, tok.end_id, cfg.train.micro_batch_size),
                       meta={"stage": "sft", "model": state["meta"]["model"], "config": to_dict(cfg),
                             "init": str(init_dir)},
                       tokenizer_dir=init_dir / "tokenizer", show_progress=show_progress, world=world,
