@@ -10,8 +10,14 @@ Printed: rows whose ``--new`` tokens agree exactly (the acceptance asks >= 90%),
 row that diverges the position and the eager path's gap between its two best logits there (the
 acceptance asks < 0.25 for every one).
 
+``--kv-cache-dtype fp8`` compares the engine with an FP8 cache against the same engine with the bf16
+cache instead (the reference), the gaps taken from the eager model's logits along the reference's
+tokens (one forward pass over prompt and continuation): is the FP8 cache's rounding only felt where
+the model's two best tokens are nearly tied?
+
     python benchmarks/generate_agreement.py --model runs/x/pretrain     # a trained checkpoint
     python benchmarks/generate_agreement.py --preset d20                # random weights
+    python benchmarks/generate_agreement.py --model runs/x/pretrain --kv-cache-dtype fp8
 """
 from __future__ import annotations
 
@@ -52,6 +58,16 @@ def eager_greedy(model, prompts: list[list[int]], new: int) -> tuple[list[list[i
     return ids[:, len(prompts[0]):].tolist(), torch.stack(gaps, dim=1).cpu()
 
 
+@torch.no_grad()
+def forced_gaps(model, prompts: list[list[int]], continuations: list[list[int]]) -> torch.Tensor:
+    """(rows, new) top-1 minus top-2 logit gaps of ``model`` at each token of ``continuations``, given
+    the prompt and the continuation's earlier tokens (teacher forcing: one pass)."""
+    ids = torch.tensor([p + c for p, c in zip(prompts, continuations)], device=next(model.parameters()).device)
+    n = len(prompts[0])
+    top = model(ids[:, :-1])[:, n - 1:].float().topk(2, dim=-1).values
+    return (top[..., 0] - top[..., 1]).cpu()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="checkpoint or stage directory (default: random weights of --preset)")
@@ -61,6 +77,9 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--no-graphs", action="store_true", help="engine without CUDA graphs")
     ap.add_argument("--no-compile", action="store_true", help="engine without torch.compile")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+                    help="fp8: the engine with an FP8 cache against the engine with the bf16 one (default auto: "
+                         "the engine against the eager model)")
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -72,14 +91,22 @@ def main() -> None:
         torch.manual_seed(0)
         model = build_model(preset(args.preset, vocab_size=32768), dev).eval()
     prompts = prompts_from(args, model.cfg.vocab_size, tok)
-    engine = Engine(model, EngineConfig(slots=len(prompts), max_len=args.prompt_len + args.new + 1,
-                                        cuda_graphs=not args.no_graphs, compile=not args.no_compile))
     greedy = SamplingConfig(max_new_tokens=args.new, temperature=0.0)
-    t = time.perf_counter()
-    fast = [s[0].token_ids for s in engine.generate([Request(p, greedy) for p in prompts])]
-    fast_s = time.perf_counter() - t
+
+    def engine_greedy(kv_cache_dtype: str) -> tuple[list[list[int]], float]:
+        engine = Engine(model, EngineConfig(slots=len(prompts), max_len=args.prompt_len + args.new + 1,
+                                            cuda_graphs=not args.no_graphs, compile=not args.no_compile,
+                                            kv_cache_dtype=kv_cache_dtype))
+        t = time.perf_counter()
+        out = [s[0].token_ids for s in engine.generate([Request(p, greedy) for p in prompts])]
+        return out, time.perf_counter() - t
+    fast, fast_s = engine_greedy(args.kv_cache_dtype)
     plain = copy.deepcopy(model).to(torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    ref, gaps = eager_greedy(plain, prompts, args.new)
+    if args.kv_cache_dtype == "fp8":  # the reference: the same engine with the bf16 cache
+        ref, _ = engine_greedy("auto")
+        gaps = forced_gaps(plain, prompts, ref)
+    else:
+        ref, gaps = eager_greedy(plain, prompts, args.new)
     same, div = 0, []
     for r, (a, b) in enumerate(zip(fast, ref)):
         if a == b:
@@ -88,7 +115,8 @@ def main() -> None:
         pos = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
         div.append({"row": r, "position": pos, "eager_top2_gap": round(float(gaps[r, pos]), 4)})
     res = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "model": args.model or args.preset,
-           "rows": len(prompts), "new_tokens": args.new, "rows_equal": same, "rows_equal_rate": same / len(prompts),
+           "kv_cache_dtype": args.kv_cache_dtype, "reference": "engine, bf16 cache" if args.kv_cache_dtype == "fp8"
+           else "eager", "rows": len(prompts), "new_tokens": args.new, "rows_equal": same, "rows_equal_rate": same / len(prompts),
            "divergences": div, "max_gap_at_divergence": max((d["eager_top2_gap"] for d in div), default=None),
            "fast_first_call_s": round(fast_s, 2)}
     for d in div:
