@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import json
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -151,12 +152,13 @@ async def _client_requests(url: str, texts: list[list[str]], new: int, stream: b
     return out
 
 
-def _client_process(url: str, texts: list[list[str]], new: int, stream: bool, barrier, results) -> None:
-    """A client process (spawned): waits at ``barrier`` with the others, runs its clients, puts its
-    figures, its CPU seconds and its first-send / last-finish times (CLOCK_MONOTONIC, which every
-    process of the machine shares) on ``results``."""
-    import openai  # noqa: F401  (imported before the barrier: not timed)
-    barrier.wait()
+def _client_process(url: str, texts: list[list[str]], new: int, stream: bool, start, results) -> None:
+    """A client process (spawned): says it is ready on ``results``, waits for ``start``, runs its
+    clients, puts its figures, its CPU seconds and its first-send / last-finish times
+    (CLOCK_MONOTONIC, which every process of the machine shares) on ``results``."""
+    import openai  # noqa: F401  (imported before the start: not timed)
+    results.put("ready")
+    start.wait()
     cpu0, t0 = time.process_time(), time.monotonic()
     out = asyncio.run(_client_requests(url, texts, new, stream))
     results.put({**out, "cpu_s": time.process_time() - cpu0, "t0": t0, "t1": time.monotonic()})
@@ -180,14 +182,29 @@ def one_round(url: str, messages: list[str], clients: int, per_client: int, new:
     ctx = mp.get_context("spawn")
     procs = max(1, min(procs, clients))
     texts = [[messages[(k * per_client + r) % len(messages)] for r in range(per_client)] for k in range(clients)]
-    barrier, results = ctx.Barrier(procs + 1), ctx.Queue()
-    workers = [ctx.Process(target=_client_process, args=(url, texts[i::procs], new, stream, barrier, results))
+    start, results = ctx.Event(), ctx.Queue()
+    workers = [ctx.Process(target=_client_process, args=(url, texts[i::procs], new, stream, start, results))
                for i in range(procs)]
     for w in workers:
         w.start()
-    barrier.wait(timeout=600)
+
+    def collect(n: int, what: str) -> list:
+        """``n`` items of ``results``; stops the run as soon as a client process died instead."""
+        got = []
+        while len(got) < n:
+            try:
+                got.append(results.get(timeout=1))
+            except queue.Empty:
+                dead = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+                if dead:
+                    for w in workers:
+                        w.kill()
+                    sys.exit(f"a client process exited with {dead[0]} {what}")
+        return got
+    collect(procs, "before the round started")
     server0 = _cpu_s(server_pid)
-    parts = [results.get(timeout=3600) for _ in workers]
+    start.set()
+    parts = collect(procs, "during the round")
     server_cpu = _cpu_s(server_pid) - server0
     for w in workers:
         w.join()
