@@ -28,7 +28,6 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,15 +35,7 @@ from pathlib import Path
 
 from codechat.config.stages import default_corpus_dirs
 from codechat.data.mining import write_mined
-
-
-def codechat(args: list[str], log: Path) -> None:
-    """Run ``codechat ARGS`` with its output in ``log``; stop with the log's tail if it fails."""
-    with open(log, "w") as f:
-        rc = subprocess.run([sys.executable, "-m", "codechat", *args], stdout=f, stderr=subprocess.STDOUT).returncode
-    if rc:
-        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-20:])
-        sys.exit(f"codechat {args[0]} failed (exit {rc}); the end of {log}:\n{tail}")
+from sft_sweep import run_codechat
 
 
 def split_mined(work: Path, max_files: int, heldout_share: float) -> tuple[Path, Path, dict[str, int]]:
@@ -85,7 +76,7 @@ def sft_run(work: Path, base: Path, train: Path, held: Path, kind: str, lr: floa
     if kind == "lora":
         flags += ["--peft", "lora", "--lora.rank", str(args.rank), "--lora.alpha", str(2 * args.rank)]
     t0 = time.perf_counter()
-    codechat(flags, out / "sft.log")
+    run_codechat(flags, out / "sft.log")
     rows = [json.loads(ln) for ln in (out / "run" / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     curve = [[r["step"], r["eval_loss"]] for r in rows if "eval_loss" in r]
     row = {"kind": kind, "lr": lr, "steps": max((r.get("step", 0) for r in rows), default=0),
@@ -123,7 +114,7 @@ def main() -> None:
     base = work / "pretrain"
     if not (base / "checkpoints").is_dir():
         print(f"# pretraining {args.preset} for {args.pretrain_min} min into {base}", flush=True)
-        codechat(["pretrain", "--preset", args.preset, "--time-budget-min", str(args.pretrain_min), "--out",
+        run_codechat(["pretrain", "--preset", args.preset, "--time-budget-min", str(args.pretrain_min), "--out",
                   str(base)], work / "pretrain.log")
     train, held, counts = split_mined(work, args.max_files, args.heldout_share)
     print(f"# mined pairs: {counts['train']} training, {counts['held']} held out (by file)", flush=True)

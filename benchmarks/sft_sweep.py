@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 
-def _codechat(args: list[str], log: Path) -> None:
+def run_codechat(args: list[str], log: Path) -> None:
     """Run ``codechat ARGS`` with its output in ``log``; raise with the log's tail if it fails."""
     with open(log, "w") as f:
         rc = subprocess.run([sys.executable, "-m", "codechat", *args], stdout=f, stderr=subprocess.STDOUT).returncode
@@ -53,7 +53,7 @@ def _variant(run: Path, name: str, extra: list[str], args: argparse.Namespace) -
         return json.loads(done.read_text())
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    _codechat(["sft", "--config", str(run / "sft" / "config.yaml"), "--init", str(run / "pretrain"),
+    run_codechat(["sft", "--config", str(run / "sft" / "config.yaml"), "--init", str(run / "pretrain"),
                "--out", str(out / "sft"), "--train.time_budget_s", str(args.budget_s), "--train.max_steps", "0",
                "--train.epochs", "0", *extra], out / "sft.log")
     sft_s = time.perf_counter() - t0
@@ -66,7 +66,7 @@ def _variant(run: Path, name: str, extra: list[str], args: argparse.Namespace) -
                                                                      else [])
     for key, suite in suites:
         t0 = time.perf_counter()
-        _codechat(["eval", "run", "--model", str(out / "sft"), "--suite", suite, "--n", str(args.n),
+        run_codechat(["eval", "run", "--model", str(out / "sft"), "--suite", suite, "--n", str(args.n),
                    "--k", "1,10" if args.n >= 10 else "1", "--temperature", str(args.temperature),
                    "--max-new-tokens", str(args.max_new_tokens), "--out", str(out / "eval" / key), "--quiet",
                    *(["--limit", str(args.limit)] if args.limit else [])], out / f"eval_{key}.log")

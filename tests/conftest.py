@@ -18,6 +18,7 @@ seconds on 2 cores):
 """
 from __future__ import annotations
 
+import builtins
 import os
 import socket
 import subprocess
@@ -197,6 +198,18 @@ def funcall_stage(tok, tok_dir, tmp_path_factory, memorise):
                       state={"step": 120, "meta": {"stage": "sft", "model": to_dict(model.cfg)}},
                       tokenizer_dir=tok_dir).parent.parent
     return stage, tmp / "tools_demo.py"
+
+
+def hide_module(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
+    """For the rest of the test, ``import`` of any module whose name starts with ``prefix`` raises
+    ImportError, as when an optional extra (``llguidance``: ``codechat[grammar]``) is not installed."""
+    real = builtins.__import__
+
+    def guarded(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith(prefix):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", guarded)
 
 
 def free_port() -> int:

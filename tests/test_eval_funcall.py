@@ -16,7 +16,7 @@ from codechat.data.benchmarks import conversation_split as split_of
 from codechat.engine import Sample
 from codechat.eval.funcall import load_cases, normalize_value, run_funcall_suite, score_case
 
-from conftest import FIXTURES
+from conftest import FIXTURES, hide_module
 
 GLAIVE_REL = "data/function_calling_glaive/glaive_toolcall_en_demo.json"
 MINI_GLAIVE = FIXTURES / "cases_a" / "glaive_mini.json"
@@ -249,7 +249,6 @@ def test_asked_about_other_tools_the_taught_model_writes_broken_calls_free_and_v
 
 
 def test_strict_errors_are_one_line(funcall_stage, tmp_path, capsys, monkeypatch):
-    import builtins
     from codechat.cli import main
     stage, executors = funcall_stage
     code = main(["eval", "run", "--model", str(tmp_path / "nowhere"), "--suite", "humaneval", "--strict", "on",
@@ -259,13 +258,7 @@ def test_strict_errors_are_one_line(funcall_stage, tmp_path, capsys, monkeypatch
     with pytest.raises(SystemExit):
         main(["eval", "run", "--model", "m", "--suite", "humaneval", "--strict", "maybe", "--out", str(tmp_path)])
     assert "invalid choice: 'maybe'" in capsys.readouterr().err
-    real = builtins.__import__
-
-    def no_llguidance(name, *args, **kwargs):
-        if name.startswith("llguidance"):
-            raise ImportError(name)
-        return real(name, *args, **kwargs)
-    monkeypatch.setattr(builtins, "__import__", no_llguidance)
+    hide_module(monkeypatch, "llguidance")
     data = taught_conversation(tmp_path / "taught.jsonl", executors)
     assert eval_run(stage, data, tmp_path / "out", "--strict", "both") == 2
     err = capsys.readouterr().err

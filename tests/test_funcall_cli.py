@@ -12,6 +12,8 @@ import pytest
 from codechat.chat.funcall import load_tools
 from codechat.cli import main
 from codechat.tools import ToolError
+from conftest import hide_module
+
 
 def funcall(*args):
     return subprocess.run([sys.executable, "-m", "codechat", "funcall", "--device", "cpu", *map(str, args)],
@@ -183,7 +185,6 @@ def test_tool_choice_names_a_tool_and_the_executor_gets_valid_arguments(funcall_
 
 def test_strict_errors_are_one_line(funcall_stage, tmp_path, capsys, monkeypatch):
     pytest.importorskip("llguidance", reason="the grammar extra (llguidance) is not installed")
-    import builtins
     stage, _ = funcall_stage
     (tmp_path / "bounded.py").write_text(BOUNDED_EXECUTORS)
     base = ["funcall", "--device", "cpu", "--executors", str(tmp_path / "bounded.py"), "--user", "hi"]
@@ -204,12 +205,6 @@ def test_strict_errors_are_one_line(funcall_stage, tmp_path, capsys, monkeypatch
     err = capsys.readouterr().err
     assert "$.tools[0].parameters.properties.d (keyword 'format')" in err and len(err.strip().splitlines()) == 1, err
     # the grammar library missing
-    real = builtins.__import__
-
-    def no_llguidance(name, *args, **kwargs):
-        if name.startswith("llguidance"):
-            raise ImportError(name)
-        return real(name, *args, **kwargs)
-    monkeypatch.setattr(builtins, "__import__", no_llguidance)
+    hide_module(monkeypatch, "llguidance")
     assert "pip install 'codechat[grammar]'" in error("--model", str(stage), "--tool-choice", "required")
     assert main([*base, "--model", str(stage), "--max-new-tokens", "8"]) == 0  # free calls need no grammar

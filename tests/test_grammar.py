@@ -8,7 +8,6 @@ what they draw alone; log-probs are taken after the mask; bad schemas are errors
 """
 from __future__ import annotations
 
-import builtins
 import json
 
 import jsonschema
@@ -21,6 +20,7 @@ from codechat.config.stages import preset
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.engine.grammar import GrammarCompiler, GrammarError, GrammarUnavailable
 from codechat.model import GPT, build_model
+from conftest import hide_module
 
 pytest.importorskip("llguidance", reason="the grammar extra (llguidance) is not installed")
 pytestmark = pytest.mark.timeout(120)
@@ -218,13 +218,6 @@ def test_a_grammar_of_another_tokenizer_is_refused(tok):
 
 
 def test_without_the_grammar_library_a_constraint_is_a_clear_error(tok, monkeypatch):
-    real = builtins.__import__
-
-    def no_llguidance(name, *args, **kwargs):
-        if name.startswith("llguidance"):
-            raise ImportError(name)
-        return real(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_llguidance)
+    hide_module(monkeypatch, "llguidance")
     with pytest.raises(GrammarUnavailable, match=r"codechat\[grammar\]"):
         GrammarCompiler(tok)

@@ -306,12 +306,12 @@ class InferenceModel:
         max_len = max(seg_lens)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            ks, vs = k[src], v[src]
             if self.fp8:
-                cache.k[layer].index_put_((slot, pos), decode_kernels.fp8_quantize(k[src], self.k_scale[layer]))
-                cache.v[layer].index_put_((slot, pos), decode_kernels.fp8_quantize(v[src], self.v_scale[layer]))
-            else:
-                cache.k[layer].index_put_((slot, pos), k[src])
-                cache.v[layer].index_put_((slot, pos), v[src])
+                ks = decode_kernels.fp8_quantize(ks, self.k_scale[layer])
+                vs = decode_kernels.fp8_quantize(vs, self.v_scale[layer])
+            cache.k[layer].index_put_((slot, pos), ks)
+            cache.v[layer].index_put_((slot, pos), vs)
             if self.flash:
                 return _flash(q, k, v, cu, cu, max_len, max_len, True)
             out, start = [], 0
