@@ -67,7 +67,7 @@ def tool_grammar(gc: GrammarCompiler, tools: Sequence[Mapping[str, Any]], choice
             gc.json_schema(dict(t.get("parameters") or {"type": "object"}))
         except GrammarError as e:
             where = names.index(t["name"])
-            raise GrammarError(e.message, f"$.tools[{where}].parameters" + e.path[1:], e.keyword) from None
+            raise e.under(f"$.tools[{where}].parameters") from None
     fc = gc.tok.special_id(FUNCTION_CALL_TOKEN)
     call = f"<[{fc}]> {json_rule(call_schema(tools))}"
     if choice == "auto":
@@ -100,4 +100,4 @@ def response_format_grammar(gc: GrammarCompiler, response_format: Mapping[str, A
     try:
         return gc.json_schema(schema)
     except GrammarError as e:
-        raise GrammarError(e.message, "$.response_format.json_schema.schema" + e.path[1:], e.keyword) from None
+        raise e.under("$.response_format.json_schema.schema") from None

@@ -57,6 +57,11 @@ class GrammarError(ValueError):
         where = f" at {path}" + (f" (keyword {keyword!r})" if keyword else "")
         super().__init__(f"cannot compile the constraint{where}: {message}")
 
+    def under(self, prefix: str) -> GrammarError:
+        """The same error with its path placed under ``prefix`` (``$.tools[0].parameters``): where the
+        schema sits in a larger document."""
+        return GrammarError(self.message, prefix + self.path[1:], self.keyword)
+
 
 class GrammarUnavailable(RuntimeError):
     """A constraint was asked for without the grammar library installed."""

@@ -183,7 +183,7 @@ class Engine:
         if any(r is not None and r.matcher is not None for r in self._rows):
             events = self._drain(keep=None)  # every token in: the next masks depend on them
             launched = self._launch_decode(masked=True)
-            events += self._drain(keep=None) if launched is None else self._drain(keep=None, also=launched)
+            events += self._drain(keep=None, also=launched)
         else:
             events = self._drain(keep=self._launch_decode())
         self._admit()
