@@ -36,6 +36,8 @@ from codechat.tokenizer import Tokenizer
 FUNCTION_CALL_TOKEN = "<|function_call|>"
 #: Text spellings of a call marker that the output parser accepts (the seed system's and ours).
 CALL_MARKERS: tuple[str, ...] = (FUNCTION_CALL_TOKEN, "<functioncall>")
+#: OpenAI's ``tool_choice`` values besides a tool's name (:func:`codechat.chat.strict.tool_grammar`).
+TOOL_CHOICES: tuple[str, ...] = ("auto", "required", "none")
 #: Text spellings of a turn end that the text parser strips from the end of a reply.
 END_MARKERS: tuple[str, ...] = ("<|end|>", "<|endoftext|>")
 
@@ -389,6 +391,6 @@ def parse_assistant(tok: Tokenizer, ids: Sequence[int], *, strict: bool = False)
     return reply.strict() if strict else (reply.content, reply.call)
 
 
-__all__ = ["FUNCTION_CALL_TOKEN", "CALL_MARKERS", "END_MARKERS", "PARSE_ERROR_REASONS", "ParseError", "normalize_call",
+__all__ = ["FUNCTION_CALL_TOKEN", "CALL_MARKERS", "TOOL_CHOICES", "END_MARKERS", "PARSE_ERROR_REASONS", "ParseError", "normalize_call",
            "format_call", "parse_call", "Reply", "parse_reply", "parse_reply_ids", "parse_assistant_text",
            "parse_assistant"]

@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence, TextIO
 
+from codechat.chat.calls import TOOL_CHOICES
 from codechat.chat.conversation import Conversation, Message, reply_message
 from codechat.tools import Tool
 
@@ -34,8 +35,6 @@ if TYPE_CHECKING:  # the engine imports torch: this module does not, so `codecha
     from codechat.engine.grammar import Grammar
     from codechat.tokenizer import Tokenizer
 
-#: ``--tool-choice`` values besides a tool's name (:data:`codechat.chat.strict.TOOL_CHOICES`, which imports torch).
-TOOL_CHOICES = ("auto", "required", "none")
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from codechat.chat.calls import FUNCTION_CALL_TOKEN
+from codechat.chat.calls import FUNCTION_CALL_TOKEN, TOOL_CHOICES
 from codechat.engine.grammar import Grammar, GrammarCompiler, GrammarError, json_rule
-
-#: ``tool_choice`` values besides a tool's name.
-TOOL_CHOICES: tuple[str, ...] = ("auto", "required", "none")
 
 
 def call_schema(tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
