@@ -44,7 +44,7 @@ mean difference of their per-step losses (bf16 autocast in both: noise of order 
 ``rowwise`` on the blocks' linears) from the same initial weights on the same batches, at
 ``--fp8-micro-batch-size`` (default: the same; FP8's smaller footprint may allow more), and prints the
 same figures prefixed ``fp8_`` and ``ratio_fp8_tokens_per_s`` (FP8 / bf16, same process). MFU of
-both is against the bf16 peak.
+both is against the bf16 peak. ``--fp8-head`` puts the LM head in FP8 too (``train.fp8_head``).
 
     python benchmarks/pretrain_throughput.py --preset 1b --compile --seq-len 2048 --micro-batch-size 8 \
         --fp8 tensorwise --fp8-micro-batch-size 12
@@ -173,10 +173,13 @@ def main() -> None:
     ap.add_argument("--numerics-steps", type=int, default=0, metavar="N", help="compare N steps with the eager path")
     ap.add_argument("--fp8", choices=FP8_RECIPES[1:], help="also time FP8 training with this torchao recipe")
     ap.add_argument("--fp8-micro-batch-size", type=int, help="FP8's micro-batch (default: the bf16 run's)")
+    ap.add_argument("--fp8-head", action="store_true", help="with --fp8: the LM head in FP8 too (train.fp8_head)")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="profile N more steps (torch.profiler)")
     ap.add_argument("--trace-dir", type=Path, help="with --profile: write the Chrome trace here")
     args = ap.parse_args()
 
+    if args.fp8_head and not args.fp8:
+        ap.error("--fp8-head goes with --fp8 RECIPE")
     if args.lora_rank and (args.vs_transformers or args.numerics_steps or args.fp8):
         ap.error("--lora-rank times the adapters alone: leave out --vs-transformers, --numerics-steps and --fp8")
     recipe = pretrain_recipe(args.preset)
@@ -248,7 +251,8 @@ def main() -> None:
     if args.fp8:
         model.load_state_dict(initial)
         fp8_mbs = args.fp8_micro_batch_size or mbs
-        fp8_train = replace(train, fp8=args.fp8, micro_batch_size=fp8_mbs, batch_size=fp8_mbs * world.size)
+        fp8_train = replace(train, fp8=args.fp8, fp8_head=args.fp8_head, micro_batch_size=fp8_mbs,
+                            batch_size=fp8_mbs * world.size)
         torch._dynamo.reset()  # its compile from a clean state, as the bf16 run's
         gc.collect()
         torch.cuda.empty_cache() if device.type == "cuda" else None
@@ -260,7 +264,8 @@ def main() -> None:
                                            device)
             t = None
         tps8 = args.steps * fp8_mbs * seq * world.size / dt8
-        print(f"fp8 ({args.fp8}, torchao, the blocks' linears), micro-batch {fp8_mbs}x{seq}")
+        print(f"fp8 ({args.fp8}, torchao, the blocks' linears{' and the LM head' if args.fp8_head else ''}), "
+              f"micro-batch {fp8_mbs}x{seq}")
         print_figures("fp8_", first8, tps8, fpt, peak, measured8 if device.type == "cuda" else None,
                       mfu_label="fp8_mfu (of the bf16 peak)")
         print(f"ratio_fp8_tokens_per_s: {tps8 / tps:.3f}x (bf16 at micro-batch {mbs}, fp8 at {fp8_mbs})")

@@ -203,6 +203,9 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        # True once codechat.train.fp8 made the head torchao's Float8Linear (train.fp8_head): head() then
+        # calls it as a module, where it otherwise multiplies by its weight (logits_fp32)
+        self.fp8_head = False
         self.x_scale = nn.Parameter(torch.empty(cfg.n_layer)) if cfg.x0_mix else None
         self.x0_scale = nn.Parameter(torch.empty(cfg.n_layer)) if cfg.x0_mix else None
         self.unet_scale = nn.Parameter(torch.empty(cfg.n_layer // 2)) if cfg.unet_skips else None
@@ -311,7 +314,9 @@ class GPT(nn.Module):
         compilation (``train.compile_scope`` ``blocks``) compiles it beside the blocks: Inductor
         then fuses the fp32 upcast into the loss, as when the whole model is compiled."""
         B, T = x.shape[:2]
-        logits = soft_cap(logits_fp32(self.norm(x), self.lm_head.weight), self.cfg.logit_softcap)
+        h = self.norm(x)
+        logits = self.lm_head(h).float() if self.fp8_head else logits_fp32(h, self.lm_head.weight)
+        logits = soft_cap(logits, self.cfg.logit_softcap)
         if labels is None:
             return logits
         loss = F.cross_entropy(logits.view(B * T, -1), labels.reshape(B * T),

@@ -95,3 +95,31 @@ def test_the_planner_counts_the_float8_casts_of_a_block():
     assert estimate(fp8).buffers - estimate(bf16).buffers == block
     assert estimate(fp8).activations == estimate(bf16).activations  # torchao keeps the bf16 inputs
     assert "compute bf16 (block matmuls fp8)" in format_plan(fp8) and "fp8" not in format_plan(bf16).splitlines()[1]
+
+
+def test_the_lm_head_goes_fp8_only_when_asked_and_only_untied():
+    pytest.importorskip("torchao.float8", reason="torchao (the fp8 extra, in the test extra) is not installed")
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=512, n_layer=1, n_embd=64, n_head=2, n_kv_head=2, max_seq_len=64, logit_softcap=15.0)
+    plain, fp8 = build_model(cfg, "cpu"), build_model(cfg, "cpu")
+    fp8.load_state_dict(plain.state_dict())
+    names = convert_to_fp8(fp8, "tensorwise", head=True)
+    assert names[-1] == "lm_head" and type(fp8.lm_head).__name__ == "Float8Linear" and fp8.fp8_head
+    assert list(fp8.state_dict()) == list(plain.state_dict())
+    x = torch.randint(0, 512, (4, 32))
+    y = torch.roll(x, -1, 1)
+    (l_plain, g_plain), (l_fp8, g_fp8) = _loss_and_grads(plain, x, y), _loss_and_grads(fp8, x, y)
+    assert l_fp8 != l_plain and l_fp8 == pytest.approx(l_plain, rel=0.01)
+    assert torch.cosine_similarity(g_fp8["lm_head.weight"], g_plain["lm_head.weight"], dim=0) > 0.98
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # soft-capped fp32 logits, as the plain head's
+        logits = fp8(x)
+    assert logits.dtype == torch.float32 and float(logits.abs().max()) < 15.0
+    tied = build_model(ModelConfig(vocab_size=512, n_layer=1, n_embd=64, n_head=2, n_kv_head=2, max_seq_len=64,
+                                   tie_embeddings=True), "cpu")
+    with pytest.raises(ConfigError, match="train.fp8_head with model.tie_embeddings"):
+        convert_to_fp8(tied, "tensorwise", head=True)
+    assert not tied.fp8_head
+    with pytest.raises(ConfigError, match="train.fp8_head needs train.fp8 tensorwise or rowwise"):
+        TrainConfig(max_steps=1, fp8_head=True)
+    with pytest.raises(ConfigError, match="a pipeline's last stage computes the head"):
+        TrainConfig(max_steps=1, fp8="tensorwise", fp8_head=True, pp=2)

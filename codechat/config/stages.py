@@ -340,6 +340,8 @@ class TrainConfig:
     pp_microbatches: int = 0  # pipeline micro-batches each micro-batch is cut into; 0 -> pp. Divides micro_batch_size
     fp8: str = "none"  # FP8_RECIPES: the blocks' linears compute in FP8 (torchao, a CUDA GPU of compute capability
     # >= 8.9); weights, optimizer and checkpoints stay as without it; MFU stays relative to the bf16 peak
+    fp8_head: bool = False  # with train.fp8: the LM head's matmul in FP8 too (its logits bf16, then fp32 for the
+    # loss); an untied head only, one process stage (no --pp)
 
     def __post_init__(self) -> None:
         _check(self.ac in ("none", "selective", "full"), f"train.ac must be none, selective or full, got {self.ac!r}")
@@ -358,6 +360,12 @@ class TrainConfig:
         _check(self.fp8 == "none" or self.dtype != "fp32",
                f"train.fp8={self.fp8} with train.dtype=fp32: FP8 matmuls run inside bf16 autocast; use --train.dtype "
                "auto or bf16, or --train.fp8 none")
+        _check(not self.fp8_head or self.fp8 != "none",
+               "train.fp8_head needs train.fp8 tensorwise or rowwise (the head in FP8 beside the blocks); "
+               "add --train.fp8 tensorwise or drop --train.fp8_head")
+        _check(not self.fp8_head or self.pp == 1,
+               "train.fp8_head with --pp: a pipeline's last stage computes the head from its weight, outside the "
+               "FP8 layer; drop --train.fp8_head or --pp")
         _check(self.compile_scope in COMPILE_SCOPES,
                f"train.compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got {self.compile_scope!r}")
         _check(self.parallel in PARALLEL_STRATEGIES,

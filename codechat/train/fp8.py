@@ -11,8 +11,9 @@ the autocast dtype (bf16). Recipes (torchao's ``Float8LinearConfig.from_recipe_n
 
 What does not change: each layer keeps its weight ``Parameter`` (same name, shape and dtype: the
 fp32 master weights), so optimizers (Muon included), checkpoints, export and every other command
-see the model as without FP8; the embedding and the LM head stay bf16 (the head's vocab-wide
-logits are the matmul most sensitive to FP8's range); a linear whose dimensions are not multiples
+see the model as without FP8; the embedding stays bf16, and so does the LM head unless asked
+(``train.fp8_head``: the vocab-wide logits are the matmul most sensitive to FP8's range; an
+untied head only, since the embedding's rows cannot be a ``Float8Linear``); a linear whose dimensions are not multiples
 of 16 stays bf16 (FP8 GEMMs need them). With FSDP the weights are all-gathered in bf16 and cast
 after the gather (torchao's float8 all-gather is not used).
 
@@ -61,27 +62,33 @@ def _torchao_float8():
     return float8
 
 
-def fp8_eligible(module: nn.Module, fqn: str) -> bool:
-    """Whether the layer at ``fqn`` trains in FP8: a plain ``nn.Linear`` inside a block (``layers.``)
-    whose in and out features are multiples of 16."""
-    return (type(module) is nn.Linear and (fqn.startswith("layers.") or ".layers." in fqn)
+def fp8_eligible(module: nn.Module, fqn: str, head: bool = False) -> bool:
+    """Whether the layer at ``fqn`` trains in FP8: a plain ``nn.Linear`` inside a block (``layers.``),
+    or the LM head (``lm_head``) when ``head``, whose in and out features are multiples of 16."""
+    return (type(module) is nn.Linear and (fqn.startswith("layers.") or ".layers." in fqn or (head and fqn == "lm_head"))
             and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 
 
-def convert_to_fp8(model: nn.Module, recipe: str) -> list[str]:
-    """Swap ``model``'s eligible linears (:func:`fp8_eligible`) for torchao's ``Float8Linear`` in place
-    under ``recipe`` (``tensorwise`` or ``rowwise``); returns the names of the layers swapped.
+def convert_to_fp8(model: nn.Module, recipe: str, head: bool = False) -> list[str]:
+    """Swap ``model``'s eligible linears (:func:`fp8_eligible`; the LM head too when ``head``) for
+    torchao's ``Float8Linear`` in place under ``recipe`` (``tensorwise`` or ``rowwise``); returns the
+    names of the layers swapped. ``GPT.head`` then calls the FP8 head as a module.
 
     Call it before the model is wrapped (DDP, FSDP) or compiled. The device is not checked here
     (:func:`check_fp8`): on a CPU torch emulates the FP8 matmul, which tests use.
 
     Raises:
-        ConfigError: ``recipe`` is ``none`` or unknown, or torchao is missing.
+        ConfigError: ``recipe`` is ``none`` or unknown; ``head`` with the head tied to the embedding;
+            torchao is missing.
     """
     if recipe not in FP8_RECIPES[1:]:
         raise ConfigError(f"convert_to_fp8: recipe must be one of {', '.join(FP8_RECIPES[1:])}, got {recipe!r}")
+    if head and model.lm_head.weight is model.embed_tokens.weight:
+        raise ConfigError("train.fp8_head with model.tie_embeddings: the head's weight is the embedding's and "
+                          "stays bf16; drop --train.fp8_head or untie the embeddings")
     float8 = _torchao_float8()
-    names = [fqn for fqn, m in model.named_modules() if fp8_eligible(m, fqn)]
+    names = [fqn for fqn, m in model.named_modules() if fp8_eligible(m, fqn, head)]
     float8.convert_to_float8_training(model, config=float8.Float8LinearConfig.from_recipe_name(recipe),
-                                      module_filter_fn=fp8_eligible)
+                                      module_filter_fn=lambda m, fqn: fp8_eligible(m, fqn, head))
+    model.fp8_head = "lm_head" in names
     return names

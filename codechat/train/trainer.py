@@ -164,7 +164,7 @@ class Trainer:
         if train.fp8 != "none":  # the block linears in FP8, before any wrapper or compile (codechat.train.fp8)
             from codechat.train.fp8 import check_fp8, convert_to_fp8
             check_fp8(train.fp8, self.device)
-            convert_to_fp8(model, train.fp8)
+            convert_to_fp8(model, train.fp8, head=train.fp8_head)
         self.par = Parallel(model, self.world, train.parallel, train.ac, train.pp_schedule, train.pipeline_microbatches,
                             param_dtype=compute_dtype(self.device, train.dtype), cpu_offload=train.cpu_offload)
         self.optimizer = build_optimizer(self.par.model, optim, torch.device("cpu") if self.par.offloaded else self.device)
