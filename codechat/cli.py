@@ -172,13 +172,19 @@ def _add_rl(sub: argparse._SubParsersAction) -> None:
                        description="Reinforcement learning (GRPO) from --init on --tasks: mbpp:PATH, tasks:PATH (from "
                                    "`codechat eval filter`), humaneval[:PATH], funcall:PATH or doctest[:DIR] (default: "
                                    "doctests mined from this Python's standard library). A pass@k check runs first and "
-                                   "refuses a run that would stall; a run that goes --dead-steps steps without signal "
+                                   "refuses a run that would stall (or, with --filter-samples, a pass-rate filter keeps "
+                                   "the tasks the policy sometimes solves); a run that goes --dead-steps steps without signal "
                                    "stops with a checkpoint. Overrides: --rl.*, --optim.*, --train.*, --run.* "
                                    "(metrics: codechat.train.grpo).")
     p.add_argument("--init", help=f"SFT stage directory (its newest checkpoint), checkpoint, run directory (its last "
                                   f"code stage, printed), {HF_INIT_HELP}")
-    p.add_argument("--tasks", help="task spec (default doctest)")
+    p.add_argument("--tasks", help="task spec (default doctest); several joined by + make one pool, e.g. "
+                                   "mbpp:mbpp.jsonl+doctest (decontaminated against HumanEval and --rl.mbpp_file)")
     p.add_argument("--split", help="task split (default: the spec's RL default, MBPP train)")
+    p.add_argument("--filter-samples", type=int, metavar="N",
+                   help="before step 0 sample N completions of every task and train only on those the policy "
+                        "sometimes solves (replaces the pass@k check; bounds --rl.filter_min/--rl.filter_max, "
+                        "at least --rl.min_tasks 32 kept or RL is skipped)")
     p.add_argument("--group-size", type=int, help="samples per task, one GRPO group (default 8)")
     p.add_argument("--prompts-per-step", type=int, help="tasks per step (default 8)")
     p.add_argument("--reward", choices=["auto", *REWARD_KINDS], help="reward (default: tiered for code tasks, funcall_tiered for function-call tasks)")
@@ -197,7 +203,8 @@ def _cmd_rl(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     flags = {**_stage_flags(args, parallel=False), "rl.tasks": args.tasks, "rl.split": args.split,
              "rl.group_size": args.group_size, "rl.prompts_per_step": args.prompts_per_step, "rl.reward": args.reward,
              "rl.max_new_tokens": args.max_new_tokens, "rl.loss_norm": args.loss_norm,
-             "train.max_steps": args.max_steps, "rl.dead_steps": args.dead_steps, "rl.force": args.force or None}
+             "train.max_steps": args.max_steps, "rl.dead_steps": args.dead_steps, "rl.force": args.force or None,
+             "rl.filter_samples": args.filter_samples}
     cfg = _stage_config(RLStageConfig, None, flags, overrides)
     result = run_rl(cfg)
     if result["stopped"] == "dead":

@@ -23,7 +23,7 @@ import torch
 from codechat import checkpoint as ckpt
 from codechat.cli import main
 from codechat.config.sft import SFTConfig, SFTStageConfig
-from codechat.config.stages import ModelConfig, TrainConfig, OptimConfig, RunConfig, load, to_dict
+from codechat.config.stages import ConfigError, ModelConfig, TrainConfig, OptimConfig, RunConfig, load, to_dict
 from codechat.model import build_model
 from codechat.train.grpo import RLStageConfig, TaskSchedule, run_rl
 from codechat.train.sft import run_sft
@@ -297,3 +297,36 @@ def test_an_rl_step_under_ddp_on_two_ranks_equals_one_process(policy, tmp_path):
     texts = [[r["text"] for r in map(json.loads, (tmp_path / d / "rollouts.jsonl").read_text().splitlines())]
              for d in ("X", "two")]
     assert texts[0] == texts[1]  # the best and typical rollouts of every step, from the gathered groups
+
+
+def test_codechat_rl_filters_its_pool_with_the_policy_and_skips_when_too_few_remain(policy, tmp_path, capsys):
+    """The real tiny policy of test_rl_stage answers 'returns N' right about one time in five: those
+    tasks have rates in (0, 1); a test no answer passes (rate 0) and one every answer passes (rate 1)
+    are left out."""
+    from codechat.train.task_pool import TooFewTasks
+    from test_task_pool import _row
+    rows = [_row(f"ret{n}", prompt(n), f"assert f() == {n}").replace('return 1', f'return {n}') for n in DIGITS]
+    rows += [_row(f"never{n}", prompt(n), "assert f() == 'never'").replace('return 1', "return 'never'")
+             for n in DIGITS]
+    rows += [_row(f"any{n}", prompt(n), "assert callable(f)").replace('return 1', f'return {n}') for n in DIGITS]
+    tasks = tmp_path / "pool.jsonl"
+    tasks.write_text("".join(rows))
+    out = tmp_path / "rl"
+    args = rl_cli(policy, tasks, out, "--filter-samples", "8", "--max-steps", "2", "--rl.log_rollouts_every", "0")
+    assert main([*args, "--rl.min_tasks", "4"]) == 0
+    f = json.loads((out / "filter.json").read_text())
+    assert f["pool"] == f["sampled"] == 30 and f["counts"]["never3"] == [8, 0] and f["counts"]["any3"] == [8, 8]
+    assert set(f["kept_ids"]) == {t for t, (n, c) in f["counts"].items() if 0 < c < n} and len(f["kept_ids"]) >= 4
+    assert all(t.startswith("ret") for t in f["kept_ids"]) and not (out / "preflight.json").exists()
+    assert json.loads((out / "pool.json").read_text())["tasks"] == 30
+    steps = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps] == [1, 2]
+    capsys.readouterr()
+    assert main([*args[:args.index("--out") + 1], str(tmp_path / "few"), *args[args.index("--out") + 2:]]) == 2
+    err = capsys.readouterr().err
+    assert f"RL skipped: {len(f['kept_ids'])} of 30 sampled pool tasks (30 in the pool)" in err, err
+    never, always = (sum(c == v for n, c in f["counts"].values()) for v in (0, 8))
+    assert never >= 10 and always >= 10 and f"{never} never solved, {always} always solved" in err
+    assert "GRPO needs at least 32 (rl.min_tasks)" in err
+    assert not (tmp_path / "few" / "metrics.jsonl").exists()
+    assert issubclass(TooFewTasks, ConfigError)

@@ -25,7 +25,10 @@ them as ``logprob_mismatch``, a health check of the engine).
 **Guards.** Before step 0 a pass@k check samples ``group_size`` completions of
 ``preflight_tasks`` tasks and gives the pass@k verdict (:func:`codechat.eval.passk.verdict`);
 below its floor (pass@1 < 1 %, "stall") the stage refuses to start unless ``force``
-(``preflight.json`` keeps the figures). During the run a step is *dead* when every group has
+(``preflight.json`` keeps the figures). With ``filter_samples`` the pass-rate filter replaces it
+(:mod:`codechat.train.task_pool`): every pool task is sampled, those the policy sometimes solves
+are trained on, and fewer than ``min_tasks`` of them skip RL (``filter.json``; the pool and what
+decontamination left out: ``pool.json``). During the run a step is *dead* when every group has
 zero reward variance, or, for execution rewards, when no rollout passed a single test; after
 ``dead_steps`` dead steps in a row the stage saves a checkpoint and stops with a message naming
 the fixes.
@@ -85,6 +88,7 @@ from .grpo_update import GRPOStep
 from .init import resolve_init
 from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages
 from .rollouts import REWARD_KINDS, Judge, Rollout, collect
+from .task_pool import TooFewTasks, filter_pool, load_pool, too_few_message
 from .trainer import MetricsLog, Trainer, restart_jsonl
 
 DEAD_FIXES = ("use --reward tiered (partial credit for getting further), a larger --group-size, tasks the "
@@ -95,7 +99,9 @@ DEAD_FIXES = ("use --reward tiered (partial credit for getting further), a large
 class RLConfig:
     """What ``codechat rl`` samples, how it is judged and how the policy is updated (module docstring)."""
 
-    tasks: str = "doctest"  # task spec (codechat.data.tasks.load_tasks): mbpp:PATH, tasks:PATH, funcall:PATH, ...
+    tasks: str = "doctest"  # task spec (codechat.data.tasks.load_tasks): mbpp:PATH, tasks:PATH, funcall:PATH, ...;
+    # several joined by + make one pool (mbpp:PATH+doctest; codechat.train.task_pool)
+    decontaminate: bool = True  # leave out tasks overlapping HumanEval and MBPP test (mbpp_file), named in pool.json
     split: str = ""  # "" -> the spec's RL default (MBPP: train)
     limit: int = 0  # first N tasks (0: all)
     mbpp_file: str = ""  # doctest tasks: also exclude overlaps with this MBPP file's test problems
@@ -116,7 +122,15 @@ class RLConfig:
     shuffle_rewards: bool = False  # a control: permute rewards across the batch (the run must not learn)
     dead_steps: int = 20  # stop after this many dead steps in a row
     force: bool = False  # start even when the pre-RL pass@k verdict says the run will stall
-    preflight_tasks: int = 16  # tasks of the pass@k check before step 0
+    preflight_tasks: int = 16  # tasks of the pass@k check before step 0 (without the filter)
+    # The pass-rate filter (codechat.train.task_pool), in place of the pass@k check: before step 0 sample
+    # filter_samples completions of every pool task and train on those whose pass rate is neither 0 nor 1
+    # and in [filter_min, filter_max] (the seed system's: [0.05, 0.95]); fewer than min_tasks: RL is skipped
+    filter_samples: int = 0  # 0: no filter
+    filter_min: float = 0.0
+    filter_max: float = 1.0
+    min_tasks: int = 32
+    filter_deadline_s: float = 0.0  # > 0: sample no more pool tasks after this many seconds (the rest are left out)
     judge_workers: int = 2  # sandbox programs at once
     judge_timeout_s: float = 10.0
     judge_memory_mb: int = 1024
@@ -141,6 +155,11 @@ class RLConfig:
         _check(self.num_iterations >= 1, f"rl.num_iterations must be >= 1, got {self.num_iterations}")
         _check(self.beta >= 0, f"rl.beta must be >= 0, got {self.beta}")
         _check(self.dead_steps >= 1, f"rl.dead_steps must be >= 1, got {self.dead_steps}")
+        _check(self.filter_samples == 0 or self.filter_samples >= 2,
+               f"rl.filter_samples={self.filter_samples}: a pass rate needs at least 2 samples (0: no filter)")
+        _check(0.0 <= self.filter_min <= self.filter_max <= 1.0 and self.min_tasks >= 1 and self.filter_deadline_s >= 0,
+               "rl.filter_min and rl.filter_max must satisfy 0 <= min <= max <= 1, rl.min_tasks >= 1 and "
+               "rl.filter_deadline_s >= 0")
         _check(self.judge_workers >= 1 and self.judge_timeout_s > 0 and self.judge_memory_mb > 0,
                "rl.judge_workers, rl.judge_timeout_s and rl.judge_memory_mb must be positive")
 
@@ -221,6 +240,37 @@ def preflight(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLConfig, s
             "verdict": verdict(p1), "seconds": batch.generate_s + batch.judge_s}
 
 
+def pass_rate_filter(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLConfig, sampling: Any, seed: int,
+                     out: Path, main: bool, resumed: bool, echo: Any) -> list:
+    """The tasks GRPO trains on: those of ``tasks`` the policy sometimes solves
+    (:mod:`codechat.train.task_pool`; figures in ``filter.json``, read back on a resume).
+
+    Raises:
+        TooFewTasks: fewer than ``cfg.min_tasks`` were kept.
+    """
+    path = out / "filter.json"
+    if resumed and path.exists():
+        kept = set(json.loads(path.read_text())["kept_ids"])
+        return [t for t in tasks if t.task_id in kept]
+    g = cfg.filter_samples
+
+    def sample(part: list, seeds: list[int]) -> list[int]:
+        rs = collect(engine, tok, part, seeds, judge, group_size=g, sampling=sampling).rollouts
+        return [sum(r.passed for r in rs[i * g:(i + 1) * g]) for i in range(len(part))]
+    res = filter_pool(tasks, sample, n=g, min_rate=cfg.filter_min, max_rate=cfg.filter_max, seed=seed,
+                      chunk=max(1, engine.slots // g), deadline_s=cfg.filter_deadline_s)
+    figures = res.as_dict(cfg.filter_min, cfg.filter_max)
+    if main:
+        write_text(path, json.dumps(figures, indent=1))
+    echo(f"pass-rate filter: {res.sampled} of {res.pool} pool tasks x {g} samples in {res.seconds:.0f} s, pool "
+         f"pass@1 {figures['pass@1']:.2%}; kept {len(res.kept)} (rate in [{cfg.filter_min:g}, {cfg.filter_max:g}], "
+         f"neither 0 nor 1)")
+    if len(res.kept) < cfg.min_tasks:
+        raise TooFewTasks("RL skipped: " + too_few_message(res, cfg.min_tasks, cfg.filter_min, cfg.filter_max))
+    kept = set(res.kept)
+    return [t for t in tasks if t.task_id in kept]
+
+
 def _step_metrics(rs: list[Rollout], stats: Any, prompts_truncated: int) -> dict[str, float]:
     """The step's rollout metrics (module docstring) over every rank's rollouts ``rs``."""
     return {"reward_mean": stats.reward_mean, "reward_std": stats.reward_std,
@@ -249,12 +299,12 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
     Raises:
         ConfigError: a missing --init, a torchrun world with a layout other than ``ddp`` or a
             ``prompts_per_step`` it does not divide, or the pre-RL verdict says the run will stall
-            (without ``force``).
+            (without ``force``); :class:`~codechat.train.task_pool.TooFewTasks` when the pass-rate
+            filter (``rl.filter_samples``) keeps fewer than ``rl.min_tasks`` tasks.
         ValueError: bad tasks (no tests, failing references, a file or line named), a reward that
             does not fit the task kind.
         TrainingDiverged: a non-finite loss or gradient (no update applied; resume from the last checkpoint).
     """
-    from codechat.data.tasks import load_tasks
     from codechat.engine import Engine, EngineConfig, SamplingConfig
     cfg.check_init()
     rl, out = cfg.rl, Path(cfg.run.out)
@@ -267,14 +317,16 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
     device = world.device
     init_dir = resolve_init(cfg.init, out, world)
     model, tok, state = ckpt.load_model(init_dir, device)
-    tasks = load_tasks(rl.tasks, split=rl.split or None, limit=rl.limit or None, check_references=True,
-                       mbpp_file=rl.mbpp_file or None, workers=rl.judge_workers, timeout_s=rl.judge_timeout_s)
+    tasks, pool = load_pool(rl.tasks, mbpp_file=rl.mbpp_file, decontaminate=rl.decontaminate,
+                            **({"split": rl.split} if rl.split else {}), limit=rl.limit or None, check_references=True,
+                            workers=rl.judge_workers, timeout_s=rl.judge_timeout_s)
     reward = rl.reward if rl.reward != "auto" else "funcall_tiered" if tasks[0].kind == "funcall" else "tiered"
     judge = Judge(reward, workers=rl.judge_workers, timeout_s=rl.judge_timeout_s, memory_mb=rl.judge_memory_mb)
     judge.check(tasks)
     out.mkdir(parents=True, exist_ok=True)
     if world.main:
         save_yaml(cfg, out / "config.yaml")
+        write_text(out / "pool.json", json.dumps(pool, indent=1))
     schedule = TaskSchedule(tasks, rl.prompts_per_step, cfg.run.seed)
     trainer = Trainer(model.train(), train=cfg.train, optim=cfg.optim, run=cfg.run, batches=schedule, out_dir=out,
                       meta={"stage": "rl", "model": state["meta"]["model"], "config": to_dict(cfg),
@@ -287,7 +339,11 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
     sampling = SamplingConfig(rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
     echo = print if world.main else (lambda *a, **k: None)
     try:
-        if not (resumed and (out / "preflight.json").exists()):
+        if rl.filter_samples:
+            model.eval()
+            schedule.tasks = pass_rate_filter(engine, tok, tasks, judge, rl, sampling, cfg.run.seed, out, world.main,
+                                              resumed, echo)
+        elif not (resumed and (out / "preflight.json").exists()):
             model.eval()
             pre = preflight(engine, tok, tasks, judge, rl, sampling, cfg.run.seed)  # every rank: the same figures
             if world.main:

@@ -1,0 +1,165 @@
+"""The RL task pool and its pass-rate filter: the tasks GRPO trains on are those the policy sometimes solves.
+
+A group of rollouts whose rewards are all equal has advantages exactly 0 (:func:`codechat.train.rl.group_advantages`):
+a task the policy never solves, or always solves, teaches nothing. So before step 0 the RL stage
+samples ``n`` completions of every pool task with the current policy (batched through the engine,
+:func:`codechat.train.rollouts.collect`), and keeps the tasks whose pass rate ``c / n`` is neither 0
+nor 1 and lies in ``[min_rate, max_rate]`` (DAPO's dynamic sampling, Yu et al. 2025 §3.2, done once
+up front; the seed system keeps ``[0.05, 0.95]``, and with ``n = 8`` the defaults ``[0, 1]`` keep
+the same tasks: rates 1/8 .. 7/8). Fewer than ``min_tasks`` kept tasks skip RL
+(:class:`TooFewTasks`, whose message gives the counts): a handful of tasks is memorised, not learned.
+
+The pool (:func:`load_pool`) is one task spec or several joined by ``+`` (``mbpp:PATH+doctest``,
+:func:`codechat.data.tasks.load_tasks`), each read with its RL default split (MBPP: train), and
+decontaminated against HumanEval and MBPP's test split (``mbpp_file``) by the rule of
+:class:`codechat.data.mining.Decontaminator`: a task whose prompt, reference or tests overlap a
+benchmark problem is left out and named in the report.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from codechat.config.stages import ConfigError
+
+#: Spec separator of a pool of several task specs.
+POOL_SEPARATOR = "+"
+
+
+class TooFewTasks(ConfigError):
+    """Fewer tasks than ``min_tasks`` passed the filter: RL is skipped (the message says how many)."""
+
+
+def load_pool(spec: str, *, mbpp_file: str = "", decontaminate: bool = True, **load: Any) -> tuple[list, dict]:
+    """The tasks of ``spec`` (specs joined by ``+``), decontaminated: ``(tasks, report)``.
+
+    Args:
+        spec: ``SPEC[+SPEC...]`` of :func:`codechat.data.tasks.load_tasks`; each with its RL default split.
+        mbpp_file: MBPP's file: its test problems join HumanEval's in the decontamination (and
+            doctest mining leaves them out).
+        decontaminate: False keeps every task (``codechat rl`` on a file the user already checked).
+        load: passed to every :func:`~codechat.data.tasks.load_tasks` call (``check_references``,
+            ``workers``, ``timeout_s``, ``max_files``, ...).
+
+    Returns:
+        The tasks, the first of each task id; the report ``{"specs": {spec: tasks read},
+        "duplicates": n, "decontaminated": [{"task_id", "problem", "part", "fraction"}], "tasks": n}``.
+
+    Raises:
+        ValueError: an empty part of the spec, or what :func:`load_tasks` raises (the spec named).
+    """
+    from codechat.data.corpus import benchmark_decontaminator
+    from codechat.data.tasks import load_tasks
+    parts = spec.split(POOL_SEPARATOR)
+    if any(not p for p in parts):
+        raise ValueError(f"task pool {spec!r}: an empty spec between '{POOL_SEPARATOR}' signs")
+    tasks, seen, report = [], set(), {"specs": {}, "duplicates": 0, "decontaminated": []}
+    for part in parts:
+        got = load_tasks(part, mbpp_file=mbpp_file or None, **load)
+        report["specs"][part] = len(got)
+        for t in got:
+            if t.task_id in seen:
+                report["duplicates"] += 1
+                continue
+            seen.add(t.task_id)
+            tasks.append(t)
+    if decontaminate:
+        decon = benchmark_decontaminator(mbpp_file or None, unchecked=())
+        kept = []
+        for t in tasks:
+            hit = decon.overlap("\n".join([t.prompt.messages[-1].content, t.reference or "", *t.tests]))
+            if hit is None:
+                kept.append(t)
+            else:
+                report["decontaminated"].append({"task_id": t.task_id, "problem": hit.problem, "part": hit.part,
+                                                 "fraction": round(hit.fraction, 3)})
+        tasks = kept
+    if not tasks:
+        raise ValueError(f"task pool {spec!r}: no task left after decontamination ({report})")
+    report["tasks"] = len(tasks)
+    return tasks, report
+
+
+def in_bounds(n: int, c: int, min_rate: float, max_rate: float) -> bool:
+    """Whether a task with ``c`` of ``n`` samples passing is kept: ``0 < c < n`` (its group has a
+    signal) and ``min_rate <= c / n <= max_rate``."""
+    return 0 < c < n and min_rate <= c / n <= max_rate
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    """What :func:`filter_pool` measured.
+
+    Attributes:
+        counts: ``task_id -> (n, c)`` for every task sampled (n samples, c passing every test).
+        kept: the ids kept (:func:`in_bounds`), in pool order.
+        pool: tasks in the pool; ``sampled`` of them were sampled before ``deadline_s`` ran out.
+        seconds: wall time of the sampling and judging.
+    """
+
+    counts: dict[str, tuple[int, int]]
+    kept: list[str]
+    pool: int
+    sampled: int
+    seconds: float
+
+    def pass_at_1(self) -> float:
+        """Mean pass rate of the sampled tasks (the policy's pass@1 on the pool; NaN with none)."""
+        rates = [c / n for n, c in self.counts.values()]
+        return math.fsum(rates) / len(rates) if rates else math.nan
+
+    def as_dict(self, min_rate: float, max_rate: float) -> dict[str, Any]:
+        rates = [c / n for n, c in self.counts.values()]
+        return {"pool": self.pool, "sampled": self.sampled, "kept": len(self.kept), "min_rate": min_rate,
+                "max_rate": max_rate, "never_solved": sum(r == 0 for r in rates),
+                "always_solved": sum(r == 1 for r in rates), "pass@1": self.pass_at_1(), "seconds": self.seconds,
+                "kept_ids": self.kept, "counts": {k: list(v) for k, v in self.counts.items()}}
+
+
+def filter_pool(tasks: Sequence, sample: Callable[[list, list[int]], list[int]], *, n: int, min_rate: float,
+                max_rate: float, seed: int, chunk: int = 64, deadline_s: float = 0.0) -> FilterResult:
+    """Sample ``n`` completions of every task of ``tasks`` and keep those in the bounds (module docstring).
+
+    Args:
+        tasks: the pool (objects with ``task_id``).
+        sample: ``sample(tasks, seeds) -> passed`` counts, one per task (how many of its ``n``
+            samples passed every test); the RL stage's is the engine and the sandbox
+            (:func:`codechat.train.rollouts.collect`), tests pass a stub policy.
+        n: samples per task (>= 2).
+        min_rate, max_rate: the kept rates, ``0 <= min_rate <= max_rate <= 1``.
+        seed: the order the tasks are sampled in (a seeded shuffle) and each task's sampling seed.
+        chunk: tasks sampled together (one engine batch of ``chunk * n`` rows at most).
+        deadline_s: > 0: start no chunk after the first once this many seconds have passed; the tasks not
+            sampled are left out.
+
+    Raises:
+        ValueError: ``n < 2`` or bad bounds.
+    """
+    from codechat.eval.suites import derive_seed
+    if n < 2 or not 0.0 <= min_rate <= max_rate <= 1.0:
+        raise ValueError(f"the pass-rate filter needs n >= 2 and 0 <= min <= max <= 1, got n={n}, min={min_rate}, "
+                         f"max={max_rate}")
+    order = random.Random(f"{seed}:filter").sample(range(len(tasks)), len(tasks))
+    counts: dict[str, tuple[int, int]] = {}
+    t0 = time.perf_counter()
+    for at in range(0, len(order), chunk):
+        if at and deadline_s and time.perf_counter() - t0 > deadline_s:  # the first chunk always runs
+            break
+        part = [tasks[i] for i in order[at:at + chunk]]
+        passed = sample(part, [derive_seed(seed, f"filter:{t.task_id}") for t in part])
+        counts.update((t.task_id, (n, int(c))) for t, c in zip(part, passed))
+    kept = [t.task_id for t in tasks if t.task_id in counts and in_bounds(*counts[t.task_id], min_rate, max_rate)]
+    return FilterResult(counts, kept, len(tasks), len(counts), time.perf_counter() - t0)
+
+
+def too_few_message(result: FilterResult, min_tasks: int, min_rate: float, max_rate: float) -> str:
+    """The reason RL is skipped when fewer than ``min_tasks`` tasks were kept."""
+    d = result.as_dict(min_rate, max_rate)
+    return (f"{d['kept']} of {d['sampled']} sampled pool tasks ({d['pool']} in the pool) have a pass rate in "
+            f"[{min_rate:g}, {max_rate:g}] and neither 0 nor 1 ({d['never_solved']} never solved, "
+            f"{d['always_solved']} always solved; pool pass@1 {d['pass@1']:.2%}); GRPO needs at least {min_tasks} "
+            "(rl.min_tasks): more SFT, a larger pool, or wider bounds")

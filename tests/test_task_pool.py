@@ -1,0 +1,91 @@
+"""The RL task pool and its pass-rate filter (codechat.train.task_pool): the filter keeps exactly the
+tasks in its bounds (a stub policy with known pass rates; the real tiny policy through ``codechat rl
+--filter-samples`` is in test_rl_stage), too few kept tasks give the counts in the message, and the
+pool is decontaminated against HumanEval."""
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from codechat.config.stages import ConfigError
+from codechat.train.grpo import RLConfig
+from codechat.train.task_pool import TooFewTasks, filter_pool, in_bounds, load_pool, too_few_message
+
+
+@dataclass(frozen=True)
+class Stub:
+    task_id: str
+
+
+def stub_policy(passing: dict[str, int], calls: list):
+    """A policy whose samples of task ``t`` pass ``passing[t]`` times out of n, whatever the seed."""
+    def sample(tasks, seeds):
+        calls.append([t.task_id for t in tasks])
+        assert len(seeds) == len(tasks) and len(set(seeds)) == len(seeds)
+        return [passing[t.task_id] for t in tasks]
+    return sample
+
+
+def test_the_filter_keeps_exactly_the_tasks_in_its_bounds():
+    passing = {f"t{c}_{i}": c for c in range(9) for i in range(3)}  # 0..8 of 8 samples pass, three tasks each
+    tasks = [Stub(t) for t in passing]
+    for lo, hi, rates in ((0.0, 1.0, range(1, 8)), (0.05, 0.95, range(1, 8)), (0.25, 0.75, range(2, 7)),
+                          (0.5, 0.5, [4]), (0.0, 0.0, [])):
+        calls: list = []
+        res = filter_pool(tasks, stub_policy(passing, calls), n=8, min_rate=lo, max_rate=hi, seed=3, chunk=5)
+        assert res.kept == [t for t in passing if passing[t] in rates], (lo, hi)  # pool order
+        assert res.counts == {t: (8, c) for t, c in passing.items()} and (res.pool, res.sampled) == (27, 27)
+        assert [len(c) for c in calls] == [5] * 5 + [2] and sorted(sum(calls, [])) == sorted(passing)
+        assert res.pass_at_1() == pytest.approx(0.5)
+    d = res.as_dict(0.0, 0.0)
+    assert (d["never_solved"], d["always_solved"], d["kept"]) == (3, 3, 0)
+    assert in_bounds(8, 1, 0.0, 1.0) and not in_bounds(8, 0, 0.0, 1.0) and not in_bounds(8, 8, 0.0, 1.0)
+    # the order tasks are sampled in is a function of the seed; a deadline leaves the rest out
+    first: list = []
+    filter_pool(tasks, stub_policy(passing, first), n=8, min_rate=0, max_rate=1, seed=4, chunk=5)
+    assert first != calls
+    late: list = []
+    res = filter_pool(tasks, stub_policy(passing, late), n=8, min_rate=0, max_rate=1, seed=3, chunk=5,
+                      deadline_s=1e-9)
+    assert len(late) == 1 and res.sampled == 5 and res.pool == 27 and set(res.kept) <= set(late[0])
+    msg = too_few_message(res, 32, 0.0, 1.0)
+    assert msg.startswith(f"{len(res.kept)} of 5 sampled pool tasks (27 in the pool)") and "at least 32" in msg
+    with pytest.raises(ValueError, match="n >= 2"):
+        filter_pool(tasks, stub_policy(passing, []), n=1, min_rate=0, max_rate=1, seed=0)
+    with pytest.raises(ValueError, match="min <= max"):
+        filter_pool(tasks, stub_policy(passing, []), n=8, min_rate=0.6, max_rate=0.4, seed=0)
+
+
+@pytest.mark.parametrize("setting, fragment", [
+    ({"filter_samples": 1}, "a pass rate needs at least 2 samples"),
+    ({"filter_min": 0.7, "filter_max": 0.3}, "0 <= min <= max <= 1"),
+    ({"min_tasks": 0}, "rl.min_tasks >= 1")])
+def test_filter_settings_that_cannot_work_are_refused_when_built(setting, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        RLConfig(**setting)
+
+
+def _row(task_id: str, prompt: str, test: str = "assert f() == 1") -> str:
+    return json.dumps({"task_id": task_id, "prompt": prompt, "tests": [test],
+                       "reference": "def f():\n    return 1\n"}) + "\n"
+
+
+def test_the_pool_joins_specs_and_leaves_out_what_overlaps_humaneval(tmp_path):
+    from codechat.data.tasks import HUMANEVAL_FILE
+    with gzip.open(HUMANEVAL_FILE, "rt") as f:
+        he = json.loads(f.readline())  # HumanEval/0
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(_row("one", "Write a function `f()` that returns 1.") + _row("copied", he["prompt"]))
+    b.write_text(_row("one", "the same id again: the first one is kept") + _row("two", "Write `f()`, returning 1."))
+    tasks, report = load_pool(f"tasks:{a}+tasks:{b}", check_references=True, workers=1)
+    assert [t.task_id for t in tasks] == ["one", "two"]
+    assert report["specs"] == {f"tasks:{a}": 2, f"tasks:{b}": 2} and report["duplicates"] == 1
+    assert [(d["task_id"], d["problem"]) for d in report["decontaminated"]] == [("copied", "HumanEval/0")]
+    kept, _ = load_pool(f"tasks:{a}", decontaminate=False, workers=1)
+    assert [t.task_id for t in kept] == ["one", "copied"]
+    with pytest.raises(ValueError, match="an empty spec"):
+        load_pool(f"tasks:{a}++doctest")
