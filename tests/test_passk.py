@@ -188,3 +188,15 @@ def test_cli_filter(tmp_path, capsys):
                               "--out", str(out)])
     assert args.func(args) == 1
     assert "verdict" in capsys.readouterr().err
+
+
+def test_the_bootstrap_interval_holds_the_mean_narrows_with_more_problems_and_repeats():
+    from codechat.eval.passk import bootstrap_interval
+    rates = [1.0] * 3 + [0.0] * 97  # pass@1 3% over 100 problems
+    lo, hi = bootstrap_interval(rates)
+    assert 0.0 <= lo < 0.03 < hi <= 0.08 and (lo, hi) == bootstrap_interval(rates)  # seeded: a report repeats
+    wide = bootstrap_interval([1.0] + [0.0] * 32)  # the same 3% over 33 problems: wider
+    assert wide[1] - wide[0] > hi - lo
+    assert bootstrap_interval([0.5, 0.5, 0.5]) == (0.5, 0.5) and bootstrap_interval([0.2]) is None
+    with pytest.raises(ValueError, match="0 < level < 1"):
+        bootstrap_interval(rates, level=1.0)

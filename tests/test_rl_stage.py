@@ -249,7 +249,7 @@ def test_lora_rl_samples_from_the_current_adapters_and_its_kl_reference_is_the_b
     assert saved and all(".lora_" in k for k in saved)
 
 
-def test_the_speedrun_rl_stage_trains_when_the_verdict_allows_and_reports_it(policy, tmp_path):
+def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_after(policy, tmp_path):
     import shutil
     from dataclasses import replace
 
@@ -258,20 +258,27 @@ def test_the_speedrun_rl_stage_trains_when_the_verdict_allows_and_reports_it(pol
     from codechat.speedrun.run import Speedrun
     tasks = write_tasks(tmp_path / "tasks.jsonl")
     p = replace(plan(torch.device("cpu"), "tiny", 1.0), rl_tasks=f"tasks:{tasks}", rl_tokens=16, rl_prompts_per_step=4,
-                eval_limit=1, eval_tokens=16)
+                rl_min_tasks=4, eval_limit=1, eval_tokens=16)
     run = tmp_path / "run"
     shutil.copytree(policy, run / "sft")
     s = Speedrun(p, run, torch.device("cpu"), "cpu", 0, resume=False)
-    s.m["eval"] = {"humaneval": {"verdict": "standard",
-                                 "verdict_text": "pass@1 = 20.00% >= 5%: standard GRPO should converge"}}
-    out = s._rl(8.0, "[9/9]")
-    assert out["skipped"] is False and out["steps"] >= 1 and out["stopped"] == "budget"
+    s.m["eval"] = {"humaneval": s._score("humaneval", "HumanEval", 60.0, "[8/9]", n=p.eval_n, max_new_tokens=16,
+                                         limit=1)}
+    out = s._rl(20.0, "[9/9]")
+    assert out["skipped"] is False and out["steps"] >= 1 and out["stopped"] == "budget", out
+    f = out["filter"]  # every task sampled within the filter's 5 s, those with rates in (0, 1) kept
+    assert f["pool"] == f["sampled"] == 10 and 4 <= f["kept"] == len(f["kept_ids"]) < 10 and "counts" not in f
+    assert out["pool"]["tasks"] == 10 and out["pool"]["decontaminated"] == []
     he = out["humaneval"]  # HumanEval scored again, on the RL checkpoint
     assert he["stage"] == "rl" and he["problems"] == 1 and (run / "eval" / "humaneval-rl" / "results.json").is_file()
-    assert 0 <= out["reward_first"] <= 1 and (run / "rl" / "preflight.json").is_file()
+    assert 0 <= out["reward_first"] <= 1 and len(out["curve"]) == out["steps"] and (run / "rl_reward.png").is_file()
     s.m["rl"], s.m["stages"]["rl"]["status"] = out, "done"
+    s.m["stages"]["rl"]["granted_s"] = 20.0
+    s.m["stages"]["eval"]["status"] = "done"
     report = speedrun_report(s.m)
     assert "## RL (GRPO)" in report and f"{out['steps']} (stopped: budget)" in report
+    assert f"**{f['kept']} kept**" in report and "![RL reward curve](rl_reward.png)" in report
+    assert "| HumanEval | pass@1 |" in report and "before RL (`sft/`)" in report
     assert "## HumanEval after RL" in report and "`rl/`, chat mode" in report
 
 
@@ -324,9 +331,9 @@ def test_codechat_rl_filters_its_pool_with_the_policy_and_skips_when_too_few_rem
     capsys.readouterr()
     assert main([*args[:args.index("--out") + 1], str(tmp_path / "few"), *args[args.index("--out") + 2:]]) == 2
     err = capsys.readouterr().err
-    assert f"RL skipped: {len(f['kept_ids'])} of 30 sampled pool tasks (30 in the pool)" in err, err
+    assert f"error: {len(f['kept_ids'])} of 30 sampled pool tasks (30 in the pool)" in err, err
     never, always = (sum(c == v for n, c in f["counts"].values()) for v in (0, 8))
     assert never >= 10 and always >= 10 and f"{never} never solved, {always} always solved" in err
-    assert "GRPO needs at least 32 (rl.min_tasks)" in err
+    assert "GRPO needs at least 32 (rl.min_tasks), so RL is skipped" in err
     assert not (tmp_path / "few" / "metrics.jsonl").exists()
     assert issubclass(TooFewTasks, ConfigError)

@@ -44,7 +44,7 @@ def _resume(out: Path, *extra: str) -> subprocess.CompletedProcess:
 def _assert_complete(out: Path) -> dict:
     """The finished run's metrics and report hold every stage's figures (the smoke-run checks)."""
     m = _metrics(out)
-    skipped = ["rl"] if m["eval"]["humaneval"]["verdict"] == "stall" else []  # RL skipped by the verdict
+    skipped = ["rl"]  # the tiny model solves too few RL tasks: its pass-rate filter skips GRPO
     assert [s for s, st in m["stages"].items() if st["status"] != "done"] == skipped
     for stage, st in m["stages"].items():
         assert st["wall_s"] > 0 and st["planned_s"] > 0 and m[stage]["wall_s"] == st["wall_s"], stage
@@ -64,12 +64,16 @@ def _assert_complete(out: Path) -> dict:
     assert all(0 < c <= h["n"] for c in h["solved"].values())
     results = json.loads((out / "eval" / "humaneval" / "results.json").read_text())
     assert {t: v["c"] for t, v in results["per_task"].items() if v["c"]} == h["solved"]
-    if h["verdict"] == "stall":  # the tiny model's: no RL, and the report says why
-        assert m["rl"] == {"skipped": True, "reason": f"HumanEval {h['verdict_text']}",
-                           "wall_s": m["stages"]["rl"]["wall_s"]}
-        assert m["stages"]["rl"]["status"] == "skipped" and m["stages"]["rl"]["reason"] == m["rl"]["reason"]
-        assert f"| rl | skipped: HumanEval {h['verdict_text']} |" in (out / "report.md").read_text()
-        assert not (out / "rl").exists()
+    rl = m["rl"]  # the tiny model solves too few of its pool's tasks: the filter skips RL, saying how many
+    f = rl["filter"]
+    assert rl["skipped"] and rl["reason"].startswith(f"{f['kept']} of {f['sampled']} sampled pool tasks")
+    assert f["kept"] < 32 and f["never_solved"] + f["always_solved"] + f["kept"] <= f["sampled"] <= f["pool"]
+    pool = rl["pool"]
+    assert "doctest" in pool["specs"] and pool["duplicates"] == 0
+    assert sum(pool["specs"].values()) == pool["tasks"] + len(pool["decontaminated"])
+    assert m["stages"]["rl"]["status"] == "skipped" and m["stages"]["rl"]["reason"] == rl["reason"]
+    assert f"| rl | skipped: {f['kept']} of {f['sampled']} sampled pool tasks" in (out / "report.md").read_text()
+    assert not (out / "rl" / "metrics.jsonl").exists()
     dec = m["data"]["decontamination"]
     assert dec["problems"]["HumanEval"] == 164 and m["data"]["skipped"]["contaminated"] == len(dec["excluded"])
     report = (out / "report.md").read_text()
@@ -196,7 +200,11 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
     assert line["mbpp"] == b["pass@k"] and line["funcall"]["parse_rate"] == f["parse_rate"]
     assert line["funcall"]["arguments_exact_match"] == f["arguments_exact_match"]
     assert line["funcall_strict"] == {k: f["strict"][k] for k in line["funcall"]}
-    assert (line["rl_ran"], line["rl_steps"], line["humaneval_after_rl"]) == (False, 0, None)  # the verdict: stall
+    # the tiny model solves too few pool tasks: RL is skipped, with the filter's counts
+    assert (line["rl_ran"], line["rl_steps"], line["humaneval_after_rl"], line["mbpp_after_rl"]) == (False, 0, None, None)
+    assert m["rl"]["skipped"] and "sampled pool tasks" in m["rl"]["reason"] and "so RL is skipped" in m["rl"]["reason"]
+    assert line["rl_tasks_kept"] == m["rl"]["filter"]["kept"] < 32 and line["rl_pool"] == m["rl"]["pool"]["tasks"]
+    assert stages.index("mbpp") < stages.index("rl") if (stages := list(m["stages"])) else False
     # --mid-share (kept by the resumed plan): mid-training between pretraining and SFT, on SFT's mixture, the
     # function-calling conversations and --mid-data, with pretraining's optimizer; SFT starts from it
     stages, planned = list(m["stages"]), {s: st["planned_s"] for s, st in m["stages"].items()}
@@ -217,11 +225,13 @@ def test_the_record_of_a_run_with_rl_names_its_steps_and_both_humaneval_figures(
     from codechat.speedrun.record import current_commit, record_line
     m = {"preset": "d12", "device": "cuda:0", "total_wall_s": 512.5, "pretrain": {"val_bpb_final": 0.61},
          "eval": {"humaneval": {"pass@k": {"pass@1": 0.011, "pass@10": 0.05}}},
-         "rl": {"skipped": False, "steps": 37, "humaneval": {"pass@k": {"pass@1": 0.02, "pass@10": 0.07}}},
+         "rl": {"skipped": False, "steps": 37, "humaneval": {"pass@k": {"pass@1": 0.02, "pass@10": 0.07}},
+                "mbpp": {"pass@k": {"pass@1": 0.03, "pass@10": 0.08}}, "filter": {"kept": 45}, "pool": {"tasks": 410}},
          "mbpp": {"pass@k": {"pass@1": 0.015, "pass@10": 0.06}}}
     line = record_line(m, "codechat speedrun --mbpp m.jsonl", "c0ffee")
     assert line["humaneval"] == {"pass@1": 0.011, "pass@10": 0.05}
     assert line["humaneval_after_rl"] == {"pass@1": 0.02, "pass@10": 0.07}
+    assert line["mbpp_after_rl"] == {"pass@1": 0.03, "pass@10": 0.08} and (line["rl_tasks_kept"], line["rl_pool"]) == (45, 410)
     assert (line["rl_ran"], line["rl_steps"], line["funcall"], line["val_bpb"]) == (True, 37, None, 0.61)
     assert line["funcall_strict"] is None
     assert line["date"].endswith("Z") and line["commit"] == "c0ffee"

@@ -1,5 +1,5 @@
 """The speedrun's stage table says ``skipped`` and why for a stage that did not do its work (RL
-under a "stall" verdict) — in ``metrics.json`` (``status``, ``reason``) and ``report.md`` — and a
+with too few tasks kept by its pass-rate filter) — in ``metrics.json`` (``status``, ``reason``) and ``report.md`` — and a
 resumed run does not redo it; the SFT plot draws the train loss and the fixed-examples loss."""
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from codechat.speedrun.plan import plan
 from codechat.speedrun.report import loss_curves, plot_loss, speedrun_report
 from codechat.speedrun.run import Speedrun
 
-VERDICT = "pass@10 0.0% (0 of 2 problems solved): RL would stall; improve SFT first"
+REASON = ("3 of 37 sampled pool tasks (37 in the pool) have a pass rate in [0, 1] and neither 0 nor 1 (34 never "
+          "solved, 0 always solved; pool pass@1 1.01%); GRPO needs at least 32 (rl.min_tasks), so RL is skipped")
 
 
 class Stubbed(Speedrun):
-    """Every stage but RL stubbed to a few figures; RL is the real stage, which the verdict skips."""
+    """Every stage stubbed to a few figures; RL skips itself as the filter makes it."""
 
     calls: list[str] = []
 
@@ -30,11 +31,8 @@ class Stubbed(Speedrun):
     def _samples(self, grant, tag): return self._stub("samples", {"n": 0})
     def _sft(self, grant, tag): return self._stub("sft", {"steps": 1})
     def _chat(self, grant, tag): return self._stub("chat", {"n": 0})
-    def _eval(self, grant, tag): return self._stub("eval", {"humaneval": {"verdict": "stall", "verdict_text": VERDICT}})
-
-    def _rl(self, grant, tag):
-        Stubbed.calls.append("rl")
-        return super()._rl(grant, tag)
+    def _eval(self, grant, tag): return self._stub("eval", {"humaneval": {"verdict": "stall"}})
+    def _rl(self, grant, tag): return self._stub("rl", {"skipped": True, "reason": REASON})
 
     def _write(self) -> None:  # metrics.json only: the stubs hold too little for the report's sections
         self.m["total_wall_s"] = sum(self.m["stages"][s].get("wall_s", 0.0) for s in self.p.stages)
@@ -49,24 +47,24 @@ def test_a_skipped_stage_says_skipped_and_why_and_is_not_run_again(tmp_path, cap
     m = Stubbed(p, run, torch.device("cpu"), "cpu", 0, resume=False).execute()
     assert Stubbed.calls == list(p.stages)
     rl = m["stages"]["rl"]
-    assert rl["status"] == "skipped" and rl["reason"] == f"HumanEval {VERDICT}" and rl["wall_s"] >= 0
-    assert m["rl"] == {"skipped": True, "reason": f"HumanEval {VERDICT}", "wall_s": rl["wall_s"]}
+    assert rl["status"] == "skipped" and rl["reason"] == REASON and rl["wall_s"] >= 0
+    assert m["rl"] == {"skipped": True, "reason": REASON, "wall_s": rl["wall_s"]}
     assert [s for s, st in m["stages"].items() if st["status"] != "done"] == ["rl"]
     assert json.loads((run / "metrics.json").read_text())["stages"]["rl"]["status"] == "skipped"
-    assert f"RL skipped: HumanEval {VERDICT}" in capsys.readouterr().out
+    capsys.readouterr()
 
     Stubbed.calls = []
     Stubbed(p, run, torch.device("cpu"), "cpu", 0, resume=True).execute()
     assert Stubbed.calls == []  # every stage finished: done or skipped
     out = capsys.readouterr().out
-    assert f"[9/9] rl: skipped in an earlier attempt (HumanEval {VERDICT})" in out
+    assert f"[9/9] rl: skipped in an earlier attempt ({REASON})" in out
     assert "[8/9] eval: done in an earlier attempt, skipped" in out
 
     report = speedrun_report({"preset": "tiny", "device": "cpu", "stages": m["stages"], "rl": m["rl"],
                               "total_wall_s": m["total_wall_s"]})
     row = next(line for line in report.splitlines() if line.startswith("| rl |"))
-    assert row.startswith(f"| rl | skipped: HumanEval {VERDICT} | ")
-    assert f"| skipped | HumanEval {VERDICT} |" in report  # the RL section says why too
+    assert row.startswith(f"| rl | skipped: {REASON} | ")
+    assert f"| skipped | {REASON} |" in report  # the RL section says why too
     assert "Run in progress" not in report and "stopped at stage" not in report
 
 

@@ -5,6 +5,7 @@
   ``pass@k = 1 - C(n-c, k) / C(n, k)``, computed as a product so it never overflows.
 - :func:`verdict` turns pass@1 into the decision before RL (GRPO needs reward variance inside a
   group; with pass@1 < 1 % almost every group is all-zero).
+- :func:`bootstrap_interval`: a percentile bootstrap interval of pass@1 over problems;
 - :func:`filter_by_pass_rate` keeps the problems whose sampled pass rate is inside a range, so
   every RL group has some variance (``codechat eval filter``).
 """
@@ -14,7 +15,7 @@ import json
 import math
 import operator
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 # ----------------------------------------------------------------------------- pass@k
 
@@ -70,6 +71,28 @@ VERDICT_BANDS: tuple[tuple[float, str, str], ...] = (
                      "(codechat eval filter)"),
     (math.inf, "standard", "standard GRPO should converge"),
 )
+
+
+def bootstrap_interval(rates: Sequence[float], *, level: float = 0.95, resamples: int = 2000,
+                       seed: int = 0) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of the mean of per-problem ``rates`` (pass@1 of each problem):
+    resample the problems with replacement ``resamples`` times and take the ``(1 - level) / 2`` and
+    ``(1 + level) / 2`` quantiles of the means (Efron & Tibshirani 1993, ch. 13). The interval is
+    over problems: it says how much pass@1 would move on another draw of problems like these, not
+    the sampling noise within one. Seeded, so a report repeats. None with fewer than 2 problems.
+
+    Raises:
+        ValueError: ``level`` outside (0, 1) or ``resamples < 1``.
+    """
+    if not 0 < level < 1 or resamples < 1:
+        raise ValueError(f"need 0 < level < 1 and resamples >= 1, got {level} and {resamples}")
+    if len(rates) < 2:
+        return None
+    import random
+    rng, n = random.Random(seed), len(rates)
+    means = sorted(math.fsum(rng.choices(rates, k=n)) / n for _ in range(resamples))
+    lo, hi = (1 - level) / 2, (1 + level) / 2
+    return means[int(lo * (resamples - 1))], means[int(math.ceil(hi * (resamples - 1)))]
 
 
 def verdict_band(pass_at_1: float) -> str:

@@ -64,7 +64,7 @@ from tqdm.auto import tqdm
 from codechat.config.atomic import write_text
 from codechat.eval import sandbox
 from codechat.eval.extract import defines, extract_code, parse_quietly
-from codechat.eval.passk import mean_pass_at_k, pass_at_k, verdict, verdict_band
+from codechat.eval.passk import bootstrap_interval, mean_pass_at_k, pass_at_k, verdict, verdict_band
 from codechat.eval.problems import Problem, load_problems
 
 MODES = ("auto", "chat", "base")
@@ -475,6 +475,7 @@ def summarise(done: dict[tuple[str, int], dict[str, Any]], problems: Sequence[Pr
     stderr = math.sqrt(sum((r - p1) ** 2 for r in rates) / (len(rates) - 1) / len(rates)) if len(rates) > 1 else None
     return {"problems": len(problems), "n": n, "ks": list(ks), "samples": len(problems) * n,
             "pass@k": {f"pass@{k}": mean_pass_at_k(pairs, k) for k in ks}, "pass@1": p1, "pass@1_stderr": stderr,
+            "pass@1_ci95": bootstrap_interval(rates),
             "verdict": verdict(p1), "verdict_band": verdict_band(p1), "counts": counts, "finish": finish,
             "prompt_overflow": overflow, "per_task": per_task}
 

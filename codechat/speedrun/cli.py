@@ -33,6 +33,10 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mbpp", metavar="PATH", help="MBPP's mbpp.jsonl: its train split (tasks 601-974) joins chat SFT "
                                                   "and is RL's task set, its test split (11-510) is evaluated (pass@1, "
                                                   "pass@10), and its test problems are kept out of every training set")
+    p.add_argument("--tasks", metavar="SPEC", help="more RL tasks for the pool (codechat rl's task spec, several "
+                                                   "joined by +), beside the standard library's doctests and, with "
+                                                   "--mbpp, MBPP's train split; the pool is decontaminated and "
+                                                   "filtered by the SFT model's pass rate before GRPO")
     p.add_argument("--data", metavar="SPEC", help="more chat-SFT sources, a mixture spec SOURCE[#FORMAT][:WEIGHT],... "
                                                   "(weight: copies per epoch), e.g. code_alpaca_2k.json:1")
     p.add_argument("--mid-share", type=float, default=0.0, metavar="F",
@@ -67,7 +71,7 @@ def _run(args: argparse.Namespace, overrides: dict[str, str]) -> int:
                      device=args.device or "auto", max_files=args.max_files, eval_limit=args.eval_limit,
                      checkpoint_every_s=args.checkpoint_every_s, resume=args.resume,
                      funcall_data=args.funcall_data or "", mbpp=args.mbpp or "", sft_data=args.data or "",
-                     mid_share=args.mid_share, mid_data=args.mid_data or "",
+                     mid_share=args.mid_share, mid_data=args.mid_data or "", tasks=args.tasks or "",
                      pretrain_overrides={k[len("pretrain."):]: v for k, v in overrides.items()},
                      record=args.record or "", command=shlex.join(["codechat", *args.argv]))
     except SpeedrunFailed as e:

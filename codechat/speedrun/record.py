@@ -11,12 +11,14 @@ The line (every key always present; ``None`` where the run had no such stage)::
     val_bpb         whole-split validation bits per byte after pretraining
     humaneval       {"pass@1": p, "pass@10": p} as fractions (None where k > n): the SFT model's
     humaneval_after_rl  the same for the RL model, None when GRPO did not run
-    mbpp            {"pass@1": p, "pass@10": p} on MBPP's test split (with ``--mbpp``)
+    mbpp            {"pass@1": p, "pass@10": p} on MBPP's test split (with ``--mbpp``), the SFT model's
+    mbpp_after_rl   the same for the RL model, None when GRPO did not run (or without ``--mbpp``)
     funcall         parse_rate, schema_valid_rate, name_accuracy, arguments_exact_match, no_call_accuracy
                     (fractions) of the held-out function-calling evaluation (with ``--funcall-data``)
     funcall_strict  the same five rates with every reply under the strict tool grammar (``--funcall-data``
                     with the grammar extra installed; None otherwise)
     rl_ran          True when GRPO trained (not skipped), rl_steps its optimizer steps (0 when skipped)
+    rl_tasks_kept   tasks the pass-rate filter kept, of rl_pool tasks in the pool (None when no filter ran)
     mid_share       the share of pretraining's time given to mid-training (``--mid-share``; 0: none)
 
 The file is appended with one ``write`` of a whole line, so concurrent runs and a crash never leave
@@ -71,7 +73,9 @@ def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str
             "humaneval_after_rl": _passk(rl.get("humaneval")) if rl_ran else None,
             "mbpp": _passk(m.get("mbpp")), "funcall": {k: fc.get(k) for k in FUNCALL_KEYS} if fc else None,
             "funcall_strict": {k: fc["strict"].get(k) for k in FUNCALL_KEYS} if fc and fc.get("strict") else None,
+            "mbpp_after_rl": _passk(rl.get("mbpp")) if rl_ran else None,
             "rl_ran": rl_ran, "rl_steps": int(rl.get("steps") or 0) if rl_ran else 0,
+            "rl_tasks_kept": (rl.get("filter") or {}).get("kept"), "rl_pool": (rl.get("pool") or {}).get("tasks"),
             "mid_share": (m.get("plan") or {}).get("mid_share", 0.0)}
 
 

@@ -164,8 +164,10 @@ def _code_eval_section(h: dict[str, Any], title: str) -> list[str]:
                 f" (of {h['problems_planned']} planned: the stage's time ran out)"
                 if h["problems"] < h["problems_planned"] else ""))]
     for k, v in h["pass@k"].items():
+        ci = h.get("pass@1_ci95") if k == "pass@1" else None
         rows.append((k, f"{v:.2%}" + (f" ± {h['pass@1_stderr']:.2%}" if k == "pass@1" and h["pass@1_stderr"]
-                                        is not None else "")))
+                                        is not None else "")
+                     + (f" (95% bootstrap interval over problems: {ci[0]:.2%} to {ci[1]:.2%})" if ci else "")))
     rows.append(("verdict for RL", h["verdict_text"]))
     solved = sorted(h["solved"].items(), key=lambda kv: (-kv[1], kv[0]))
     text = ", ".join(f"{t} ({c}/{h['n']})" for t, c in solved) or "none"
@@ -245,18 +247,10 @@ def speedrun_report(m: dict[str, Any]) -> str:
             lines += _tuning_section(m[stage], stage, title)
     if _section(m, "eval"):
         lines += _code_eval_section(m["eval"]["humaneval"], "HumanEval")
-    if _section(m, "rl"):
-        r = m["rl"]
-        rows = [("skipped", r["reason"])] if r["skipped"] else [
-            ("tasks", r["tasks"]), ("steps", f"{r['steps']} (stopped: {r['stopped']})"),
-            ("mean reward: first step -> last", f"{r['reward_first']:.3f} -> {r['reward_last']:.3f}"),
-            ("rollouts passing every test, last step", f"{r['pass_rate_last']:.1%}")]
-        lines += ["## RL (GRPO)", markdown_table(rows + ([("stopped because", r["message"])] if r.get("message") else [])),
-                  ""]
-    if _section(m, "rl") and m["rl"].get("humaneval"):
-        lines += _code_eval_section(m["rl"]["humaneval"], "HumanEval after RL")
     if _section(m, "mbpp"):
         lines += _code_eval_section(m["mbpp"], "MBPP (test split)")
+    if _section(m, "rl"):
+        lines += _rl_section(m)
     if _section(m, "funcall_eval"):
         f, t = m["funcall_eval"], m.get("funcall", {})
 
@@ -297,6 +291,76 @@ def speedrun_report(m: dict[str, Any]) -> str:
         for c in m["chat"]["answers"]:
             lines += [f"**user:** {c['prompt']}", "", "```", c["answer"], "```", ""]
     return "\n".join(lines)
+
+
+def _rl_section(m: dict[str, Any]) -> list[str]:
+    """The RL stage: its pool, the pass-rate filter, GRPO's curve and time, and the code evaluations
+    before (``sft/``) and after (``rl/``) it side by side."""
+    r, st = m["rl"], m["stages"]["rl"]
+    rows = []
+    if pool := r.get("pool"):
+        specs = ", ".join(f"`{k}` {v}" for k, v in pool["specs"].items())
+        rows.append(("task pool", f"{pool['tasks']} tasks ({specs}); {len(pool['decontaminated'])} left out as "
+                                  "overlapping HumanEval / MBPP test" + (
+                                      ": " + ", ".join(d["task_id"] for d in pool["decontaminated"][:5])
+                                      if pool["decontaminated"] else "")))
+    if f := r.get("filter"):
+        rows.append(("pass-rate filter", f"{f['sampled']} of {f['pool']} tasks sampled in {f['seconds']:.0f} s (pool "
+                                         f"pass@1 {f['pass@1']:.2%}): {f['never_solved']} never solved, "
+                                         f"{f['always_solved']} always solved, **{f['kept']} kept** (rate in "
+                                         f"[{f['min_rate']:g}, {f['max_rate']:g}], neither 0 nor 1)"))
+    if r["skipped"]:
+        rows.append(("skipped", r["reason"]))
+    else:
+        curve = r.get("curve") or []
+        rows += [("steps", f"{r['steps']} (stopped: {r['stopped']})"),
+                 ("time", f"GRPO budget {r['train_budget_s']:.0f} s; the stage: planned {st['planned_s']:.0f} s, "
+                          f"granted {st.get('granted_s', 0):.0f} s, GRPO done after {r['train_wall_s']:.0f} s"),
+                 ("mean reward: first step -> last", f"{r['reward_first']:.3f} -> {r['reward_last']:.3f}"),
+                 ("groups without signal (frac_reward_zero_std): first step -> last",
+                  f"{curve[0]['frac_reward_zero_std']:.2f} -> {curve[-1]['frac_reward_zero_std']:.2f}" if curve else "-"),
+                 ("rollouts passing every test, last step", f"{r['pass_rate_last']:.1%}")]
+        rows += [("stopped because", r["message"])] if r.get("message") else []
+    lines = ["## RL (GRPO)", markdown_table(rows), ""]
+    if not r["skipped"] and r.get("curve"):
+        lines += ["![RL reward curve](rl_reward.png)", ""]
+    before = [("HumanEval", m.get("eval", {}).get("humaneval"), r.get("humaneval")),
+              ("MBPP (test split)", m.get("mbpp"), r.get("mbpp"))]
+    pairs = [(name, b, a) for name, b, a in before if b and a]
+    if pairs:
+        def fig(h: dict[str, Any], k: str) -> str:
+            ci = h.get("pass@1_ci95") if k == "pass@1" else None
+            return f"{h['pass@k'][k]:.2%}" + (f" [{ci[0]:.2%}, {ci[1]:.2%}]" if ci else "")
+        table = ["| suite | pass@k | before RL (`sft/`) | after RL (`rl/`) |", "|---|---|---|---|"]
+        table += [f"| {name} | {k} | {fig(b, k)} | {fig(a, k)} |" for name, b, a in pairs for k in a["pass@k"]
+                  if k in b["pass@k"]]
+        lines += ["Before and after RL (pass@1 with its 95% bootstrap interval over problems):", "", *table, ""]
+        for name, _, a in pairs:
+            lines += _code_eval_section(a, f"{name} after RL")
+    return lines
+
+
+def plot_rewards(curve: list[dict[str, Any]], png: Path, title: str) -> Path:
+    """GRPO's mean reward, share of rollouts passing and share of groups without signal per step, as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in curve]
+    for key, label, style in (("reward_mean", "mean reward", "-"), ("pass_rate", "rollouts passing", "--"),
+                              ("frac_reward_zero_std", "groups without signal", ":")):
+        ax.plot(steps, [r[key] for r in curve], style, label=label)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
 
 
 def _tuning_section(t: dict[str, Any], stage: str, title: str) -> list[str]:

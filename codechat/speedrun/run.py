@@ -1,10 +1,12 @@
 """The speedrun: tokenizer -> corpus -> baselines -> pretraining [-> mid-training] -> samples -> SFT -> chat ->
-HumanEval -> RL [-> MBPP] [-> function-calling SFT -> its evaluation].
+HumanEval [-> MBPP] -> RL [-> function-calling SFT -> its evaluation].
 
-RL (GRPO, :mod:`codechat.train.grpo`) runs only when HumanEval's pass@k verdict on the SFT model
-allows it; when the verdict says the run would stall, the stage is skipped at once and the report
-says why. When GRPO ran, the stage scores HumanEval again on ``rl/``; MBPP's test split (``--mbpp``)
-is scored on the last code stage (``rl/`` when GRPO ran, else ``sft/``).
+RL (GRPO, :mod:`codechat.train.grpo`) trains on the tasks of its pool (doctests mined from the
+standard library; with ``--mbpp`` MBPP's train split; ``--tasks``) that the SFT model sometimes
+solves: a pass-rate filter samples each pool task first (:mod:`codechat.train.task_pool`), and
+when fewer than ``rl_min_tasks`` are kept the stage is skipped and the report says how many were.
+HumanEval and MBPP's test split (``--mbpp``) are scored on ``sft/`` before RL and, when GRPO ran,
+again on ``rl/``: the effect of RL is a measured difference.
 
 Data: the pretraining corpus leaves out every file that overlaps a HumanEval problem (or, with
 ``--mbpp``, an MBPP test problem) by :class:`codechat.data.mining.Decontaminator`'s rule, and
@@ -59,8 +61,8 @@ from codechat.engine.completion import best_completion, sample_completions
 from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan
 from codechat.speedrun.record import FUNCALL_KEYS, append_record, current_commit, record_line
 from codechat.speedrun.tuning import TuningStages
-from codechat.speedrun.report import (parses_after_dropping_last_line, plot_loss, read_metrics, speedrun_report,
-                                      validation_baselines)
+from codechat.speedrun.report import (parses_after_dropping_last_line, plot_loss, plot_rewards, read_metrics,
+                                      speedrun_report, validation_baselines)
 from codechat.tokenizer import train_tokenizer
 from codechat.train.pretrain import bpb_evaluator, run_pretrain
 
@@ -98,7 +100,8 @@ class Speedrun(TuningStages):
                                   "the same --preset and --device, or use a new --out")
             self.p = p = replace(p, **{k: v for k, v in self.m["plan"].items()
                                        if k in ("time_budget_min", "shares", "eval_limit", "funcall_data", "mbpp",
-                                                "sft_data", "pretrain_overrides", "mid_share", "mid_data")})
+                                                "sft_data", "pretrain_overrides", "mid_share", "mid_data",
+                                                "rl_tasks")})
         else:
             if path.is_file():
                 raise ConfigError(f"{run} already holds a speedrun (metrics.json): add --resume to continue it, "
@@ -113,7 +116,7 @@ class Speedrun(TuningStages):
                       "plan": {k: v for k, v in asdict(p).items() if k in
                                ("time_budget_min", "shares", "eval_limit", "max_files", "compile", "sources",
                                 "funcall_data", "mbpp", "sft_data", "pretrain_overrides", "mid_share",
-                                "mid_data")},
+                                "mid_data", "rl_tasks")},
                       "stages": {s: {"status": "pending", "planned_s": t} for s, t in p.planned_s().items()}}
         # the preset's recipe under --pretrain.* (checked here, before any stage runs)
         self.base = p.pretrain_base()
@@ -305,18 +308,13 @@ class Speedrun(TuningStages):
                    for i, q in enumerate(self.p.chat_prompts)]
         return {"n": len(answers), "answers": answers}
 
-    def _code_stage(self) -> str:
-        """The last code stage: ``rl`` when GRPO ran, else ``sft``."""
-        rl = self.m.get("rl")
-        return "rl" if rl and not rl.get("skipped") else "sft"
-
     def _score(self, suite: str, name: str, grant: float, tag: str, *, n: int, max_new_tokens: int,
-               limit: int | None, stage: str | None = None) -> dict[str, Any]:
-        """pass@k of ``stage`` (default: the last code stage) on ``suite``, sandboxed, stopping new
-        problems at ``grant`` seconds; results under ``eval/<name>[-<stage>]``."""
+               limit: int | None, stage: str = "sft") -> dict[str, Any]:
+        """pass@k of ``stage`` on ``suite``, sandboxed, stopping new problems at ``grant`` seconds;
+        results under ``eval/<name>[-<stage>]``."""
         from codechat.checkpoint import load_model
         from codechat.eval.suites import format_summary, run_suite
-        p, stage = self.p, stage or self._code_stage()
+        p = self.p
         ks = tuple(k for k in p.eval_ks if k <= n)
         print(f"{tag} {name} on {stage}/ ({limit or 'all'} problems x {n} samples, temperature "
               f"{p.eval_temperature:g}, stopping at {grant:.0f} s)")
@@ -332,6 +330,7 @@ class Speedrun(TuningStages):
         return {"stage": stage, "mode": res["mode"], "temperature": p.eval_temperature, "n": res["n"],
                 "problems": res["problems"], "problems_planned": res["problems_planned"],
                 "pass@k": res["pass@k"], "pass@1": res["pass@1"], "pass@1_stderr": res["pass@1_stderr"],
+                "pass@1_ci95": res["pass@1_ci95"],
                 "solved": solved, "verdict": res["verdict_band"], "verdict_text": res["verdict"]}
 
     def _eval(self, grant: float, tag: str) -> dict[str, Any]:
@@ -344,35 +343,59 @@ class Speedrun(TuningStages):
                            max_new_tokens=self.p.mbpp_tokens, limit=self.p.eval_limit or None)
 
     def _rl(self, grant: float, tag: str) -> dict[str, Any]:
+        """GRPO from ``sft/`` on the pool's tasks that ``sft/`` sometimes solves (the pass-rate filter,
+        :mod:`codechat.train.task_pool`), then HumanEval and, with ``--mbpp``, MBPP again on ``rl/``.
+        Skipped, with the filter's counts, when fewer than ``rl_min_tasks`` tasks are kept."""
         from codechat.train.grpo import RLConfig, RLStageConfig, run_rl
-        p, ev = self.p, self.m["eval"]["humaneval"]
-        if ev["verdict"] == "stall":
-            print(f"{tag} RL skipped: HumanEval {ev['verdict_text']}")
-            return {"skipped": True, "reason": f"HumanEval {ev['verdict_text']}"}
-        t0 = time.perf_counter()
-        train_s = max(p.min_train_s, p.rl_train_share * grant)
-        print(f"{tag} GRPO for {train_s:.0f} s of {grant:.0f} s on {p.rl_tasks} tasks (tiered reward, groups of "
-              f"{p.rl_group_size})")
+        p, t0, out_dir = self.p, time.perf_counter(), self.run / "rl"
+        filter_s, train_s = p.rl_filter_share * grant, max(p.min_train_s, p.rl_train_share * grant)
+        print(f"{tag} RL pool {p.rl_tasks}: pass-rate filter ({p.rl_filter_samples} samples a task, at most "
+              f"{filter_s:.0f} s), then GRPO for {train_s:.0f} s of {grant:.0f} s when >= {p.rl_min_tasks} tasks "
+              f"remain (tiered reward, groups of {p.rl_group_size})")
         cfg = RLStageConfig(
             init=str(self.run / "sft"),
-            rl=RLConfig(tasks=p.rl_tasks, reward="tiered", group_size=p.rl_group_size,
+            rl=RLConfig(tasks=p.rl_tasks, mbpp_file=p.mbpp, reward="tiered", group_size=p.rl_group_size,
                         prompts_per_step=p.rl_prompts_per_step, max_new_tokens=p.rl_tokens,
-                        judge_workers=p.judge_workers, judge_timeout_s=p.eval_timeout_s),
+                        judge_workers=p.judge_workers, judge_timeout_s=p.eval_timeout_s,
+                        filter_samples=p.rl_filter_samples, filter_min=p.rl_filter_min, filter_max=p.rl_filter_max,
+                        min_tasks=p.rl_min_tasks, filter_deadline_s=filter_s),
             train=TrainConfig(max_steps=0, time_budget_s=train_s, micro_batch_size=8, log_every=1, eval_every=10**9,
                               save_every=10**9, save_every_s=p.checkpoint_every_s),
-            run=RunConfig(out=str(self.run / "rl"), seed=self.seed, device=self.device_arg, resume=self.resume))
+            run=RunConfig(out=str(out_dir), seed=self.seed, device=self.device_arg, resume=self.resume))
         try:
             out = run_rl(cfg, show_progress=False)
-        except ConfigError as e:  # the stage's own pass@k check on its tasks refused
+        except ConfigError as e:  # too few tasks kept, or a pool that does not load
             print(f"{tag} RL skipped: {e}")
-            return {"skipped": True, "reason": str(e)}
-        rows = read_metrics(self.run / "rl" / "metrics.jsonl")
-        humaneval = self._score("humaneval", "HumanEval", grant - (time.perf_counter() - t0), tag, n=p.eval_n,
-                                max_new_tokens=p.eval_tokens, limit=p.eval_limit or None, stage="rl")
+            return {"skipped": True, "reason": str(e), **self._rl_pool(out_dir)}
+        rows = read_metrics(out_dir / "metrics.jsonl")
+        trained_s = time.perf_counter() - t0
+        curve = [{k: r[k] for k in ("step", "reward_mean", "pass_rate", "frac_reward_zero_std")} for r in rows]
+        if curve:
+            plot_rewards(curve, self.run / "rl_reward.png", f"{p.preset} GRPO on {len(curve)} steps")
+        after = {"humaneval": self._score("humaneval", "HumanEval", grant - trained_s, tag, n=p.eval_n,
+                                          max_new_tokens=p.eval_tokens, limit=p.eval_limit or None, stage="rl")}
+        if p.mbpp:
+            after["mbpp"] = self._score(f"mbpp:{p.mbpp}", "MBPP", grant - (time.perf_counter() - t0), tag,
+                                        n=p.mbpp_n, max_new_tokens=p.mbpp_tokens, limit=p.eval_limit or None,
+                                        stage="rl")
         return {"skipped": False, "tasks": p.rl_tasks, "steps": out["step"], "stopped": out["stopped"],
-                "message": out["message"], "reward_first": rows[0]["reward_mean"] if rows else None,
+                "message": out["message"], "train_budget_s": train_s, "filter_budget_s": filter_s,
+                "train_wall_s": trained_s, **self._rl_pool(out_dir),
+                "curve": curve,
+                "reward_first": rows[0]["reward_mean"] if rows else None,
                 "reward_last": rows[-1]["reward_mean"] if rows else None,
-                "pass_rate_last": rows[-1]["pass_rate"] if rows else None, "humaneval": humaneval}
+                "pass_rate_last": rows[-1]["pass_rate"] if rows else None, **after}
+
+    @staticmethod
+    def _rl_pool(out_dir: Path) -> dict[str, Any]:
+        """The pool (``pool.json``) and the filter's figures (``filter.json``, its per-task counts left
+        out) of an RL stage directory, as far as they were written."""
+        got = {}
+        for key, name in (("pool", "pool.json"), ("filter", "filter.json")):
+            if (out_dir / name).is_file():
+                d = json.loads((out_dir / name).read_text())
+                got[key] = {k: v for k, v in d.items() if k != "counts"}
+        return got
 
     def _funcall_eval(self, grant: float, tag: str) -> dict[str, Any]:
         """The held-out function-calling figures, free and — with the grammar extra installed — strict
@@ -397,13 +420,14 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
                  seed: int | None = None, device: str = "auto", max_files: int = 0,
                  eval_limit: int | None = None, checkpoint_every_s: float | None = None,
                  resume: bool = False, funcall_data: str = "", mbpp: str = "", sft_data: str = "",
-                 mid_share: float = 0.0, mid_data: str = "",
+                 mid_share: float = 0.0, mid_data: str = "", tasks: str = "",
                  pretrain_overrides: dict[str, str] | None = None, record: str = "",
                  command: str = "codechat speedrun") -> dict[str, Any]:
     """Run every stage into ``out`` (``report.md``, ``metrics.json`` after each); returns the metrics.
 
     ``pretrain_overrides`` are dotted settings of the pretraining recipe (``{"optim.name": "muon"}``,
     :attr:`SpeedrunPlan.pretrain_overrides <codechat.speedrun.plan.SpeedrunPlan.pretrain_overrides>`).
+    ``tasks``: more RL task specs for the pool (joined by ``+``, :mod:`codechat.train.task_pool`).
     ``record``: a file to which the finished run appends its line (:mod:`codechat.speedrun.record`),
     ``command`` being the command line it names.
 
@@ -417,6 +441,12 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
         p = replace(p, eval_limit=eval_limit)
     if checkpoint_every_s is not None:
         p = replace(p, checkpoint_every_s=checkpoint_every_s)
+    if tasks:
+        from codechat.train.task_pool import POOL_SEPARATOR
+        from codechat.data.tasks import parse_spec
+        for spec in tasks.split(POOL_SEPARATOR):
+            parse_spec(spec)  # a bad spec stops here, before the run directory exists
+        p = replace(p, rl_tasks=p.rl_tasks + POOL_SEPARATOR + tasks)
     if pretrain_overrides:
         p = replace(p, pretrain_overrides={**p.pretrain_overrides, **pretrain_overrides})
         p.pretrain_base()  # a bad setting stops here, before the run directory exists

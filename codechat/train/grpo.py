@@ -266,7 +266,7 @@ def pass_rate_filter(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLCo
          f"pass@1 {figures['pass@1']:.2%}; kept {len(res.kept)} (rate in [{cfg.filter_min:g}, {cfg.filter_max:g}], "
          f"neither 0 nor 1)")
     if len(res.kept) < cfg.min_tasks:
-        raise TooFewTasks("RL skipped: " + too_few_message(res, cfg.min_tasks, cfg.filter_min, cfg.filter_max))
+        raise TooFewTasks(too_few_message(res, cfg.min_tasks, cfg.filter_min, cfg.filter_max))
     kept = set(res.kept)
     return [t for t in tasks if t.task_id in kept]
 

@@ -162,4 +162,4 @@ def too_few_message(result: FilterResult, min_tasks: int, min_rate: float, max_r
     return (f"{d['kept']} of {d['sampled']} sampled pool tasks ({d['pool']} in the pool) have a pass rate in "
             f"[{min_rate:g}, {max_rate:g}] and neither 0 nor 1 ({d['never_solved']} never solved, "
             f"{d['always_solved']} always solved; pool pass@1 {d['pass@1']:.2%}); GRPO needs at least {min_tasks} "
-            "(rl.min_tasks): more SFT, a larger pool, or wider bounds")
+            "(rl.min_tasks), so RL is skipped: more SFT, a larger pool, or wider bounds")
