@@ -53,13 +53,14 @@ EXTRA_SHARES = {"mbpp": 0.06, "funcall": 0.08, "funcall_eval": 0.04}
 #: 9, the baselines 0 of 2; that time now goes to pretraining, before them (+22 s at 8.5 minutes).
 #: With these shares a 6.8-minute run used 403 of its 408 s; its SFT took 63 s of 50 planned (~20 s
 #: outside training: reading and decontaminating the 65k mined pairs) and HumanEval 22 of 27.
-#: ``rl`` on a GPU (0.08, taken from pretraining's 0.64, issue 34) is an estimate, not yet measured:
-#: the pass-rate filter, GRPO and the evaluations after it; on a CPU the tiny model keeps too few
-#: tasks and the stage ends after the filter's first batch.
+#: ``rl`` on a GPU (0.16, taken from pretraining's 0.64, issue 34) is an estimate, not yet measured:
+#: at 9 minutes ~86 s for the pass-rate filter (a fifth), GRPO (two fifths: ~30 steps if a step takes
+#: ~1 s) and HumanEval + MBPP again on ``rl/`` (the rest; 18-27 and 20-25 s on ``sft/`` in the runs
+#: above). On a CPU the tiny model keeps too few tasks and the stage ends after the filter's first batch.
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.77, "samples": 0.025,
               "sft": 0.06, "chat": 0.01, "eval": 0.025, "rl": 0.015}
-GPU_SHARES = {"tokenizer": 0.025, "data": 0.075, "baseline": 0.002, "pretrain": 0.57, "samples": 0.035,
-              "sft": 0.13, "chat": 0.013, "eval": 0.07, "rl": 0.08}
+GPU_SHARES = {"tokenizer": 0.025, "data": 0.075, "baseline": 0.002, "pretrain": 0.49, "samples": 0.035,
+              "sft": 0.13, "chat": 0.013, "eval": 0.07, "rl": 0.16}
 
 
 @dataclass(frozen=True)
@@ -180,8 +181,11 @@ class SpeedrunPlan:
     rl_filter_min: float = 0.0
     rl_filter_max: float = 1.0
     rl_min_tasks: int = 32
-    rl_filter_share: float = 0.25  # of the RL stage's grant the filter may sample for
+    rl_filter_share: float = 0.2  # of the RL stage's grant the filter may sample for
     rl_train_share: float = 0.4  # of the grant spent training; the rest scores HumanEval (and MBPP) on rl/
+    # Rows the RL engine decodes at once (0: rl_prompts_per_step x rl_group_size, one GRPO step's): the
+    # filter samples slots / rl_filter_samples pool tasks a batch, so a GPU gets a wider engine.
+    rl_engine_slots: int = 0
     funcall_tokens: int = 64  # max new tokens per evaluated assistant turn
     funcall_eval_limit: int = 10  # held-out conversations evaluated (0: all)
 
@@ -319,7 +323,8 @@ def plan(device: torch.device, preset: str | None, time_budget_min: float | None
                             compile=pretrain_recipe(chosen).train.compile, background_cpu_work=True,
                             pretrain_train_share=0.82, sft_train_share=0.78, sft_max_length=1024,
                             sft_max_prompt_length=512, sft_micro_batch_size=8, sft_mine_other_weight=0.1,
-                            eval_limit=0, eval_n=20, eval_tokens=512, funcall_tokens=256, funcall_eval_limit=0)
+                            eval_limit=0, eval_n=20, eval_tokens=512, funcall_tokens=256, funcall_eval_limit=0,
+                            rl_engine_slots=256)
     chosen = preset or "tiny"
     return SpeedrunPlan(chosen, time_budget_min or CPU_TIME_BUDGET_MIN, (stdlib,), dict(CPU_SHARES), max_files,
                         compile=pretrain_recipe(chosen).train.compile, compile_estimate_s=46.0)

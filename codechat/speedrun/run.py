@@ -358,7 +358,7 @@ class Speedrun(TuningStages):
                         prompts_per_step=p.rl_prompts_per_step, max_new_tokens=p.rl_tokens,
                         judge_workers=p.judge_workers, judge_timeout_s=p.eval_timeout_s,
                         filter_samples=p.rl_filter_samples, filter_min=p.rl_filter_min, filter_max=p.rl_filter_max,
-                        min_tasks=p.rl_min_tasks, filter_deadline_s=filter_s),
+                        min_tasks=p.rl_min_tasks, filter_deadline_s=filter_s, engine_slots=p.rl_engine_slots),
             train=TrainConfig(max_steps=0, time_budget_s=train_s, micro_batch_size=8, log_every=1, eval_every=10**9,
                               save_every=10**9, save_every_s=p.checkpoint_every_s),
             run=RunConfig(out=str(out_dir), seed=self.seed, device=self.device_arg, resume=self.resume))

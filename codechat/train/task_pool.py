@@ -79,7 +79,9 @@ def load_pool(spec: str, *, mbpp_file: str = "", decontaminate: bool = True, **l
                                                  "fraction": round(hit.fraction, 3)})
         tasks = kept
     if not tasks:
-        raise ValueError(f"task pool {spec!r}: no task left after decontamination ({report})")
+        raise ValueError(f"task pool {spec!r}: no task left after decontamination against HumanEval and MBPP test "
+                         f"({len(report['decontaminated'])} left out); to train on them anyway, --rl.decontaminate "
+                         "false")
     report["tasks"] = len(tasks)
     return tasks, report
 
