@@ -372,7 +372,8 @@ class Speedrun(TuningStages):
         curve = [{k: r[k] for k in ("step", "reward_mean", "pass_rate", "frac_reward_zero_std")} for r in rows]
         if curve:
             plot_rewards(curve, self.run / "rl_reward.png", f"{p.preset} GRPO on {len(curve)} steps")
-        after = {"humaneval": self._score("humaneval", "HumanEval", grant - trained_s, tag, n=p.eval_n,
+        left = grant - trained_s  # shared by the evaluations after RL: HumanEval stops at its half when MBPP follows
+        after = {"humaneval": self._score("humaneval", "HumanEval", left / 2 if p.mbpp else left, tag, n=p.eval_n,
                                           max_new_tokens=p.eval_tokens, limit=p.eval_limit or None, stage="rl")}
         if p.mbpp:
             after["mbpp"] = self._score(f"mbpp:{p.mbpp}", "MBPP", grant - (time.perf_counter() - t0), tag,
