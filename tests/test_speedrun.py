@@ -316,6 +316,7 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
             for src_ in mix.sources for r in src_.records} == want
     assert [len(x.records) for x in mix.sources] == [2, 2] and "    return x / 2" in {
         r.conversation.messages[1].content for r in mix.sources[1].records}
+    assert s._rl_pool_spec() == p.rl_tasks == "doctest" and s.doctest_file.read_text() == ""  # no doctests there
     assert s._sft_data() == (spec, None)  # a resumed run reads the files the first attempt wrote
     shutil.rmtree(run / "sft_mined")
     assert s._sft_data() == (f"mine:{src}:1,mine:{inner}:0.25", None)  # no files: the stage mines them itself

@@ -52,6 +52,13 @@ def test_the_filter_keeps_exactly_the_tasks_in_its_bounds():
     res = filter_pool(tasks, stub_policy(passing, late), n=8, min_rate=0, max_rate=1, seed=3, chunk=5,
                       deadline_s=1e-9)
     assert len(late) == 1 and res.sampled == 5 and res.pool == 27 and set(res.kept) <= set(late[0])
+    # stops once the tasks kept and those left cannot reach `need` (22 tasks are left after the first 5)
+    early: list = []
+    res_need = filter_pool(tasks, stub_policy(passing, early), n=8, min_rate=0, max_rate=1, seed=3, chunk=5, need=26)
+    kept_first = sum(0 < passing[t] < 8 for t in early[0])
+    assert len(early) == (1 if kept_first + 22 < 26 else 2) and res_need.sampled == 5 * len(early)
+    assert len(filter_pool(tasks, stub_policy(passing, []), n=8, min_rate=0, max_rate=1, seed=3, chunk=5,
+                           need=21).counts) == 27  # 21 of 27 are in the bounds: never out of reach
     msg = too_few_message(res, 32, 0.0, 1.0)
     assert msg.startswith(f"{len(res.kept)} of 5 sampled pool tasks (27 in the pool)") and "at least 32" in msg
     with pytest.raises(ValueError, match="n >= 2"):

@@ -483,3 +483,37 @@ def test_task_validation(box):
     assert t.tests == ("assert f() == 1",) and t.problem.suite == "task"
     assert t.program(t.code(fenced("def f():\n    return 1"))) == "def f():\n    return 1\n"
     assert T.failing_references([t], box=box) == []
+
+
+def test_written_doctest_tasks_read_back_as_the_same_tasks_and_the_speedrun_pools_them(tmp_path, box):
+    """write_doctest_tasks (the speedrun's background job) -> ``tasks:FILE``: the same ids, prompts, tests,
+    header and reference; the speedrun's RL pool takes the file in place of ``doctest`` when it holds tasks."""
+    from concurrent.futures import Future
+    from dataclasses import replace
+
+    import torch
+
+    from codechat.speedrun.plan import plan
+    from codechat.speedrun.run import Speedrun
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "leak.py").write_text(MBPP_LEAK)
+    (src / "words.py").write_text('import re\nfrom typing import List\n\n\ndef words(text: str) -> List[str]:\n'
+                                  '    """The lower-case words of text.\n\n    >>> words("Hi, you")\n'
+                                  '    [\'hi\', \'you\']\n    """\n    return re.findall("[a-z]+", text.lower())\n')
+    out = tmp_path / "run" / "rl_doctests.jsonl"
+    counts = D.write_doctest_tasks([src], out, mbpp_file=MINI_MBPP, box=box)
+    assert (counts["kept"], counts["skipped"]) == (1, {"contaminated": 1})
+    mined = D.mine_doctest_tasks([src], mbpp_file=MINI_MBPP, box=box)
+    back = T.load_tasks(f"tasks:{out}", check_references=True, box=box)
+    assert [(t.task_id, t.prompt, t.tests, t.reference, t.problem.header) for t in back] == \
+        [(t.task_id, t.prompt, t.tests, t.reference, t.problem.header) for t in mined]
+    assert back[0].task_id == "doctest/words.py::words" and "from typing import List" in back[0].problem.header
+    p = replace(plan(torch.device("cpu"), "tiny", 1.0), rl_tasks="mbpp:m.jsonl+doctest")
+    s = Speedrun(p, tmp_path / "run", torch.device("cpu"), "cpu", 0, resume=False)
+    job = Future()
+    job.set_result(counts)
+    s._doctests = job
+    assert s._rl_pool_spec() == f"mbpp:m.jsonl+tasks:{out}" and s._doctests is None
+    out.write_text("")  # the background job found nothing: the stage mines the standard library itself
+    assert s._rl_pool_spec() == "mbpp:m.jsonl+doctest"

@@ -51,7 +51,7 @@ import torch
 
 from codechat.config.atomic import write_text
 from codechat.config.device import autocast_for, resolve_device
-from codechat.config.stages import (ConfigError, PretrainConfig, RunConfig, TrainConfig, load,
+from codechat.config.stages import (ConfigError, PretrainConfig, RunConfig, load,
                                     pretrain_recipe, replace, to_dict)
 from codechat.data.corpus import benchmark_decontaminator, build_corpus, load_index, read_split
 from codechat.data.sources import iter_split_texts
@@ -60,8 +60,9 @@ from codechat.engine import Engine, EngineConfig, SamplingConfig
 from codechat.engine.completion import best_completion, sample_completions
 from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan
 from codechat.speedrun.record import FUNCALL_KEYS, append_record, current_commit, record_line
+from codechat.speedrun.rl_stage import RLStage
 from codechat.speedrun.tuning import TuningStages
-from codechat.speedrun.report import (parses_after_dropping_last_line, plot_loss, plot_rewards, read_metrics,
+from codechat.speedrun.report import (parses_after_dropping_last_line, plot_loss, read_metrics,
                                       speedrun_report, validation_baselines)
 from codechat.tokenizer import train_tokenizer
 from codechat.train.pretrain import bpb_evaluator, run_pretrain
@@ -76,7 +77,7 @@ class SpeedrunFailed(RuntimeError):
     """A stage raised; ``metrics.json`` and ``report.md`` hold the finished stages and the error."""
 
 
-class Speedrun(TuningStages):
+class Speedrun(TuningStages, RLStage):
     """One run directory's stages, their grants, and the metrics/report written after each.
 
     ``metrics["stages"][name]`` is ``{"status": "pending"|"running"|"done"|"skipped"|"failed",
@@ -124,6 +125,7 @@ class Speedrun(TuningStages):
         self.resume = resume
         self._baselines: Future | None = None  # the baselines being computed in another process
         self._mining: Future | None = None  # the SFT pairs being mined in another process
+        self._doctests: Future | None = None  # the RL pool's doctest tasks being mined in another process
 
     # ------------------------------------------------------------------ the loop
     def execute(self) -> dict[str, Any]:
@@ -221,20 +223,20 @@ class Speedrun(TuningStages):
                 **{f"{s}_{k}": sp[s][k] for s in ("train", "val") for k in ("documents", "tokens", "bytes")}}
 
     def _start_background(self) -> None:
-        """Compute the baselines and mine the SFT pairs (into :meth:`_mined_files`) in two spawned
-        processes; the ``baseline`` and ``sft`` stages collect them."""
+        """Compute the baselines, mine the SFT pairs (into :meth:`_mined_files`) and the RL pool's
+        doctest tasks of every corpus source (into :attr:`doctest_file`) in three spawned processes;
+        the ``baseline``, ``sft`` and ``rl`` stages collect them."""
+        from codechat.data.doctest_tasks import write_doctest_tasks
         from codechat.data.mining import write_mined
         p = self.p
-        pool = ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"))
+        pool = ProcessPoolExecutor(3, mp_context=mp.get_context("spawn"))
         self._baselines = pool.submit(validation_baselines, self.run)
         self._mining = pool.submit(write_mined, [src for src, _ in p.mine_parts], self._mined_files(),
                                    max_files=p.max_files, style=p.sft_mine_style,
                                    workers=p.background_mine_workers or max(1, (os.cpu_count() or 2) // 2))
+        self._doctests = pool.submit(write_doctest_tasks, list(p.sources), self.doctest_file, max_files=p.max_files,
+                                     mbpp_file=p.mbpp or None, workers=max(1, (os.cpu_count() or 2) // 4))
         pool.shutdown(wait=False)  # the processes end after their jobs
-
-    def _mined_files(self) -> list[Path]:
-        """Where the background job writes the pairs mined from each of ``plan.mine_parts``."""
-        return [self.run / "sft_mined" / f"{i}.jsonl" for i in range(len(self.p.mine_parts))]
 
     def _baseline(self, grant: float, tag: str) -> dict[str, Any]:
         job, self._baselines = self._baselines, None
@@ -342,62 +344,6 @@ class Speedrun(TuningStages):
         return self._score(f"mbpp:{self.p.mbpp}", "MBPP", grant, tag, n=self.p.mbpp_n,
                            max_new_tokens=self.p.mbpp_tokens, limit=self.p.eval_limit or None)
 
-    def _rl(self, grant: float, tag: str) -> dict[str, Any]:
-        """GRPO from ``sft/`` on the pool's tasks that ``sft/`` sometimes solves (the pass-rate filter,
-        :mod:`codechat.train.task_pool`), then HumanEval and, with ``--mbpp``, MBPP again on ``rl/``.
-        Skipped, with the filter's counts, when fewer than ``rl_min_tasks`` tasks are kept."""
-        from codechat.train.grpo import RLConfig, RLStageConfig, run_rl
-        p, t0, out_dir = self.p, time.perf_counter(), self.run / "rl"
-        filter_s, train_s = p.rl_filter_share * grant, max(p.min_train_s, p.rl_train_share * grant)
-        print(f"{tag} RL pool {p.rl_tasks}: pass-rate filter ({p.rl_filter_samples} samples a task, at most "
-              f"{filter_s:.0f} s), then GRPO for {train_s:.0f} s of {grant:.0f} s when >= {p.rl_min_tasks} tasks "
-              f"remain (tiered reward, groups of {p.rl_group_size})")
-        cfg = RLStageConfig(
-            init=str(self.run / "sft"),
-            rl=RLConfig(tasks=p.rl_tasks, mbpp_file=p.mbpp, reward="tiered", group_size=p.rl_group_size,
-                        prompts_per_step=p.rl_prompts_per_step, max_new_tokens=p.rl_tokens,
-                        judge_workers=p.judge_workers, judge_timeout_s=p.eval_timeout_s,
-                        filter_samples=p.rl_filter_samples, filter_min=p.rl_filter_min, filter_max=p.rl_filter_max,
-                        min_tasks=p.rl_min_tasks, filter_deadline_s=filter_s, engine_slots=p.rl_engine_slots),
-            train=TrainConfig(max_steps=0, time_budget_s=train_s, micro_batch_size=8, log_every=1, eval_every=10**9,
-                              save_every=10**9, save_every_s=p.checkpoint_every_s),
-            run=RunConfig(out=str(out_dir), seed=self.seed, device=self.device_arg, resume=self.resume))
-        try:
-            out = run_rl(cfg, show_progress=False)
-        except ConfigError as e:  # too few tasks kept, or a pool that does not load
-            print(f"{tag} RL skipped: {e}")
-            return {"skipped": True, "reason": str(e), **self._rl_pool(out_dir)}
-        rows = read_metrics(out_dir / "metrics.jsonl")
-        trained_s = time.perf_counter() - t0
-        curve = [{k: r[k] for k in ("step", "reward_mean", "pass_rate", "frac_reward_zero_std")} for r in rows]
-        if curve:
-            plot_rewards(curve, self.run / "rl_reward.png", f"{p.preset} GRPO on {len(curve)} steps")
-        left = grant - trained_s  # shared by the evaluations after RL: HumanEval stops at its half when MBPP follows
-        after = {"humaneval": self._score("humaneval", "HumanEval", left / 2 if p.mbpp else left, tag, n=p.eval_n,
-                                          max_new_tokens=p.eval_tokens, limit=p.eval_limit or None, stage="rl")}
-        if p.mbpp:
-            after["mbpp"] = self._score(f"mbpp:{p.mbpp}", "MBPP", grant - (time.perf_counter() - t0), tag,
-                                        n=p.mbpp_n, max_new_tokens=p.mbpp_tokens, limit=p.eval_limit or None,
-                                        stage="rl")
-        return {"skipped": False, "tasks": p.rl_tasks, "steps": out["step"], "stopped": out["stopped"],
-                "message": out["message"], "train_budget_s": train_s, "filter_budget_s": filter_s,
-                "train_wall_s": trained_s, **self._rl_pool(out_dir),
-                "curve": curve,
-                "reward_first": rows[0]["reward_mean"] if rows else None,
-                "reward_last": rows[-1]["reward_mean"] if rows else None,
-                "pass_rate_last": rows[-1]["pass_rate"] if rows else None, **after}
-
-    @staticmethod
-    def _rl_pool(out_dir: Path) -> dict[str, Any]:
-        """The pool (``pool.json``) and the filter's figures (``filter.json``, its per-task counts left
-        out) of an RL stage directory, as far as they were written."""
-        got = {}
-        for key, name in (("pool", "pool.json"), ("filter", "filter.json")):
-            if (out_dir / name).is_file():
-                d = json.loads((out_dir / name).read_text())
-                got[key] = {k: v for k, v in d.items() if k != "counts"}
-        return got
-
     def _funcall_eval(self, grant: float, tag: str) -> dict[str, Any]:
         """The held-out function-calling figures, free and — with the grammar extra installed — strict
         (``strict``: the same rates with every reply under the strict tool grammar, both passes batched
@@ -443,8 +389,8 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
     if checkpoint_every_s is not None:
         p = replace(p, checkpoint_every_s=checkpoint_every_s)
     if tasks:
-        from codechat.train.task_pool import POOL_SEPARATOR
         from codechat.data.tasks import parse_spec
+        from codechat.train.task_pool import POOL_SEPARATOR
         for spec in tasks.split(POOL_SEPARATOR):
             parse_spec(spec)  # a bad spec stops here, before the run directory exists
         p = replace(p, rl_tasks=p.rl_tasks + POOL_SEPARATOR + tasks)

@@ -258,7 +258,7 @@ def pass_rate_filter(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLCo
         rs = collect(engine, tok, part, seeds, judge, group_size=g, sampling=sampling).rollouts
         return [sum(r.passed for r in rs[i * g:(i + 1) * g]) for i in range(len(part))]
     res = filter_pool(tasks, sample, n=g, min_rate=cfg.filter_min, max_rate=cfg.filter_max, seed=seed,
-                      chunk=max(1, engine.slots // g), deadline_s=cfg.filter_deadline_s)
+                      chunk=max(1, engine.slots // g), deadline_s=cfg.filter_deadline_s, need=cfg.min_tasks)
     figures = res.as_dict(cfg.filter_min, cfg.filter_max)
     if main:
         write_text(path, json.dumps(figures, indent=1))

@@ -123,7 +123,7 @@ class FilterResult:
 
 
 def filter_pool(tasks: Sequence, sample: Callable[[list, list[int]], list[int]], *, n: int, min_rate: float,
-                max_rate: float, seed: int, chunk: int = 64, deadline_s: float = 0.0) -> FilterResult:
+                max_rate: float, seed: int, chunk: int = 64, deadline_s: float = 0.0, need: int = 0) -> FilterResult:
     """Sample ``n`` completions of every task of ``tasks`` and keep those in the bounds (module docstring).
 
     Args:
@@ -137,6 +137,8 @@ def filter_pool(tasks: Sequence, sample: Callable[[list, list[int]], list[int]],
         chunk: tasks sampled together (one engine batch of ``chunk * n`` rows at most).
         deadline_s: > 0: start no chunk after the first once this many seconds have passed; the tasks not
             sampled are left out.
+        need: > 0: stop as soon as the tasks kept so far and those not yet sampled together fall short
+            of it (the stage would skip RL whatever the rest gave).
 
     Raises:
         ValueError: ``n < 2`` or bad bounds.
@@ -148,12 +150,16 @@ def filter_pool(tasks: Sequence, sample: Callable[[list, list[int]], list[int]],
     order = random.Random(f"{seed}:filter").sample(range(len(tasks)), len(tasks))
     counts: dict[str, tuple[int, int]] = {}
     t0 = time.perf_counter()
+    kept_so_far = 0
     for at in range(0, len(order), chunk):
         if at and deadline_s and time.perf_counter() - t0 > deadline_s:  # the first chunk always runs
+            break
+        if at and kept_so_far + len(order) - at < need:
             break
         part = [tasks[i] for i in order[at:at + chunk]]
         passed = sample(part, [derive_seed(seed, f"filter:{t.task_id}") for t in part])
         counts.update((t.task_id, (n, int(c))) for t, c in zip(part, passed))
+        kept_so_far += sum(in_bounds(n, int(c), min_rate, max_rate) for c in passed)
     kept = [t.task_id for t in tasks if t.task_id in counts and in_bounds(*counts[t.task_id], min_rate, max_rate)]
     return FilterResult(counts, kept, len(tasks), len(counts), time.perf_counter() - t0)
 

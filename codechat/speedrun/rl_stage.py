@@ -1,0 +1,115 @@
+"""The speedrun's RL stage: GRPO on the tasks of its pool that the SFT model sometimes solves.
+
+The pool (:mod:`codechat.train.task_pool`) is the plan's ``rl_tasks``: doctest tasks (on a GPU mined
+from every corpus source in a background process while pretraining runs, else from this Python's
+standard library), MBPP's train split with ``--mbpp``, and ``--tasks``. The pass-rate filter samples
+each pool task with ``sft/`` and GRPO trains on the kept ones when at least ``rl_min_tasks`` remain;
+otherwise the stage is skipped with the counts. HumanEval (and MBPP) are scored again on ``rl/``, so the
+report sets them beside the figures on ``sft/``. :class:`RLStage` is a part of
+:class:`codechat.speedrun.run.Speedrun`, whose loop calls its ``_rl(grant, tag)``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from codechat.config.stages import ConfigError, RunConfig, TrainConfig
+from codechat.speedrun.plan import SpeedrunPlan
+from codechat.speedrun.report import plot_rewards, read_metrics
+from codechat.train.task_pool import POOL_SEPARATOR
+
+
+class RLStage:
+    """The RL stage of :class:`~codechat.speedrun.run.Speedrun`, which provides ``p`` (the plan), ``run``
+    (the run directory), ``seed``, ``device_arg``, ``resume``, ``_doctests`` (the background doctest
+    miner's future, or None) and ``_score()``."""
+
+    p: SpeedrunPlan
+    run: Path
+    _doctests: Future | None
+
+    @property
+    def doctest_file(self) -> Path:
+        """The doctest tasks mined from every corpus source in the background (``tasks:`` rows)."""
+        return self.run / "rl_doctests.jsonl"
+
+    def _rl_pool_spec(self) -> str:
+        """The RL pool's spec: the plan's, its ``doctest`` part (this Python's standard library) replaced by
+        the tasks mined from every corpus source in the background when that job wrote any."""
+        job, self._doctests = self._doctests, None
+        if job is not None:
+            try:
+                counts = job.result()
+                print(f"RL pool: {counts['kept']} doctest tasks mined from {len(self.p.sources)} corpus source(s) "
+                      f"in the background ({counts['functions']} functions with doctests)")
+            except Exception as e:  # the pool falls back to mining the standard library here
+                print(f"RL pool: the background doctest mining failed ({type(e).__name__}: {e}); mining the "
+                      "standard library instead")
+        f = self.doctest_file
+        if not (f.is_file() and f.stat().st_size):
+            return self.p.rl_tasks
+        return POOL_SEPARATOR.join(f"tasks:{f}" if s == "doctest" else s for s in self.p.rl_tasks.split(POOL_SEPARATOR))
+
+    def _mined_files(self) -> list[Path]:
+        """Where the background job writes the pairs mined from each of ``plan.mine_parts``."""
+        return [self.run / "sft_mined" / f"{i}.jsonl" for i in range(len(self.p.mine_parts))]
+
+    def _rl(self, grant: float, tag: str) -> dict[str, Any]:
+        """GRPO from ``sft/`` on the pool's tasks that ``sft/`` sometimes solves (the pass-rate filter,
+        :mod:`codechat.train.task_pool`), then HumanEval and, with ``--mbpp``, MBPP again on ``rl/``.
+        Skipped, with the filter's counts, when fewer than ``rl_min_tasks`` tasks are kept."""
+        from codechat.train.grpo import RLConfig, RLStageConfig, run_rl
+        p, t0, out_dir, tasks = self.p, time.perf_counter(), self.run / "rl", self._rl_pool_spec()
+        # the filter's deadline (0 would mean none): at least its first batch, more as the grant allows
+        filter_s, train_s = max(1.0, p.rl_filter_share * grant), max(p.min_train_s, p.rl_train_share * grant)
+        print(f"{tag} RL pool {tasks}: pass-rate filter ({p.rl_filter_samples} samples a task, at most "
+              f"{filter_s:.0f} s), then GRPO for {train_s:.0f} s of {grant:.0f} s when >= {p.rl_min_tasks} tasks "
+              f"remain (tiered reward, groups of {p.rl_group_size})")
+        cfg = RLStageConfig(
+            init=str(self.run / "sft"),
+            rl=RLConfig(tasks=tasks, mbpp_file=p.mbpp, reward="tiered", group_size=p.rl_group_size,
+                        prompts_per_step=p.rl_prompts_per_step, max_new_tokens=p.rl_tokens,
+                        judge_workers=p.judge_workers, judge_timeout_s=p.eval_timeout_s,
+                        filter_samples=p.rl_filter_samples, filter_min=p.rl_filter_min, filter_max=p.rl_filter_max,
+                        min_tasks=p.rl_min_tasks, filter_deadline_s=filter_s, engine_slots=p.rl_engine_slots),
+            train=TrainConfig(max_steps=0, time_budget_s=train_s, micro_batch_size=8, log_every=1, eval_every=10**9,
+                              save_every=10**9, save_every_s=p.checkpoint_every_s),
+            run=RunConfig(out=str(out_dir), seed=self.seed, device=self.device_arg, resume=self.resume))
+        try:
+            out = run_rl(cfg, show_progress=False)
+        except ConfigError as e:  # too few tasks kept, or a pool that does not load
+            print(f"{tag} RL skipped: {e}")
+            return {"skipped": True, "reason": str(e), **self._rl_pool(out_dir)}
+        rows = read_metrics(out_dir / "metrics.jsonl")
+        trained_s = time.perf_counter() - t0
+        curve = [{k: r[k] for k in ("step", "reward_mean", "pass_rate", "frac_reward_zero_std")} for r in rows]
+        if curve:
+            plot_rewards(curve, self.run / "rl_reward.png", f"{p.preset} GRPO on {len(curve)} steps")
+        left = grant - trained_s  # shared by the evaluations after RL: HumanEval stops at its half when MBPP follows
+        after = {"humaneval": self._score("humaneval", "HumanEval", left / 2 if p.mbpp else left, tag, n=p.eval_n,
+                                          max_new_tokens=p.eval_tokens, limit=p.eval_limit or None, stage="rl")}
+        if p.mbpp:
+            after["mbpp"] = self._score(f"mbpp:{p.mbpp}", "MBPP", grant - (time.perf_counter() - t0), tag,
+                                        n=p.mbpp_n, max_new_tokens=p.mbpp_tokens, limit=p.eval_limit or None,
+                                        stage="rl")
+        return {"skipped": False, "tasks": tasks, "steps": out["step"], "stopped": out["stopped"],
+                "message": out["message"], "train_budget_s": train_s, "filter_budget_s": filter_s,
+                "train_wall_s": trained_s, **self._rl_pool(out_dir),
+                "curve": curve,
+                "reward_first": rows[0]["reward_mean"] if rows else None,
+                "reward_last": rows[-1]["reward_mean"] if rows else None,
+                "pass_rate_last": rows[-1]["pass_rate"] if rows else None, **after}
+
+    @staticmethod
+    def _rl_pool(out_dir: Path) -> dict[str, Any]:
+        """The pool (``pool.json``) and the filter's figures (``filter.json``, its per-task counts left
+        out) of an RL stage directory, as far as they were written."""
+        got = {}
+        for key, name in (("pool", "pool.json"), ("filter", "filter.json")):
+            if (out_dir / name).is_file():
+                d = json.loads((out_dir / name).read_text())
+                got[key] = {k: v for k, v in d.items() if k != "counts"}
+        return got
