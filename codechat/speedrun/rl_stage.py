@@ -53,10 +53,6 @@ class RLStage:
             return self.p.rl_tasks
         return POOL_SEPARATOR.join(f"tasks:{f}" if s == "doctest" else s for s in self.p.rl_tasks.split(POOL_SEPARATOR))
 
-    def _mined_files(self) -> list[Path]:
-        """Where the background job writes the pairs mined from each of ``plan.mine_parts``."""
-        return [self.run / "sft_mined" / f"{i}.jsonl" for i in range(len(self.p.mine_parts))]
-
     def _rl(self, grant: float, tag: str) -> dict[str, Any]:
         """GRPO from ``sft/`` on the pool's tasks that ``sft/`` sometimes solves (the pass-rate filter,
         :mod:`codechat.train.task_pool`), then HumanEval and, with ``--mbpp``, MBPP again on ``rl/``.

@@ -238,6 +238,10 @@ class Speedrun(TuningStages, RLStage):
                                      mbpp_file=p.mbpp or None, workers=max(1, (os.cpu_count() or 2) // 4))
         pool.shutdown(wait=False)  # the processes end after their jobs
 
+    def _mined_files(self) -> list[Path]:
+        """Where the background job writes the pairs mined from each of ``plan.mine_parts``."""
+        return [self.run / "sft_mined" / f"{i}.jsonl" for i in range(len(self.p.mine_parts))]
+
     def _baseline(self, grant: float, tag: str) -> dict[str, Any]:
         job, self._baselines = self._baselines, None
         print(f"{tag} compression baselines on the validation split"
