@@ -89,15 +89,24 @@ def plot_loss(rows: Iterable[dict[str, Any]], png: Path, title: str) -> Path:
     """The curves of :func:`loss_curves` (train loss; the validation loss in pretraining, the
     fixed-examples loss in SFT) against the optimizer step on one pair of axes with a legend, as a
     PNG. Returns ``png``."""
+    return _plot(loss_curves(rows), png, title, "optimizer step", "loss")
+
+
+def _plot(curves: Iterable[tuple[str, str, list, list]], png: Path, title: str, xlabel: str, ylabel: str = "",
+          ylim: tuple[float, float] | None = None) -> Path:
+    """``curves`` (label, matplotlib style, xs, ys) on one pair of axes with a legend, written to ``png``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label, style, steps, losses in loss_curves(rows):
-        ax.plot(steps, losses, style, label=label)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss")
+    for label, style, xs, ys in curves:
+        ax.plot(xs, ys, style, label=label)
+    ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    if ylim:
+        ax.set_ylim(*ylim)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -342,25 +351,10 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
 
 def plot_rewards(curve: list[dict[str, Any]], png: Path, title: str) -> Path:
     """GRPO's mean reward, share of rollouts passing and share of groups without signal per step, as a PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
     steps = [r["step"] for r in curve]
-    for key, label, style in (("reward_mean", "mean reward", "-"), ("pass_rate", "rollouts passing", "--"),
-                              ("frac_reward_zero_std", "groups without signal", ":")):
-        ax.plot(steps, [r[key] for r in curve], style, label=label)
-    ax.set_xlabel("GRPO step")
-    ax.set_ylim(0, 1)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return png
+    return _plot([(label, style, steps, [r[key] for r in curve]) for key, label, style in (
+        ("reward_mean", "mean reward", "-"), ("pass_rate", "rollouts passing", "--"),
+        ("frac_reward_zero_std", "groups without signal", ":"))], png, title, "GRPO step", ylim=(0, 1))
 
 
 def _tuning_section(t: dict[str, Any], stage: str, title: str) -> list[str]:
