@@ -274,7 +274,7 @@ def mine_doctest_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: i
             if isinstance(task, str):
                 counts.skip(task)
                 continue
-            if decon.overlap("\n".join([task.prompt.messages[-1].content, task.reference or "", *task.tests])):
+            if decon.overlap(task.text()):
                 counts.skip("contaminated")
                 continue
             digest = hashlib.sha256((task.reference or "").encode()).digest()

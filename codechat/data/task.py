@@ -107,6 +107,10 @@ class Task:
         """The sandbox job judging ``answer``: ``program(code(answer))`` against ``tests``."""
         return sandbox.Job(self.program(self.code(answer)), self.tests, timeout_s, memory_mb)
 
+    def text(self) -> str:
+        """What decontamination checks of the task: its last prompt turn, reference and tests, one per line."""
+        return "\n".join([self.prompt.messages[-1].content or "", self.reference or "", *self.tests])
+
     def reference_job(self, *, timeout_s: float = 10.0, memory_mb: int = 1024) -> sandbox.Job:
         """The sandbox job judging ``reference``.
 

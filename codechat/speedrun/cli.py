@@ -10,7 +10,8 @@ from codechat.config.stages import PRESETS, ConfigError
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
     """Add ``codechat speedrun`` to the subcommands ``sub``."""
-    p = sub.add_parser("speedrun", help="tokenizer -> corpus -> pretraining -> SFT -> HumanEval -> RL (when the verdict allows) -> report",
+    p = sub.add_parser("speedrun", help="tokenizer -> corpus -> pretraining -> SFT -> HumanEval -> RL (on the tasks the "
+                                                 "SFT model sometimes solves) -> report",
                        description="The whole pipeline on the default corpus (this Python's standard library), "
                                    "written to --out with report.md and metrics.json after every stage. A stage "
                                    "that fails leaves the finished ones in the report and exits non-zero; "

@@ -43,8 +43,8 @@ EXTRA_SHARES = {"mbpp": 0.06, "funcall": 0.08, "funcall_eval": 0.04}
 #: (2026-12-01, with the generation engine: tokenizer 10 s, corpus 20 s, baselines 16 s, samples
 #: 6 s, chat 3 s, HumanEval 164 x 20 in 27 s): the generation stages end early, and only stages
 #: after them get their time back, so pretraining, which comes before, gets the rest up front.
-#: ``rl`` runs only when HumanEval's verdict allows GRPO (today's small models get "stall" and skip
-#: it at once, so its share is small: its time goes to the stages after it). GPU, 8.5-minute d12
+#: On a CPU ``rl`` keeps a small share: the tiny model solves too few pool tasks and the stage ends
+#: after the filter's first batch, its time going to the stages after it. GPU, 8.5-minute d12
 #: runs with --mbpp (2026-12-02, benchmarks/RESULTS.md): the whole corpus (400 MB) took 40 s, the
 #: baselines 24 s (now overlapped with pretraining), samples 17 s, chat 7 s; SFT at 0.14 (43 s, ~4
 #: passes over the mixture) gave HumanEval pass@10 2.2%, at 0.09 (24 s) 1.2% with 29% of samples

@@ -232,7 +232,7 @@ def preflight(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLConfig, s
     batch = collect(engine, tok, sample, [derive_seed(seed, f"preflight:{t.task_id}") for t in sample], judge,
                     group_size=cfg.group_size, sampling=sampling)
     g = cfg.group_size
-    counts = [(g, sum(r.passed for r in batch.rollouts[i * g:(i + 1) * g])) for i in range(n)]
+    counts = [(g, c) for c in batch.passes_per_task(g)]
     p1 = mean_pass_at_k(counts, 1)
     scored = [r.reward for r in batch.rollouts if r.reward is not None]
     return {"tasks": n, "group_size": g, "pass@1": p1, f"pass@{g}": mean_pass_at_k(counts, g),
@@ -255,8 +255,7 @@ def pass_rate_filter(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLCo
     g = cfg.filter_samples
 
     def sample(part: list, seeds: list[int]) -> list[int]:
-        rs = collect(engine, tok, part, seeds, judge, group_size=g, sampling=sampling).rollouts
-        return [sum(r.passed for r in rs[i * g:(i + 1) * g]) for i in range(len(part))]
+        return collect(engine, tok, part, seeds, judge, group_size=g, sampling=sampling).passes_per_task(g)
     res = filter_pool(tasks, sample, n=g, min_rate=cfg.filter_min, max_rate=cfg.filter_max, seed=seed,
                       chunk=max(1, engine.slots // g), deadline_s=cfg.filter_deadline_s, need=cfg.min_tasks)
     figures = res.as_dict(cfg.filter_min, cfg.filter_max)

@@ -72,6 +72,11 @@ class RolloutBatch:
     judge_s: float
     prompts_truncated: int = 0
 
+    def passes_per_task(self, group_size: int) -> list[int]:
+        """Rollouts that passed every test, per task (``group_size`` consecutive rows each)."""
+        rs = self.rollouts
+        return [sum(r.passed for r in rs[i:i + group_size]) for i in range(0, len(rs), group_size)]
+
     @property
     def completion_tokens(self) -> int:
         return sum(len(r.completion_ids) for r in self.rollouts)

@@ -71,7 +71,7 @@ def load_pool(spec: str, *, mbpp_file: str = "", decontaminate: bool = True, **l
         decon = benchmark_decontaminator(mbpp_file or None, unchecked=())
         kept = []
         for t in tasks:
-            hit = decon.overlap("\n".join([t.prompt.messages[-1].content or "", t.reference or "", *t.tests]))
+            hit = decon.overlap(t.text())
             if hit is None:
                 kept.append(t)
             else:
