@@ -27,8 +27,10 @@ from codechat.config.stages import ConfigError, ModelConfig, TrainConfig, OptimC
 from codechat.model import build_model
 from codechat.train.grpo import RLStageConfig, TaskSchedule, run_rl
 from codechat.train.sft import run_sft
+from codechat.train.stop import RunStopped
 
 from conftest import FIXTURES
+from test_stop import assert_same_checkpoint, step_clock
 
 DIGITS = range(10)
 
@@ -161,6 +163,20 @@ def test_a_killed_run_resumes_into_the_same_tasks_and_seeds(policy, tmp_path):
     texts = [[(r["step"], r["kind"], r["task_id"], r["text"]) for r in log(run, "rollouts.jsonl")]
              for run in ("whole", "killed")]
     assert texts[0] == texts[1] and len(texts[0]) == 12
+
+
+def test_rl_stopped_after_step_k_and_resumed_equals_the_run_never_stopped(policy, tmp_path):
+    """Step mode, a fake clock due after step 2 (``--stop-after-min``'s path): the resumed run's weights and
+    optimizer state equal the uninterrupted run's bit for bit, and its steps are logged once each."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl")
+    over = {"train.max_steps": "4", "rl.max_new_tokens": "8"}
+    run_rl(rl_config(policy, tasks, tmp_path / "whole", **over), show_progress=False)
+    with step_clock(2).install(), pytest.raises(RunStopped, match="at rl step 2"):
+        run_rl(rl_config(policy, tasks, tmp_path / "cut", **over), show_progress=False)
+    run_rl(rl_config(policy, tasks, tmp_path / "cut", **over, **{"run.resume": "true"}), show_progress=False)
+    assert_same_checkpoint(tmp_path / "whole", tmp_path / "cut")
+    assert [r["step"] for r in map(json.loads, (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines())] == \
+        [1, 2, 3, 4]
 
 
 def test_the_task_schedule_is_a_function_of_seed_and_step():

@@ -100,4 +100,12 @@ def eval_windows(shards: Sequence[np.ndarray], seq_len: int, max_tokens: int = 0
     return torch.from_numpy(np.stack(rows).astype(np.int64))
 
 
-__all__ = ["WindowLoader", "eval_windows"]
+def spread_order(n: int) -> list[int]:
+    """A permutation of ``range(n)`` whose every prefix is spread evenly over it: the bit-reversal
+    (van der Corput) order, e.g. 0, 4, 2, 6, 1, 5, 3, 7 for 8. An evaluation cut short after a
+    prefix of rows in this order has scored an evenly spread sample of the whole."""
+    bits = max(1, (n - 1).bit_length())
+    return [r for r in (int(f"{i:0{bits}b}"[::-1], 2) for i in range(1 << bits)) if r < n]
+
+
+__all__ = ["WindowLoader", "eval_windows", "spread_order"]

@@ -483,7 +483,10 @@ def summarise(done: dict[tuple[str, int], dict[str, Any]], problems: Sequence[Pr
 def format_summary(results: dict[str, Any]) -> str:
     """A few printable lines: pass@k, counts, timing and the verdict."""
     r = results
-    lines = [f"{r['suite']} ({r['mode']}, {r['problems']} problems x {r['n']} samples): "
+    cut = r.get("problems_planned", r["problems"]) - r["problems"]
+    lines = [f"{r['suite']} ({r['mode']}, {r['problems']} problems x {r['n']} samples"
+             + (f"; {cut} of the {r['problems_planned']} planned not started: the deadline passed" if cut > 0 else "")
+             + "): "
              + ", ".join(f"{k} {v:.2%}" for k, v in r["pass@k"].items()),
              "results: " + ", ".join(f"{k} {v}" for k, v in r["counts"].items() if v),
              "generations ended by: " + ", ".join(f"{k} {v}" for k, v in sorted(r["finish"].items()))]

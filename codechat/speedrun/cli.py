@@ -6,6 +6,7 @@ import shlex
 import sys
 
 from codechat.config.stages import PRESETS, ConfigError
+from codechat.train.stop import add_stop_flag
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +28,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                         "so a killed run resumes close to where it stopped")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its first unfinished stage (its plan and budget are kept)")
+    add_stop_flag(p)
     p.add_argument("--max-files", type=int, default=0, help="read only the first N source files (a smoke run)")
     p.add_argument("--eval-limit", type=int, help="HumanEval (and MBPP) problems to evaluate (default 40 on CPU, all on GPU)")
     p.add_argument("--funcall-data", help="conversations with tools (glaive, ShareGPT or OpenAI messages): adds "

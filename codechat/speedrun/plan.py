@@ -84,7 +84,10 @@ class SpeedrunPlan:
     # pretraining ran at 0.52x compiled speed on an H200 (273k vs 524k tokens/s), so compiling
     # pays back when it costs under ~45% of the stage's training time.
     compile_max_share: float = 0.45
-    min_train_s: float = 5.0  # a training stage's time budget never goes below this
+    # Share of pretraining's grant kept for its final whole-split evaluation: the trainer stops this long
+    # before the stage's end whatever its time budget says (under load, evaluations and steps run slow),
+    # and the evaluation scores an evenly spread sample of the split when the time left is too short.
+    final_eval_share: float = 0.04
     # Compute the compression baselines and mine the SFT pairs (CPU work) in other processes while
     # pretraining runs: on a GPU machine that hides them; on a CPU they would take cores from training.
     background_cpu_work: bool = False

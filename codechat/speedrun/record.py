@@ -20,6 +20,8 @@ The line (every key always present; ``None`` where the run had no such stage)::
     rl_ran          True when GRPO trained (not skipped), rl_steps its optimizer steps (0 when skipped)
     rl_tasks_kept   tasks the pass-rate filter kept, of rl_pool tasks in the pool (None when no filter ran)
     mid_share       the share of pretraining's time given to mid-training (``--mid-share``; 0: none)
+    segments        the invocations the run took: 1, or more when stopped (``--stop-after-min``, SIGTERM)
+                    and resumed; ``run_wall_s`` their wall seconds together (what the budget bounds)
 
 The file is appended with one ``write`` of a whole line, so concurrent runs and a crash never leave
 a half line in the middle of the history.
@@ -76,7 +78,9 @@ def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str
             "mbpp_after_rl": _passk(rl.get("mbpp")) if rl_ran else None,
             "rl_ran": rl_ran, "rl_steps": int(rl.get("steps") or 0) if rl_ran else 0,
             "rl_tasks_kept": (rl.get("filter") or {}).get("kept"), "rl_pool": (rl.get("pool") or {}).get("tasks"),
-            "mid_share": (m.get("plan") or {}).get("mid_share", 0.0)}
+            "mid_share": (m.get("plan") or {}).get("mid_share", 0.0),
+            "segments": len(m.get("segments") or [None]),
+            "run_wall_s": sum(seg["wall_s"] for seg in m["segments"]) if m.get("segments") else m.get("total_wall_s")}
 
 
 def append_record(path: Path, line: dict[str, Any]) -> None:

@@ -92,16 +92,30 @@ def plot_loss(rows: Iterable[dict[str, Any]], png: Path, title: str) -> Path:
     return _plot(loss_curves(rows), png, title, "optimizer step", "loss")
 
 
+def plot_throughput(rows: Iterable[dict[str, Any]], png: Path, title: str) -> Path:
+    """Training tokens/s over the training time (each ``metrics.jsonl`` row with ``tokens_per_s`` and
+    ``elapsed_s``: the mean over its logging window), so a slowdown (a busy machine, a thermal limit)
+    shows where a median hides it. Returns ``png``."""
+    pts = [(r["elapsed_s"] / 60, r["tokens_per_s"]) for r in rows if "tokens_per_s" in r and "elapsed_s" in r]
+    return _plot([("tokens/s (each logging window)", ".-", [x for x, _ in pts], [y for _, y in pts])], png, title,
+                 "training time (min, steps only)", "tokens/s", ylim=(0, max([y for _, y in pts], default=1) * 1.1))
+
+
 def _plot(curves: Iterable[tuple[str, str, list, list]], png: Path, title: str, xlabel: str, ylabel: str = "",
           ylim: tuple[float, float] | None = None) -> Path:
-    """``curves`` (label, matplotlib style, xs, ys) on one pair of axes with a legend, written to ``png``."""
+    """``curves`` (label, matplotlib style, xs, ys) on one pair of axes, written to ``png``. A curve of one
+    point gets a marker (a line of one point draws nothing), a curve of none is left out, and the legend
+    names the curves drawn (with none drawn, the axes say so)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label, style, xs, ys in curves:
-        ax.plot(xs, ys, style, label=label)
+    drawn = [c for c in curves if len(c[2])]
+    for label, style, xs, ys in drawn:
+        line, = ax.plot(xs, ys, style, label=label)
+        if len(xs) == 1 and line.get_marker() == "None":
+            line.set_marker("o")
     ax.set_xlabel(xlabel)
     if ylabel:
         ax.set_ylabel(ylabel)
@@ -109,12 +123,30 @@ def _plot(curves: Iterable[tuple[str, str, list, list]], png: Path, title: str, 
         ax.set_ylim(*ylim)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if drawn:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no points logged", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
     plt.close(fig)
     return png
+
+
+def _throughput(pre: dict[str, Any]) -> str:
+    """Pretraining's tokens/s, median and the slowest decile's edge (runs recorded before that have the median)."""
+    p10 = pre.get("tokens_per_s_p10")
+    return _fmt(pre["tokens_per_s"]) + (f"; {_fmt(p10)}" if p10 is not None else "")
+
+
+def _final_bpb_row(pre: dict[str, Any]) -> tuple[str, str]:
+    """The headline val bits/byte row: the whole split, or the evenly spread part of it the stage's time allowed."""
+    if pre.get("val_bpb_final_complete", True):
+        return "val bits/byte, whole split (final model)", f"{pre['val_bpb_final']:.3f}"
+    return (f"val bits/byte, an evenly spread {pre['val_bytes_scored'] / pre['val_bytes_total']:.0%} of the split "
+            f"({pre['val_bytes_scored']:,} of {pre['val_bytes_total']:,} bytes: the stage's time ran out; final model)",
+            f"{pre['val_bpb_final']:.3f}")
 
 
 def _fmt(v: Any) -> str:
@@ -134,7 +166,10 @@ FINISHED = ("done", "skipped")
 
 
 def _section(m: dict[str, Any], stage: str) -> bool:
-    return m.get("stages", {}).get(stage, {}).get("status") in FINISHED and stage in m
+    """Whether ``stage`` has a section: it finished and ran (a stage the loop skipped without running it,
+    ``not_run``, has only its reason, in the time table)."""
+    return (m.get("stages", {}).get(stage, {}).get("status") in FINISHED and stage in m
+            and not m[stage].get("not_run"))
 
 
 def _decontamination_lines(dec: dict[str, Any] | None) -> list[str]:
@@ -206,11 +241,17 @@ def speedrun_report(m: dict[str, Any]) -> str:
                       "", "</details>", ""]
     elif len(done) < len(order):
         lines += [f"**Run in progress or stopped**: finished {', '.join(done) or 'none'}.", ""]
-    if _section(m, "pretrain") and _section(m, "baseline"):
-        lines += [f"Total wall time {m['total_wall_s'] / 60:.1f} min of a {m['time_budget_min']:g}-minute budget. "
-                  f"The model compresses unseen Python to **{m['pretrain']['val_bpb_final']:.3f} bits/byte** "
-                  f"against gzip -9's {m['baseline']['gzip_bpb']:.3f} (each validation document compressed on "
-                  "its own).", ""]
+    if _section(m, "pretrain"):
+        pre, segs = m["pretrain"], m.get("segments") or []
+        run_s = sum(seg["wall_s"] for seg in segs) or m["total_wall_s"]
+        lines += [f"Total wall time {run_s / 60:.1f} min of a {m['time_budget_min']:g}-minute budget"
+                  + (f", in {len(segs)} segments (`--stop-after-min` / SIGTERM, then `--resume`)" if len(segs) > 1
+                     else "") + f". The model compresses unseen Python to **{pre['val_bpb_final']:.3f} bits/byte** "
+                  + ("" if pre.get("val_bpb_final_complete", True) else
+                     f"(on an evenly spread {pre['val_bytes_scored'] / pre['val_bytes_total']:.0%} of the split: "
+                     "pretraining's time ran out) ")
+                  + (f"against gzip -9's {m['baseline']['gzip_bpb']:.3f} (each validation document compressed on "
+                     "its own)." if _section(m, "baseline") else "(the compression baselines did not run)."), ""]
     if _section(m, "data") and _section(m, "tokenizer"):
         d = m["data"]
         lines += ["## Data", markdown_table([
@@ -238,18 +279,20 @@ def speedrun_report(m: dict[str, Any]) -> str:
               if m.get("plan", {}).get("pretrain_overrides") else []),
             ("training time budget", f"{pre['train_budget_s']:.0f} s ({'compiled' if pre['compiled'] else 'eager'})"),
             ("optimizer steps", pre["steps"]), ("tokens seen", pre["tokens_seen"]),
-            ("tokens/s (median)", pre["tokens_per_s"]),
+            ("tokens/s: median, slowest tenth of the logging windows below", _throughput(pre)),
             ("MFU", f"{pre['mfu']:.1%}" if pre["mfu"] is not None else "n/a (no known peak on this device)"),
             ("val bits/byte, evenly spread sample: initial -> final",
              f"{pre['val_bpb_initial']:.3f} -> {pre['val_bpb_final_sampled']:.3f}"),
-            ("val bits/byte, whole split (final model)", f"{pre['val_bpb_final']:.3f}")]),
-            "", "![loss curve](loss.png)", ""]
+            _final_bpb_row(pre)]),
+            "", "![loss curve](loss.png)", "", "![throughput](throughput.png)", ""]
     if _section(m, "baseline"):
         b = m["baseline"]
         rows = [("gzip -9, per document", b["gzip_bpb"]), ("gzip -9, whole split as one stream", b["gzip_concat_bpb"]),
                 ("xz -9, whole split as one stream", b["xz_concat_bpb"])]
         if _section(m, "pretrain"):
-            rows.insert(0, ("codechat model (whole split)", m["pretrain"]["val_bpb_final"]))
+            rows.insert(0, ("codechat model (" + ("whole split" if m["pretrain"].get("val_bpb_final_complete", True)
+                                                  else "an evenly spread sample of the split") + ")",
+                            m["pretrain"]["val_bpb_final"]))
         lines += ["## Baselines (bits per byte on the validation split)", markdown_table(rows), ""]
     for stage, title in (("mid", "Mid-training"), ("sft", "Chat SFT")):
         if _section(m, stage):
@@ -309,10 +352,12 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
     rows = []
     if pool := r.get("pool"):
         specs = ", ".join(f"`{k}` {v}" for k, v in pool["specs"].items())
-        rows.append(("task pool", f"{pool['tasks']} tasks ({specs}); {len(pool['decontaminated'])} left out as "
-                                  "overlapping HumanEval / MBPP test" + (
-                                      ": " + ", ".join(d["task_id"] for d in pool["decontaminated"][:5])
-                                      if pool["decontaminated"] else "")))
+        checked = ", ".join(f"{b} ({n} problems)" for b, n in pool.get("checked", {}).items())
+        left_out = ", ".join(d["task_id"] for d in pool["decontaminated"][:5])
+        rows.append(("task pool", f"{pool['tasks']} tasks ({specs}); " + (f"checked against {checked}: " if checked
+                                                                         else "")
+                     + f"{len(pool['decontaminated'])} left out as overlapping a benchmark problem"
+                     + (f": {left_out}" if left_out else "")))
     if f := r.get("filter"):
         rows.append(("pass-rate filter", f"{f['sampled']} of {f['pool']} tasks sampled in {f['seconds']:.0f} s (pool "
                                          f"pass@1 {f['pass@1']:.2%}): {f['never_solved']} never solved, "
@@ -381,7 +426,8 @@ def _time_table(stages: dict[str, dict[str, Any]], total: float) -> str:
     for s, st in stages.items():
         granted = f"{st['granted_s']:.0f} s" if st.get("granted_s") is not None else "-"
         actual = f"{st['wall_s']:.1f} s" if st.get("wall_s") is not None else "-"
-        status = f"skipped: {st['reason']}" if st["status"] == "skipped" and st.get("reason") else st["status"]
+        status = f"{st['status']}: {st['reason']}" if st["status"] in ("skipped", "stopped") and st.get("reason") \
+            else st["status"]
         rows.append(f"| {s} | {status.replace('|', '/')} | {st['planned_s']:.0f} s | {granted} | {actual} |")
     planned = sum(st["planned_s"] for st in stages.values())
     rows.append(f"| **total** | | {planned:.0f} s | | {total:.1f} s |")

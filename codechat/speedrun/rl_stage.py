@@ -24,11 +24,13 @@ from codechat.train.task_pool import POOL_SEPARATOR
 
 class RLStage:
     """The RL stage of :class:`~codechat.speedrun.run.Speedrun`, which provides ``p`` (the plan), ``run``
-    (the run directory), ``seed``, ``device_arg``, ``resume``, ``_doctests`` (the background doctest
+    (the run directory), ``seed``, ``device_arg``, ``resume``, ``deadline`` (the running stage's
+    wall-clock end, ``time.monotonic()``) and ``time_left()``, ``_doctests`` (the background doctest
     miner's future, or None) and ``_score()``."""
 
     p: SpeedrunPlan
     run: Path
+    deadline: float
     _doctests: Future | None
 
     @property
@@ -58,12 +60,13 @@ class RLStage:
         :mod:`codechat.train.task_pool`), then HumanEval and, with ``--mbpp``, MBPP again on ``rl/``.
         Skipped, with the filter's counts, when fewer than ``rl_min_tasks`` tasks are kept."""
         from codechat.train.grpo import RLConfig, RLStageConfig, run_rl
-        p, t0, out_dir, tasks = self.p, time.perf_counter(), self.run / "rl", self._rl_pool_spec()
+        p, t0, out_dir, tasks = self.p, time.monotonic(), self.run / "rl", self._rl_pool_spec()
         # the filter's deadline (0 would mean none): at least its first batch, more as the grant allows
-        filter_s, train_s = max(1.0, p.rl_filter_share * grant), max(p.min_train_s, p.rl_train_share * grant)
+        filter_s, train_s = max(1.0, p.rl_filter_share * grant), p.rl_train_share * grant
         print(f"{tag} RL pool {tasks}: pass-rate filter ({p.rl_filter_samples} samples a task, at most "
-              f"{filter_s:.0f} s), then GRPO for {train_s:.0f} s of {grant:.0f} s when >= {p.rl_min_tasks} tasks "
-              f"remain (tiered reward, groups of {p.rl_group_size})")
+              f"{filter_s:.0f} s), then GRPO for {train_s:.0f} s of training in its {grant:.0f} s (the stage ending "
+              f"within {self.time_left():.0f} s) when >= {p.rl_min_tasks} tasks remain (tiered reward, groups of "
+              f"{p.rl_group_size})")
         cfg = RLStageConfig(
             init=str(self.run / "sft"),
             rl=RLConfig(tasks=tasks, mbpp_file=p.mbpp, reward="tiered", group_size=p.rl_group_size,
@@ -74,23 +77,26 @@ class RLStage:
             train=TrainConfig(max_steps=0, time_budget_s=train_s, micro_batch_size=8, log_every=1, eval_every=10**9,
                               save_every=10**9, save_every_s=p.checkpoint_every_s),
             run=RunConfig(out=str(out_dir), seed=self.seed, device=self.device_arg, resume=self.resume))
+        # GRPO stops in time for the evaluations on rl/ (their share of the grant, what is left of it)
+        evals_s = (1 - p.rl_filter_share - p.rl_train_share) * grant
         try:
-            out = run_rl(cfg, show_progress=False)
+            out = run_rl(cfg, show_progress=False, deadline=self.deadline - evals_s)
         except ConfigError as e:  # too few tasks kept, or a pool that does not load
             print(f"{tag} RL skipped: {e}")
             return {"skipped": True, "reason": str(e), **self._rl_pool(out_dir)}
         rows = read_metrics(out_dir / "metrics.jsonl")
-        trained_s = time.perf_counter() - t0
+        trained_s = time.monotonic() - t0
         curve = [{k: r[k] for k in ("step", "reward_mean", "pass_rate", "frac_reward_zero_std")} for r in rows]
         if curve:
             plot_rewards(curve, self.run / "rl_reward.png", f"{p.preset} GRPO on {len(curve)} steps")
-        left = grant - trained_s  # shared by the evaluations after RL: HumanEval stops at its half when MBPP follows
-        after = {"humaneval": self._score("humaneval", "HumanEval", left / 2 if p.mbpp else left, tag, n=p.eval_n,
-                                          max_new_tokens=p.eval_tokens, limit=p.eval_limit or None, stage="rl")}
+        # the time left is shared by the evaluations after RL: HumanEval stops at its half when MBPP follows
+        half = time.monotonic() + self.time_left() / 2
+        after = {"humaneval": self._score("humaneval", "HumanEval", tag, n=p.eval_n, max_new_tokens=p.eval_tokens,
+                                          limit=p.eval_limit or None, stage="rl",
+                                          deadline=half if p.mbpp else self.deadline)}
         if p.mbpp:
-            after["mbpp"] = self._score(f"mbpp:{p.mbpp}", "MBPP", grant - (time.perf_counter() - t0), tag,
-                                        n=p.mbpp_n, max_new_tokens=p.mbpp_tokens, limit=p.eval_limit or None,
-                                        stage="rl")
+            after["mbpp"] = self._score(f"mbpp:{p.mbpp}", "MBPP", tag, n=p.mbpp_n, max_new_tokens=p.mbpp_tokens,
+                                        limit=p.eval_limit or None, stage="rl")
         return {"skipped": False, "tasks": tasks, "steps": out["step"], "stopped": out["stopped"],
                 "message": out["message"], "train_budget_s": train_s, "filter_budget_s": filter_s,
                 "train_wall_s": trained_s, **self._rl_pool(out_dir),

@@ -55,22 +55,25 @@ from codechat.config.stages import (ConfigError, PretrainConfig, RunConfig, load
                                     pretrain_recipe, replace, to_dict)
 from codechat.data.corpus import benchmark_decontaminator, build_corpus, load_index, read_split
 from codechat.data.sources import iter_split_texts
-from codechat.data.windows import eval_windows
+from codechat.data.windows import eval_windows, spread_order
 from codechat.engine import Engine, EngineConfig, SamplingConfig
 from codechat.engine.completion import best_completion, sample_completions
 from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan
 from codechat.speedrun.record import FUNCALL_KEYS, append_record, current_commit, record_line
 from codechat.speedrun.rl_stage import RLStage
 from codechat.speedrun.tuning import TuningStages
-from codechat.speedrun.report import (parses_after_dropping_last_line, plot_loss, read_metrics,
+from codechat.speedrun.report import (parses_after_dropping_last_line, plot_loss, plot_throughput, read_metrics,
                                       speedrun_report, validation_baselines)
 from codechat.tokenizer import train_tokenizer
-from codechat.train.pretrain import bpb_evaluator, run_pretrain
+from codechat.train.pretrain import bits_per_byte, run_pretrain
+from codechat.train.stop import RunStopped, active
 
 
 #: Stage statuses of a finished stage: ``done``, or ``skipped`` (finished without doing its work, the
 #: stage's ``reason`` saying why); neither runs again on ``--resume``.
 FINISHED = ("done", "skipped")
+#: What each stage reads from an earlier one: a stage whose input was skipped is skipped too.
+NEEDS = {"chat": "sft", "eval": "sft", "mbpp": "sft", "rl": "sft", "funcall": "sft", "funcall_eval": "funcall"}
 
 
 class SpeedrunFailed(RuntimeError):
@@ -131,26 +134,70 @@ class Speedrun(TuningStages, RLStage):
     def execute(self) -> dict[str, Any]:
         """Run every unfinished stage in order; returns the metrics.
 
+        Each invocation is a segment (``metrics["segments"]``: its wall time and how it ended); the
+        budget counts them all. A stage whose grant is nothing (the budget spent) or whose input stage
+        was skipped is skipped, saying so. When the invocation's stop watch is due
+        (``--stop-after-min``, SIGTERM: :mod:`codechat.train.stop`) the running stage stops (a training
+        stage at a step boundary with its checkpoint), is marked ``stopped`` and runs again on resume.
+
         Raises:
             SpeedrunFailed: a stage raised (its error is in the metrics and the report).
+            RunStopped: the stop watch was due; the metrics say where the run stopped.
         """
-        t_invocation = time.perf_counter()
+        self.t_invocation = time.monotonic()
+        segments = self.m.setdefault("segments", [])
+        segments.append({"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_s": 0.0,
+                         "ended": "running"})
         self._print_plan()
+        try:
+            self._stages()
+        except RunStopped as e:
+            self._end_segment(f"stopped: {e}")
+            raise
+        except BaseException as e:
+            self._end_segment("interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "failed")
+            raise
+        self._end_segment("done")
+        pre, base = self.m.get("pretrain") or {}, self.m.get("baseline") or {}
+        print((f"val_bpb {pre['val_bpb_final']:.3f}" if "val_bpb_final" in pre else "no pretrained model")
+              + (f" vs gzip {base['gzip_bpb']:.3f}" if "gzip_bpb" in base else "")
+              + f"; {self.spent_s() / 60:.1f} min of the {self.p.time_budget_min:g}-minute budget in "
+              f"{len(self.m['segments'])} segment(s); report: {self.run / 'report.md'}")
+        return self.m
+
+    def _stages(self) -> None:
         stages = self.p.stages
         for i, name in enumerate(stages):
-            st = self.m["stages"][name]
+            st, tag = self.m["stages"][name], f"[{i + 1}/{len(stages)}]"
             if st["status"] in FINISHED:
-                print(f"[{i + 1}/{len(stages)}] {name}: " + ("done in an earlier attempt, skipped" if st["status"] ==
+                print(f"{tag} {name}: " + ("done in an earlier attempt, skipped" if st["status"] ==
                       "done" else f"skipped in an earlier attempt ({st.get('reason')})"))
                 continue
-            grant = st.get("granted_s") if st["status"] in ("running", "failed") else None
-            st.update(status="running", granted_s=grant or self._grant(name), error=None)
+            active().check(f"the start of stage {name}")
+            # a stage resumed keeps its grant (a training stage's budget is the plan's), less what it spent
+            again = st["status"] in ("running", "failed", "stopped") and st.get("granted_s") is not None
+            grant = st["granted_s"] if again else self._grant(name)
+            left = min(grant - (st.get("wall_s", 0.0) if again else 0.0), self.left_s())
+            st.update(status="running", granted_s=grant, error=None, reason=None)
+            skip = self._skip_reason(name, left)
+            if skip:
+                print(f"{tag} {name} skipped: {skip}")
+                st.update(status="skipped", reason=skip)
+                self.m[name] = {"skipped": True, "not_run": True, "reason": skip, "wall_s": st.get("wall_s", 0.0)}
+                self._write()
+                continue
             self._write()
-            t0 = time.perf_counter()
+            t0 = time.monotonic()
+            self.deadline = t0 + left  # the stage's wall-clock end, in this process's clock
+            self.time_left_at_start = left
             try:
-                self.m[name] = getattr(self, f"_{name}")(st["granted_s"], f"[{i + 1}/{len(stages)}]")
+                self.m[name] = getattr(self, f"_{name}")(grant, tag)
             except BaseException as e:
-                st["wall_s"] = st.get("wall_s", 0.0) + time.perf_counter() - t0
+                st["wall_s"] = st.get("wall_s", 0.0) + time.monotonic() - t0
+                if isinstance(e, RunStopped):
+                    st.update(status="stopped", reason=f"{e}; runs again on --resume")
+                    self._write()
+                    raise
                 interrupted = isinstance(e, KeyboardInterrupt)
                 st.update(status="failed", error="interrupted (Ctrl-C)" if interrupted else
                           f"{type(e).__name__}: {e}", traceback=None if interrupted else traceback.format_exc())
@@ -160,26 +207,57 @@ class Speedrun(TuningStages, RLStage):
                 raise SpeedrunFailed(f"stage {name} failed: {type(e).__name__}: {e}\n"
                                      f"finished stages are in {self.run / 'report.md'}; after fixing the cause, "
                                      f"continue with --out {self.run} --resume") from e
-            st["wall_s"] = st.get("wall_s", 0.0) + time.perf_counter() - t0
+            st["wall_s"] = st.get("wall_s", 0.0) + time.monotonic() - t0
             self.m[name]["wall_s"] = st["wall_s"]
             if self.m[name].get("skipped") is True:  # (the data stage's "skipped" counts files)
                 st.update(status="skipped", reason=" ".join(str(self.m[name]["reason"]).split()))
             else:
                 st["status"] = "done"
             self._write()
-        self.m["invocation_wall_s"] = time.perf_counter() - t_invocation
+
+    def spent_s(self) -> float:
+        """Wall seconds of the run so far: the earlier segments' and this invocation's (stages, and what
+        runs between them)."""
+        earlier = sum(seg["wall_s"] for seg in self.m["segments"][:-1])
+        return earlier + time.monotonic() - self.t_invocation
+
+    def left_s(self) -> float:
+        """Seconds of the budget left (<= 0 once spent)."""
+        return self.p.time_budget_min * 60 - self.spent_s()
+
+    def _end_segment(self, ended: str) -> None:
+        self.m["segments"][-1]["ended"] = ended
         self._write()
-        print(f"val_bpb {self.m['pretrain']['val_bpb_final']:.3f} vs gzip {self.m['baseline']['gzip_bpb']:.3f}; "
-              f"{self.m['total_wall_s'] / 60:.1f} min; report: {self.run / 'report.md'}")
-        return self.m
+
+    def _skip_reason(self, name: str, left: float) -> str | None:
+        """Why stage ``name`` does not run: an input stage skipped, or no time left (``left`` seconds); None: it runs."""
+        needs = self._needs(name)
+        if needs and self.m["stages"][needs]["status"] == "skipped":
+            return f"it needs {needs}/, and {needs} was skipped"
+        if left <= 0:
+            return (f"no time left: the stages before it spent the {self.p.time_budget_min:g}-minute budget "
+                    f"({self.spent_s():.0f} s so far)")
+        return None
+
+    def _needs(self, name: str) -> str | None:
+        """The stage whose output stage ``name`` reads (None: none that can be skipped)."""
+        if name in NEEDS:
+            return NEEDS[name]
+        if name in ("mid", "samples"):
+            return "pretrain"
+        if name == "sft":
+            return "mid" if "mid" in self.p.stages else "pretrain"
+        return None
 
     def _grant(self, name: str) -> float:
         """Seconds for stage ``name``: the budget left times its share of the stages still to run."""
         stages = self.p.stages
-        spent = sum(self.m["stages"][s].get("wall_s", 0.0) for s in stages)
         rest = [s for s in stages[stages.index(name):] if self.m["stages"][s]["status"] not in FINISHED]
-        left = self.p.time_budget_min * 60 - spent
-        return max(0.0, left) * self.p.shares[name] / sum(self.p.shares[s] for s in rest)
+        return max(0.0, self.left_s()) * self.p.shares[name] / sum(self.p.shares[s] for s in rest)
+
+    def time_left(self) -> float:
+        """Seconds until the running stage's wall-clock end (:attr:`deadline`)."""
+        return self.deadline - time.monotonic()
 
     def _print_plan(self) -> None:
         st = self.m["stages"]
@@ -189,6 +267,8 @@ class Speedrun(TuningStages, RLStage):
     def _write(self) -> None:
         """``metrics.json`` and ``report.md`` as they stand (both written atomically)."""
         self.m["total_wall_s"] = sum(self.m["stages"][s].get("wall_s", 0.0) for s in self.p.stages)
+        if self.m.get("segments"):  # this invocation's time so far (a killed one keeps its last write's)
+            self.m["segments"][-1]["wall_s"] = time.monotonic() - self.t_invocation
         write_text(self.run / "metrics.json", json.dumps(self.m, indent=1))
         write_text(self.run / "report.md", speedrun_report(self.m))
 
@@ -249,43 +329,63 @@ class Speedrun(TuningStages, RLStage):
         return job.result() if job else validation_baselines(self.run)
 
     def _pretrain(self, grant: float, tag: str) -> dict[str, Any]:
-        train_s = max(self.p.min_train_s, self.p.pretrain_train_share * grant)
-        compile_on = self._compile_for(train_s, self.p.compile_estimate_s)
-        print(f"{tag} pretraining {self.p.preset} for {train_s:.0f} s of {grant:.0f} s on {self.dev}"
-              f"{' (compiled)' if compile_on else ' (eager)'}")
+        """Pretraining for ``pretrain_train_share`` of the grant, the trainer stopping in any case
+        ``final_eval_share`` of the grant before the stage's end; then the whole-split evaluation, which
+        scores an evenly spread sample of the split when the stage's time runs out first."""
+        p = self.p
+        train_s = p.pretrain_train_share * grant
+        compile_on = self._compile_for(train_s, p.compile_estimate_s)
+        print(f"{tag} pretraining {p.preset} for {train_s:.0f} s of its {grant:.0f} s on {self.dev}"
+              f"{' (compiled)' if compile_on else ' (eager)'}, the stage ending within {self.time_left():.0f} s")
         overrides = {"train.max_steps": 0, "train.time_budget_s": train_s, "train.compile": compile_on,
-                     "train.save_every_s": self.p.checkpoint_every_s}
+                     "train.save_every_s": p.checkpoint_every_s}
         base = self.base
         cfg = load(PretrainConfig, None, overrides, base=replace(
             base, data=replace(self.data_cfg, data_dir=str(self.run / "data"), tokenizer_dir=str(self.run / "tokenizer")),
             run=RunConfig(out=str(self.run / "pretrain"), seed=self.seed, device=self.device_arg, resume=self.resume)))
-        result = run_pretrain(cfg)
-        t0 = time.perf_counter()
-        full = _full_split_bpb(self.run / "pretrain", self.run / "data", cfg, self.dev)
-        full_wall = time.perf_counter() - t0
+        result = run_pretrain(cfg, deadline=self.deadline - p.final_eval_share * grant)
+        active().check("pretraining's whole-split evaluation")
+        t0 = time.monotonic()
+        full = _full_split_bpb(self.run / "pretrain", self.run / "data", cfg, self.dev, self.deadline)
+        full_wall = time.monotonic() - t0
+        print(f"{tag} val bits/byte {full['val_bpb']:.3f} on " + (
+            "the whole split" if full["complete"] else
+            f"an evenly spread {full['bytes_scored'] / full['bytes_total']:.0%} of it (the stage's time ran out)")
+              + f" ({full['bytes_scored']:,} bytes, {full_wall:.0f} s)")
         rows = read_metrics(self.run / "pretrain" / "metrics.jsonl")
         val = [r for r in rows if "val_bpb" in r]
         train_rows = [r for r in rows if "tokens_per_s" in r]
         mfus = [r["mfu"] for r in train_rows if "mfu" in r]
-        plot_loss(rows, self.run / "loss.png", f"{self.p.preset} pretraining on {self.dev.type}")
+        plot_loss(rows, self.run / "loss.png", f"{p.preset} pretraining on {self.dev.type}")
+        plot_throughput(train_rows, self.run / "throughput.png", f"{p.preset} pretraining on {self.dev.type}")
+        tps = [r["tokens_per_s"] for r in train_rows]
         return {"steps": result["step"], "params": result["params"], "train_time_s": result["elapsed_s"],
                 "train_budget_s": train_s, "compiled": compile_on, "first_step_s": result.get("first_step_s"),
                 "tokens_seen": result["step"] * cfg.train.micro_batch_size * cfg.train.accum_steps(1) * cfg.data.seq_len,
-                "tokens_per_s": _median([r["tokens_per_s"] for r in train_rows]), "mfu": _median(mfus),
+                "tokens_per_s": _quantile(tps, 0.5), "tokens_per_s_p10": _quantile(tps, 0.1),
+                "mfu": _quantile(mfus, 0.5),
                 "val_bpb_initial": val[0]["val_bpb"], "val_bpb_final": full["val_bpb"],
                 "val_loss_final": full["val_loss"], "val_bpb_final_sampled": val[-1]["val_bpb"],
+                "val_bpb_final_complete": full["complete"], "val_bytes_scored": full["bytes_scored"],
+                "val_bytes_total": full["bytes_total"],
                 "full_split_eval_s": full_wall, "train_loss_final": train_rows[-1]["loss"] if train_rows else None,
                 "config": to_dict(cfg)}
 
     def _samples(self, grant: float, tag: str) -> dict[str, Any]:
-        print(f"{tag} samples")
-        from codechat.checkpoint import load_model
+        """Completions of the plan's code prompts by the pretrained model, one prompt after the other
+        while the stage's time lasts (the first always; ``n`` of ``planned`` say how many)."""
         p = self.p
+        print(f"{tag} samples: up to {len(p.sample_prompts)} prompts x {p.sample_best_of}, while the stage's "
+              f"{self.time_left():.0f} s last")
+        from codechat.checkpoint import load_model
         model, tok, _ = load_model(self.run / "pretrain", self.dev)
         engine = Engine(model, EngineConfig(slots=p.sample_best_of))
         cfg = SamplingConfig(max_new_tokens=p.sample_tokens, temperature=p.sample_temperature, top_p=p.sample_top_p)
         out = []
         for i, prompt in enumerate(p.sample_prompts):
+            if i and not self._time_for_another(i):
+                print(f"{tag} samples: {i} of {len(p.sample_prompts)} prompts done when the stage's time ran out")
+                break
             cands = sample_completions(engine, tok, prompt, cfg, p.sample_best_of, seed=self.seed + i)
             best = best_completion(cands)
             out.append({"prompt": prompt, "text": prompt + best.text, "finished": best.finished,
@@ -293,7 +393,8 @@ class Speedrun(TuningStages, RLStage):
                         "parses": parses_after_dropping_last_line(prompt + best.text),
                         "parses_each": [parses_after_dropping_last_line(prompt + c.text) for c in cands],
                         "finished_each": [c.finished for c in cands]})
-        return {"n": len(out), "parse_ok": sum(s["parses"] for s in out), "best_of": p.sample_best_of,
+        return {"n": len(out), "planned": len(p.sample_prompts), "parse_ok": sum(s["parses"] for s in out),
+                "best_of": p.sample_best_of,
                 "parse_ok_first_sample": sum(s["parses_each"][0] for s in out),
                 "parse_ok_all_samples": sum(sum(s["parses_each"]) for s in out),
                 "finished_all_samples": sum(sum(s["finished_each"]) for s in out),
@@ -301,6 +402,8 @@ class Speedrun(TuningStages, RLStage):
                 "completions": out}
 
     def _chat(self, grant: float, tag: str) -> dict[str, Any]:
+        """The SFT model's answers to the plan's questions, one after the other while the stage's time
+        lasts (the first always)."""
         print(f"{tag} chat")
         from codechat.chat.conversation import Conversation, Message
         from codechat.chat.repl import reply
@@ -309,28 +412,40 @@ class Speedrun(TuningStages, RLStage):
         engine = Engine(model, EngineConfig(slots=1))
         cfg = SamplingConfig(max_new_tokens=self.p.chat_tokens, temperature=self.p.sample_temperature,
                              top_p=self.p.sample_top_p)
-        answers = [{"prompt": q, "answer": reply(engine, tok, Conversation([Message("user", q)]), cfg,
-                                                 seed=self.seed + i).content}
-                   for i, q in enumerate(self.p.chat_prompts)]
-        return {"n": len(answers), "answers": answers}
+        answers = []
+        for i, q in enumerate(self.p.chat_prompts):
+            if i and not self._time_for_another(i):
+                print(f"{tag} chat: {i} of {len(self.p.chat_prompts)} questions answered when the stage's time ran out")
+                break
+            answers.append({"prompt": q, "answer": reply(engine, tok, Conversation([Message("user", q)]), cfg,
+                                                         seed=self.seed + i).content})
+        return {"n": len(answers), "planned": len(self.p.chat_prompts), "answers": answers}
 
-    def _score(self, suite: str, name: str, grant: float, tag: str, *, n: int, max_new_tokens: int,
-               limit: int | None, stage: str = "sft") -> dict[str, Any]:
-        """pass@k of ``stage`` on ``suite``, sandboxed, stopping new problems at ``grant`` seconds;
-        results under ``eval/<name>[-<stage>]``."""
+    def _time_for_another(self, done: int) -> bool:
+        """Whether the running stage has time for one more item like the ``done`` it made so far (at their
+        mean wall time since the stage started)."""
+        spent = time.monotonic() - (self.deadline - self.time_left_at_start)
+        return self.time_left() >= spent / done
+
+    def _score(self, suite: str, name: str, tag: str, *, n: int, max_new_tokens: int, limit: int | None,
+               stage: str = "sft", deadline: float | None = None) -> dict[str, Any]:
+        """pass@k of ``stage`` on ``suite``, sandboxed, starting no problem after ``deadline``
+        (``time.monotonic()``; default: the running stage's end) but the first; results under
+        ``eval/<name>[-<stage>]``."""
         from codechat.checkpoint import load_model
         from codechat.eval.suites import format_summary, run_suite
         p = self.p
         ks = tuple(k for k in p.eval_ks if k <= n)
-        print(f"{tag} {name} on {stage}/ ({limit or 'all'} problems x {n} samples, temperature "
-              f"{p.eval_temperature:g}, stopping at {grant:.0f} s)")
         model, tok, state = load_model(self.run / stage, self.dev)
         out_dir = self.run / "eval" / (name.lower() + ("" if stage == "sft" else f"-{stage}"))
+        left = max(0.0, (self.deadline if deadline is None else deadline) - time.monotonic())
+        print(f"{tag} {name} on {stage}/: up to {limit or 'all'} problems x {n} samples, temperature "
+              f"{p.eval_temperature:g}, starting no problem after {left:.0f} s but the first")
         res = run_suite(model, tok, out_dir=out_dir, suite=suite, stage=state["meta"]["stage"], n=n, ks=ks,
                         temperature=p.eval_temperature,
                         max_new_tokens=max_new_tokens, limit=limit, seed=self.seed, progress=False,
                         workers=p.judge_workers, timeout_s=p.eval_timeout_s,
-                        model_id=str(self.run / stage), deadline_s=grant)
+                        model_id=str(self.run / stage), deadline_s=left)
         print(format_summary(res))
         solved = {t: v["c"] for t, v in res["per_task"].items() if v["c"]}
         return {"stage": stage, "mode": res["mode"], "temperature": p.eval_temperature, "n": res["n"],
@@ -341,11 +456,11 @@ class Speedrun(TuningStages, RLStage):
 
     def _eval(self, grant: float, tag: str) -> dict[str, Any]:
         p = self.p
-        return {"humaneval": self._score("humaneval", "HumanEval", grant, tag, n=p.eval_n,
+        return {"humaneval": self._score("humaneval", "HumanEval", tag, n=p.eval_n,
                                          max_new_tokens=p.eval_tokens, limit=p.eval_limit or None)}
 
     def _mbpp(self, grant: float, tag: str) -> dict[str, Any]:
-        return self._score(f"mbpp:{self.p.mbpp}", "MBPP", grant, tag, n=self.p.mbpp_n,
+        return self._score(f"mbpp:{self.p.mbpp}", "MBPP", tag, n=self.p.mbpp_n,
                            max_new_tokens=self.p.mbpp_tokens, limit=self.p.eval_limit or None)
 
     def _funcall_eval(self, grant: float, tag: str) -> dict[str, Any]:
@@ -413,22 +528,29 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
     return m
 
 
-def _full_split_bpb(stage: Path, data_dir: Path, cfg: PretrainConfig, device: torch.device) -> dict[str, float]:
-    """Validation loss and bits per byte of the final model over (nearly) every token of the val split.
+def _full_split_bpb(stage: Path, data_dir: Path, cfg: PretrainConfig, device: torch.device,
+                    deadline: float) -> dict[str, Any]:
+    """Validation loss and bits per byte of the final model over (nearly) every token of the val split,
+    or, when ``deadline`` (``time.monotonic()``) comes first, over an evenly spread sample of it.
 
     The trainer evaluates a capped, evenly spread sample of windows; the headline figure compared
     with gzip uses the whole split, the same bytes gzip compresses (less each shard's last
-    partial window).
+    partial window). The windows are scored in :func:`~codechat.data.windows.spread_order`, so a cut
+    evaluation has covered every part of the split. Returns ``val_loss``, ``val_bpb``, ``complete``,
+    ``bytes_scored`` and ``bytes_total`` (the UTF-8 bytes of the windows' targets).
     """
     from codechat.checkpoint import load_model
     model, tok, _ = load_model(stage, device)
     rows = eval_windows(read_split(data_dir, "val"), cfg.data.seq_len)
-    evaluate = bpb_evaluator(rows, torch.tensor(tok.token_byte_lengths(), dtype=torch.long),
-                             cfg.train.micro_batch_size)
+    rows = rows[torch.tensor(spread_order(len(rows)))]
+    token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.long)
     with torch.no_grad(), autocast_for(device, cfg.train.dtype):
-        return evaluate(model)
+        got = bits_per_byte(model.eval(), rows, token_bytes, cfg.train.micro_batch_size, deadline)
+    return {**got, "complete": got["rows_scored"] == len(rows), "bytes_total": int(token_bytes[rows[:, 1:]].sum())}
 
 
-def _median(xs: list[float]) -> float | None:
+def _quantile(xs: list[float], q: float) -> float | None:
+    """The ``q`` quantile of ``xs`` (the nearest rank below; None when empty): 0.5 the median, 0.1 the
+    slowest decile's edge of a throughput series."""
     xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else None
+    return xs[int(q * (len(xs) - 1))] if xs else None

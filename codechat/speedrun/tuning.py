@@ -22,11 +22,13 @@ from codechat.train.sft import run_sft
 class TuningStages:
     """The tuning stages of :class:`~codechat.speedrun.run.Speedrun`, which provides ``p`` (the plan),
     ``m`` (the metrics), ``run`` (the run directory), ``dev``, ``device_arg``, ``seed``, ``resume``,
+    ``deadline`` (the running stage's wall-clock end, ``time.monotonic()``) and ``time_left()``,
     ``_mining`` (the background miner's future), ``_mined_files()`` and ``_compile_for()``."""
 
     p: SpeedrunPlan
     m: dict[str, Any]
     run: Path
+    deadline: float
 
     def _sft_data(self) -> tuple[str, dict[str, Any] | None]:
         """The SFT mixture spec (mined pairs, MBPP's train split with ``--mbpp``, then ``--data``) and
@@ -72,15 +74,15 @@ class TuningStages:
         (``mined``: the background miner's counts, ``wait_s``: how long the stage waited for them)."""
         pre, p = self.m["pretrain"], self.p
         measured = pre.get("first_step_s") if pre.get("compiled") else None
-        train_s = max(p.min_train_s, p.sft_train_share * grant)
+        train_s = p.sft_train_share * grant
         compile_on = self._compile_for(train_s, measured or p.compile_estimate_s)
-        print(f"{tag} {name} from {init}/ for {train_s:.0f} s of {grant:.0f} s on {spec}"
-              f"{' (compiled)' if compile_on else ' (eager)'}")
+        print(f"{tag} {name} from {init}/ for {train_s:.0f} s of training in its {grant:.0f} s (the stage ending "
+              f"within {self.time_left():.0f} s) on {spec}{' (compiled)' if compile_on else ' (eager)'}")
         sft = run_sft(self._sft_stage(init, name, SFTConfig(
             data=spec, mix_mode="epoch", max_length=max_length or p.sft_max_length,
             max_prompt_length=p.sft_max_prompt_length, packing=True, mine_max_files=p.max_files,
             mine_style=p.sft_mine_style, mine_workers=0, decontam_mbpp=p.mbpp, seed=self.seed),
-            train_s, compile_on, optim=optim, micro_batch_size=micro_batch_size))
+            train_s, compile_on, optim=optim, micro_batch_size=micro_batch_size), deadline=self.deadline)
         rows = read_metrics(self.run / name / "metrics.jsonl")
         evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
         plot_loss(rows, self.run / f"{name}_loss.png", f"{p.preset} {'mid-training' if name == 'mid' else 'chat SFT'} "
@@ -114,11 +116,13 @@ class TuningStages:
 
     def _funcall(self, grant: float, tag: str) -> dict[str, Any]:
         p = self.p
-        train_s = max(p.min_train_s, p.sft_train_share * grant)
-        print(f"{tag} function-calling SFT for {train_s:.0f} s of {grant:.0f} s on {p.funcall_data}@train")
+        train_s = p.sft_train_share * grant
+        print(f"{tag} function-calling SFT for {train_s:.0f} s of training in its {grant:.0f} s (the stage ending "
+              f"within {self.time_left():.0f} s) on {p.funcall_data}@train")
         # budgets follow the model: tool schemas make long system turns
         out = run_sft(self._sft_stage("sft", "funcall", SFTConfig(data=f"{p.funcall_data}@train", packing=True,
-                                                                  seed=self.seed), train_s, compile_on=False))
+                                                                  seed=self.seed), train_s, compile_on=False),
+                      deadline=self.deadline)
         pre_c = out["data"]["preflight"]
         return {"steps": out["step"], "train_budget_s": train_s, "data": f"{p.funcall_data}@train",
                 "examples_seen": pre_c["seen"], "examples_kept": pre_c["kept"],

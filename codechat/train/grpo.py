@@ -89,6 +89,7 @@ from .init import resolve_init
 from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages
 from .rollouts import REWARD_KINDS, Judge, Rollout, collect
 from .task_pool import TooFewTasks, filter_pool, load_pool, too_few_message
+from .stop import active
 from .trainer import MetricsLog, Trainer, restart_jsonl
 
 DEAD_FIXES = ("use --reward tiered (partial credit for getting further), a larger --group-size, tasks the "
@@ -291,9 +292,10 @@ def _log_rollouts(out: Path, step: int, rollouts: list[Rollout], echo: Any) -> N
                  f"{r.text[:600]}")
 
 
-def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
+def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | None = None) -> dict[str, Any]:
     """Run GRPO from ``cfg.init`` on ``cfg.rl.tasks``; returns the last metrics, ``stopped``
-    (``budget`` or ``dead``) and, when dead, ``message``.
+    (``budget`` or ``dead``) and, when dead, ``message``. ``deadline``: the trainer's wall-clock
+    stop (:class:`~codechat.train.trainer.Trainer`), None for none.
 
     Raises:
         ConfigError: a missing --init, a torchrun world with a layout other than ``ddp`` or a
@@ -330,7 +332,7 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
     trainer = Trainer(model.train(), train=cfg.train, optim=cfg.optim, run=cfg.run, batches=schedule, out_dir=out,
                       meta={"stage": "rl", "model": state["meta"]["model"], "config": to_dict(cfg),
                             "init": str(init_dir)}, tokenizer_dir=init_dir / "tokenizer",
-                      show_progress=show_progress and world.main, world=world,
+                      show_progress=show_progress and world.main, world=world, deadline=deadline,
                       lora=cfg.lora if cfg.peft == "lora" else None)
     resumed = cfg.run.resume and trainer.resume()
     per_rank = rl.prompts_per_step // world.size
@@ -363,7 +365,8 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
         log = MetricsLog(out, trainer.step if resumed else None) if world.main else None
         if world.main:
             restart_jsonl(out / "rollouts.jsonl", trainer.step if resumed else None)
-        result = _loop(trainer, schedule, engine, tok, judge, update, log, rl, sampling, out, echo)
+        with active().polled():
+            result = _loop(trainer, schedule, engine, tok, judge, update, log, rl, sampling, out, echo)
     finally:
         judge.close()
     return result
@@ -383,6 +386,7 @@ def _loop(trainer: Trainer, schedule: TaskSchedule, engine: Any, tok: Any, judge
     loader_state = schedule.state_dict()
     try:
         while not trainer.done():
+            trainer.stop_if_due(loader_state, echo)
             t0 = time.perf_counter()
             loader_state = schedule.state_dict()  # before this step: a Ctrl-C save redoes it
             tasks, seeds = schedule.next_batch()

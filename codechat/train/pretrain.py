@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,29 +22,45 @@ from .trainer import Trainer
 
 
 def bpb_evaluator(rows: torch.Tensor, token_bytes: torch.Tensor, batch_size: int) -> Callable[[GPT], dict[str, float]]:
-    """Validation loss and bits per byte over fixed ``rows`` (N, T+1) int64.
+    """Validation loss and bits per byte over fixed ``rows`` (N, T+1) int64 (:func:`bits_per_byte`)."""
+    def evaluate(model: GPT) -> dict[str, float]:
+        got = bits_per_byte(model, rows, token_bytes, batch_size)
+        return {"val_loss": got["val_loss"], "val_bpb": got["val_bpb"]}
+    return evaluate
+
+
+def bits_per_byte(model: GPT, rows: torch.Tensor, token_bytes: torch.Tensor, batch_size: int,
+                  deadline: float | None = None) -> dict[str, float]:
+    """Validation loss and bits per byte of ``model`` over ``rows`` (N, T+1) int64, ``batch_size`` rows
+    at a time, in order; with a ``deadline`` (``time.monotonic()``) no batch after the first starts
+    once it has passed, so the figures cover a prefix of ``rows`` (order them with
+    :func:`~codechat.data.windows.spread_order` to make any prefix an evenly spread sample).
 
     ``val_loss`` is the mean cross-entropy in nats over every target token. ``val_bpb`` is the
     summed loss over targets that are not special tokens, divided by ln 2 times the UTF-8 bytes
     those targets decode to (``token_bytes`` (V,) int64, 0 for special ids) — a measure that
-    does not depend on the tokenizer.
+    does not depend on the tokenizer. ``rows_scored`` and ``bytes_scored`` say what was covered.
     """
-    def evaluate(model: GPT) -> dict[str, float]:
-        device = next(model.parameters()).device
-        nb_table = token_bytes.to(device)
-        nats = torch.zeros((), dtype=torch.float64, device=device)
-        nats_text = torch.zeros_like(nats)
-        n_bytes = torch.zeros_like(nats)
-        for i in range(0, len(rows), batch_size):
-            r = rows[i:i + batch_size].to(device)
-            x, y = r[:, :-1], r[:, 1:]
-            loss = model(x, y, reduction="none").double()
-            nb = nb_table[y]
-            nats += loss.sum()
-            nats_text += (loss * (nb > 0)).sum()
-            n_bytes += nb.sum()
-        return {"val_loss": float(nats) / rows[:, 1:].numel(), "val_bpb": float(nats_text) / (math.log(2) * float(n_bytes))}
-    return evaluate
+    device = next(model.parameters()).device
+    nb_table = token_bytes.to(device)
+    nats = torch.zeros((), dtype=torch.float64, device=device)
+    nats_text = torch.zeros_like(nats)
+    n_bytes = torch.zeros_like(nats)
+    done = 0
+    for i in range(0, len(rows), batch_size):
+        if i and deadline is not None and time.monotonic() >= deadline:
+            break
+        r = rows[i:i + batch_size].to(device)
+        x, y = r[:, :-1], r[:, 1:]
+        loss = model(x, y, reduction="none").double()
+        nb = nb_table[y]
+        nats += loss.sum()
+        nats_text += (loss * (nb > 0)).sum()
+        n_bytes += nb.sum()
+        done += len(r)
+    return {"val_loss": float(nats) / (done * (rows.size(1) - 1)),
+            "val_bpb": float(nats_text) / (math.log(2) * float(n_bytes)),
+            "rows_scored": done, "bytes_scored": int(n_bytes)}
 
 
 def prepare_data(data: DataConfig, out: Path, show_progress: bool = True) -> tuple[Path, Path]:
@@ -62,9 +79,10 @@ def prepare_data(data: DataConfig, out: Path, show_progress: bool = True) -> tup
     return tok_dir, data_dir
 
 
-def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True, budget_after_first_step: bool = False
-                 ) -> dict[str, Any]:
-    """Train ``cfg`` end to end; returns the trainer's final metrics plus sizes.
+def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True, budget_after_first_step: bool = False,
+                 deadline: float | None = None) -> dict[str, Any]:
+    """Train ``cfg`` end to end; returns the trainer's final metrics plus sizes. ``deadline``: the
+    trainer's wall-clock stop (:class:`~codechat.train.trainer.Trainer`), None for none.
 
     ``budget_after_first_step``: ``train.time_budget_s`` leaves out the first step, where
     ``torch.compile`` compiles (:class:`~codechat.train.trainer.Trainer`'s option of that name).
@@ -117,7 +135,7 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True, budget_afte
                       meta={"stage": "pretrain", "model": to_dict(cfg.model), "config": to_dict(cfg),
                             **({"init": str(init_dir)} if init_dir else {})},
                       tokenizer_dir=tok_dir, show_progress=show_progress, world=world,
-                      budget_after_first_step=budget_after_first_step, lora=cfg.lora if cfg.peft == "lora" else None)
+                      budget_after_first_step=budget_after_first_step, deadline=deadline, lora=cfg.lora if cfg.peft == "lora" else None)
     result = trainer.fit()
     return {**result, "params": model.num_params(), "flops_per_token": model.flops_per_token(cfg.data.seq_len),
             "train_tokens": index["splits"]["train"]["tokens"], "device": str(device)}

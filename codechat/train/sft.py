@@ -55,8 +55,9 @@ def fixed_examples_loss(examples: list[RenderedExample], pad_id: int, batch_size
     return evaluate
 
 
-def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any]:
+def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True, deadline: float | None = None) -> dict[str, Any]:
     """Fine-tune ``cfg.init`` on ``cfg.sft.data``; returns the final metrics and the data report.
+    ``deadline``: the trainer's wall-clock stop (:class:`~codechat.train.trainer.Trainer`), None for none.
 
     Raises:
         ConfigError: missing inputs (--init, --data sources, all named at once), max_length over the
@@ -130,7 +131,7 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True) -> dict[str, Any
                       meta={"stage": "sft", "model": state["meta"]["model"], "config": to_dict(cfg),
                             "init": str(init_dir)},
                       tokenizer_dir=init_dir / "tokenizer", show_progress=show_progress, world=world,
-                      lora=cfg.lora if cfg.peft == "lora" else None)
+                      deadline=deadline, lora=cfg.lora if cfg.peft == "lora" else None)
     try:
         result = trainer.fit()
     finally:  # the realised proportions exist only now (also after Ctrl-C)

@@ -10,7 +10,9 @@ Around that: AdamW, or Muon on the hidden matrices (see :mod:`.optim`), warmup t
 linear decay to a floor, gradient clipping, bf16 autocast on CUDA, a step or time budget,
 validation every N steps, logging to stdout / TensorBoard / ``metrics.jsonl``, checkpoints
 every N steps, at the end and on Ctrl-C, exact resume, and a stop on a non-finite loss
-that leaves the last good checkpoint intact. With ``lora`` the same loop trains LoRA adapters on
+that leaves the last good checkpoint intact. A run stops at a step boundary with a checkpoint when the
+invocation's :class:`~codechat.train.stop.StopWatch` says so (``--stop-after-min``, SIGTERM), raising
+:class:`~codechat.train.stop.RunStopped`; resumed, it is the uninterrupted run. With ``lora`` the same loop trains LoRA adapters on
 the frozen model (:mod:`codechat.peft.lora`), its checkpoints holding the adapters only.
 """
 from __future__ import annotations
@@ -35,6 +37,7 @@ from codechat.parallel.state import whole_template
 from codechat.parallel.world import World
 from codechat.parallel.wrapper import Parallel
 from .optim import build_optimizer, set_lr
+from .stop import RunStopped, active
 
 
 class BatchSource(Protocol):
@@ -129,6 +132,10 @@ class Trainer:
             equal training time then train equally long whatever their compile costs
             (``benchmarks/pretrain_ablation.py``). Off, the budget counts every step (a speedrun's
             compile is part of its clock).
+        deadline: a ``time.monotonic()`` instant after which no step starts (None: none). Unlike the time
+            budget it counts everything (evaluations, saves, a slow machine): a caller with a wall-clock
+            grant (the speedrun's stages) sets it, the time budget and the learning-rate schedule staying
+            the plan. It holds for this process only; a resumed run is given its own.
         lora: train LoRA adapters on the frozen ``model`` instead of every weight
             (:func:`codechat.peft.lora.attach_lora`, before any wrapper or compile): ``meta["init"]`` names
             the base, the blocks' frozen projections are stored in the compute dtype (bf16 on CUDA), the
@@ -144,7 +151,7 @@ class Trainer:
                  batches: BatchSource, out_dir: Path, evaluate: Callable[[GPT], dict[str, float]] | None = None,
                  meta: dict[str, Any] | None = None, tokenizer_dir: Path | None = None,
                  show_progress: bool = True, world: World | None = None, budget_after_first_step: bool = False,
-                 lora: LoraConfig | None = None) -> None:
+                 deadline: float | None = None, lora: LoraConfig | None = None) -> None:
         self.model, self.tcfg, self.ocfg, self.rcfg = model, train, optim, run
         self.batches, self.evaluate, self.meta = batches, evaluate, dict(meta or {})
         self.out_dir, self.tokenizer_dir, self.show_progress = Path(out_dir), tokenizer_dir, show_progress
@@ -179,6 +186,7 @@ class Trainer:
                 self.par.model.head = torch.compile(self.par.model.head)
         self.step, self.elapsed_s = 0, 0.0
         self.budget_after_first_step = budget_after_first_step
+        self.deadline = deadline
         self.untimed_s = 0.0  # seconds of elapsed_s the time budget leaves out (budget_after_first_step)
         self.last: dict[str, Any] = {}
         self.peak = peak_flops(self.device)
@@ -206,9 +214,31 @@ class Trainer:
         return self.elapsed_s - self.untimed_s
 
     def done(self) -> bool:
+        """Whether the step budget, the time budget or the wall-clock ``deadline`` is spent."""
         t = self.tcfg
         return bool((t.max_steps and self.step >= t.max_steps)
-                    or (t.time_budget_s and self.budget_s_used() >= t.time_budget_s))
+                    or (t.time_budget_s and self.budget_s_used() >= t.time_budget_s)
+                    or (self.deadline is not None and self.par.all_max(time.monotonic() - self.deadline) >= 0))
+
+    def stop_if_due(self, loader_state: dict[str, Any], echo: Callable[[str], None]) -> None:
+        """At a step boundary: when the invocation's stop watch is due (every rank asks rank 0's clock
+        and signal, so all stop at the same step), save a checkpoint unless this step's is on disk, and
+        raise :class:`~codechat.train.stop.RunStopped`.
+
+        Raises:
+            RunStopped: naming the reason and this stage's step.
+        """
+        reason = active().due()
+        if self.par.all_max(1.0 if reason else 0.0) and not reason:
+            reason = "a stop on another rank"
+        if not reason:
+            return
+        where = f"{self.meta.get('stage', 'train')} step {self.step}"
+        if not ckpt.step_dir(self.out_dir / "checkpoints", self.step).is_dir():
+            self.check_finite()
+            self.save(loader_state)
+        echo(f"stopped by {reason} at {where}, its checkpoint saved: resume with --resume")
+        raise RunStopped(reason, where)
 
     # ------------------------------------------------------------------ state
     def resume(self) -> bool:
@@ -413,7 +443,12 @@ class Trainer:
 
         Raises:
             TrainingDiverged: see :meth:`train_step`.
+            RunStopped: the stop watch was due at a step boundary (:meth:`stop_if_due`).
         """
+        with active().polled():
+            return self._fit()
+
+    def _fit(self) -> dict[str, Any]:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.rcfg.resume and self.resume()
         log = MetricsLog(self.out_dir, self.step if resumed else None) if self.world.main else None
@@ -425,9 +460,10 @@ class Trainer:
         first_step_s, elapsed_at_start = None, self.elapsed_s
         saved_at_s = self.elapsed_s
         try:
-            if self.step == 0:
+            if self.step == 0 and not resumed:  # (a run stopped at step 0 logged it already)
                 self.record(log, echo, {"step": 0, **self.run_eval()})
             while not self.done():
+                self.stop_if_due(loader_state, echo)
                 t0 = time.perf_counter()
                 loader_state = self.batches.state_dict()  # position before this step, for Ctrl-C saves
                 micro = [self.batches.next_batch() for _ in range(self.tcfg.accum_steps(self.world.dp_size))]
