@@ -6,9 +6,10 @@ Training commands accept dotted config overrides after their own flags
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from codechat.config.stages import ConfigError
 
@@ -26,7 +27,7 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--init", help="continue pretraining this checkpoint or stage directory, or hf:PATH (a Llama / "
                                   "Qwen3 directory or Hub repo id): its shape and tokenizer replace the preset's")
     p.add_argument("--max-steps", type=int, help="optimizer steps (train.max_steps)")
-    p.add_argument("--time-budget-min", type=float, help="stop after this many minutes of training")
+    p.add_argument("--time-budget-min", type=_minutes, help="stop after this many minutes of training (> 0)")
     _add_stage_io(p, "pretrain")
     _add_parallel(p)
     _add_common(p)
@@ -43,11 +44,61 @@ def _message(without: str) -> Callable[[str], str]:
     return check
 
 
+def _minutes(text: str) -> float:
+    """An argparse ``type`` for a time in minutes: a number > 0, else a usage error (exit 2) naming the flag."""
+    try:
+        minutes = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of minutes, got {text!r}") from None
+    if not minutes > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 minutes, got {text} (leave the flag out for no time limit)")
+    return minutes
+
+
+#: The settings that a training command's flag sets under another name, its value unchanged, and that
+#: flag: an error about the setting names the flag when the value came from it (:func:`_stage_config`).
+#: ``--time-budget-min`` (minutes; ``train.time_budget_s`` holds seconds) is checked as it is parsed.
+FLAG_OF_SETTING = {
+    "train.max_steps": "--max-steps", "train.epochs": "--epochs", "train.save_every_s": "--checkpoint-every-s",
+    "run.out": "--out", "run.seed": "--seed", "data.data_dir": "--data", "data.tokenizer_dir": "--tokenizer",
+    "sft.data": "--data", "sft.seed": "--seed", "sft.max_examples": "--max-examples",
+    "sft.teacher_completions": "--teacher-completions", "rl.tasks": "--tasks", "rl.split": "--split",
+    "rl.group_size": "--group-size", "rl.prompts_per_step": "--prompts-per-step",
+    "rl.max_new_tokens": "--max-new-tokens", "rl.dead_steps": "--dead-steps", "rl.filter_samples": "--filter-samples"}
+
+
+def _name_flags(message: str, settings: Iterable[str]) -> str:
+    """``message`` with each of ``settings`` that :data:`FLAG_OF_SETTING` lists written as its flag
+    (``train.max_steps must be >= 0`` -> ``--max-steps must be >= 0``; ``--train.max_steps`` stays)."""
+    for key in settings:
+        if key in FLAG_OF_SETTING:
+            message = re.sub(rf"(?<![\w.-]){re.escape(key)}(?![\w.])", FLAG_OF_SETTING[key], message)
+    return message
+
+
 def _stage_config(cls: type, path: str | None, flags: dict, overrides: dict[str, str], base=None):
     """A stage's config: defaults (or ``base``) <- YAML ``path`` <- the named flags given (not None)
-    <- dotted overrides."""
+    <- dotted overrides.
+
+    Raises:
+        ConfigError: a bad setting, named by the flag the user typed when a named flag gave it
+            (:data:`FLAG_OF_SETTING`); ``run.resume`` (``--resume``) when ``run.out`` holds no
+            checkpoint, which would silently start from step 0.
+    """
     from codechat.config.stages import load
-    return load(cls, path, {**{k: v for k, v in flags.items() if v is not None}, **overrides}, base=base)
+    given = {k: v for k, v in flags.items() if v is not None}
+    try:
+        cfg = load(cls, path, {**given, **overrides}, base=base)
+    except ConfigError as e:
+        e.args = (_name_flags(str(e), [k for k in given if k not in overrides]),)
+        raise
+    if cfg.run.resume:
+        from .checkpoint import list_checkpoints
+        checkpoints = Path(cfg.run.out) / "checkpoints"
+        if not list_checkpoints(checkpoints):
+            raise ConfigError(f"--resume: {cfg.run.out} holds no checkpoint to continue from (none in {checkpoints}); "
+                              "drop --resume to start a new run there")
+    return cfg
 
 
 def _say(text: str) -> None:

@@ -96,3 +96,46 @@ def test_serve_on_a_busy_port_says_so_before_the_model_loads(tmp_path, tok, tok_
                        capture_output=True, text=True, cwd=ROOT, timeout=120)  # TEST-NET-1: never this machine's
     assert p.returncode == 2 and p.stderr.strip().startswith("codechat serve: error: cannot listen on 192.0.2.1:8000:")
     assert p.stderr.strip().endswith("(give an address of this machine as --host)")
+
+
+@pytest.mark.parametrize("stage", ["pretrain", "sft", "rl"])
+def test_resume_where_there_is_no_checkpoint_is_an_error_naming_the_directory(stage, tmp_path, capsys):
+    out = tmp_path / "new"
+    init = [] if stage == "pretrain" else ["--init", str(tmp_path)]
+    assert main([stage, *init, "--max-steps", "2", "--out", str(out), "--resume"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"codechat {stage}: error: --resume: {out} holds no checkpoint to continue from (none in "
+        f"{out / 'checkpoints'}); drop --resume to start a new run there")
+    assert not out.exists()  # nothing trained from step 0
+    (out / "checkpoints" / ".tmp-step_000002").mkdir(parents=True)  # a save that never finished is no checkpoint
+    assert main([stage, *init, "--max-steps", "2", "--out", str(out), "--resume"]) == 2
+    assert "holds no checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["pretrain", "--max-steps", "-1"], "codechat pretrain: error: --max-steps must be >= 0, got -1"),
+    (["pretrain", "--max-steps", "3", "--checkpoint-every-s", "-5"],
+     "codechat pretrain: error: --checkpoint-every-s must be >= 0 (0: by steps only), got -5.0"),
+    (["sft", "--init", ".", "--epochs", "-1"], "codechat sft: error: --epochs must be >= 0, got -1.0"),
+    (["sft", "--init", ".", "--max-examples", "-2"],
+     "codechat sft: error: --max-examples must be >= 0 (0: all), got -2"),
+    (["rl", "--init", ".", "--dead-steps", "0"], "codechat rl: error: --dead-steps must be >= 1, got 0"),
+    # a dotted override is named as typed, also over the flag
+    (["pretrain", "--max-steps", "2", "--train.max_steps", "-3"],
+     "codechat pretrain: error: train.max_steps must be >= 0, got -3"),
+])
+def test_a_bad_flag_value_is_named_by_the_flag_the_user_typed(argv, error, tmp_path, capsys):
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip() == error
+
+
+@pytest.mark.parametrize("value, why", [("-1", "must be > 0 minutes, got -1 (leave the flag out for no time limit)"),
+                                        ("0", "must be > 0 minutes, got 0 (leave the flag out for no time limit)"),
+                                        ("ten", "expected a number of minutes, got 'ten'")])
+def test_a_bad_time_budget_is_a_usage_error_naming_the_flag(value, why, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["pretrain", "--time-budget-min", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(f"codechat pretrain: error: argument --time-budget-min: {why}")
+    assert "time_budget_s" not in err

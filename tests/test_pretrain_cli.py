@@ -77,6 +77,7 @@ def test_stage_flags_reach_the_config_including_checkpoint_every_s(tmp_path):
     from codechat.config.sft import SFTStageConfig
     from codechat.train.grpo import RLStageConfig
     common = ["--checkpoint-every-s", "30", "--out", str(tmp_path / "o"), "--resume", "--seed", "7"]
+    (tmp_path / "o" / "checkpoints" / "step_000001").mkdir(parents=True)  # what --resume continues from
     args, _ = build_parser().parse_known_args(["pretrain", "--preset", "tiny", "--max-steps", "3", *common])
     cfg = pretrain_config(args, {})
     assert (cfg.train.save_every_s, cfg.run.out, cfg.run.resume, cfg.run.seed) == (30.0, str(tmp_path / "o"), True, 7)

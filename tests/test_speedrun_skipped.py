@@ -1,6 +1,7 @@
 """The speedrun's stage table says ``skipped`` and why for a stage that did not do its work (RL
 with too few tasks kept by its pass-rate filter) — in ``metrics.json`` (``status``, ``reason``) and ``report.md`` — and a
-resumed run does not redo it; the SFT plot draws the train loss and the fixed-examples loss."""
+resumed run does not redo it; the SFT plot draws the train loss and the fixed-examples loss, a curve of
+one point visibly, and its legend names only the curves drawn."""
 from __future__ import annotations
 
 import json
@@ -79,6 +80,27 @@ def test_the_sft_plot_draws_the_train_loss_and_the_fixed_examples_loss(tmp_path)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     pre = loss_curves([{"step": 0, "val_loss": 5.0}, {"step": 1, "loss": 5.5}])
     assert [c[0] for c in pre] == ["train loss (nats/token)", "val loss (nats/token)"]
+
+
+def test_a_loss_curve_of_one_point_is_drawn_and_the_legend_names_only_curves_drawn(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (figures.append(fig), close(fig)))
+    # SFT that logged one train row: its point gets a marker (a line of one point draws nothing)
+    plot_loss([{"step": 0, "eval_loss": 3.6}, {"step": 1, "loss": 3.7}, {"step": 1, "eval_loss": 3.5}],
+              tmp_path / "sft_loss.png", "tiny chat SFT on cpu")
+    ax = figures[-1].axes[0]
+    train, fixed = ax.lines
+    assert (train.get_label(), list(train.get_xdata()), list(train.get_ydata()), train.get_marker()) == \
+        ("train loss (nats/token)", [1], [3.7], "o")
+    assert list(fixed.get_xdata()) == [0, 1] and fixed.get_marker() == "o" and fixed.get_linestyle() == "-"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "train loss (nats/token)", "loss on a fixed set of its examples (nats/token)"]
+    # no train row, no eval row: nothing drawn, no legend, and the axes say why
+    png = plot_loss([{"step": 0, "lr": 1e-3}], tmp_path / "empty.png", "tiny chat SFT on cpu")
+    ax = figures[-1].axes[0]
+    assert len(ax.lines) == 0 and ax.get_legend() is None and [t.get_text() for t in ax.texts] == ["no points logged"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_mid_training_takes_its_share_from_pretraining_and_bad_shares_are_refused(tmp_path):

@@ -9,8 +9,12 @@ tasks 1-4 and 10, test tasks 11-14 and 510, validation 511 and 600, train 601-60
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
+import logging
+import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -36,6 +40,33 @@ MINI_TRAIN_IDS = [601, 602, 603, 974]
 def box():
     with sandbox.Sandbox(2) as b:
         yield b
+
+
+@contextlib.contextmanager
+def captured():
+    """``(records, caught)``: the warnings the block logs through the ``codechat`` loggers, and the Python
+    warnings it raises."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger("codechat")
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield records, caught
+    finally:
+        logger.removeHandler(handler)
+
+
+@contextlib.contextmanager
+def warns(match: str):
+    """Asserts that the block logs a warning matching ``match`` through a ``codechat`` logger (one line, as
+    the CLI prints it) and raises no Python warning about it (printed with a source excerpt)."""
+    with captured() as (records, caught):
+        yield
+    assert any(re.search(match, r.getMessage()) for r in records), [r.getMessage() for r in records]
+    assert not [w for w in caught if re.search(match, str(w.message))]
 
 
 def fenced(code: str) -> str:
@@ -79,7 +110,7 @@ def test_mbpp_task_judges_a_chat_answer_like_eval(box):
 def test_mini_mbpp_task_judges_a_chat_answer_like_eval(box):
     check_mbpp_task_judges_a_chat_answer(MINI_MBPP, box)
     # the test set-up code of a task is part of its program: task 12's asserts read SAMPLE from it
-    with pytest.warns(UserWarning, match="evaluation reports on"):
+    with warns("evaluation reports on"):
         t12 = next(t for t in T.load_tasks(f"mbpp:{MINI_MBPP}", split="test") if t.task_id == "MBPP/12")
     assert t12.problem.test_setup_code == "SAMPLE = [4, 7, 1, 9, 3]"
     ok, off = box.run_many([t12.job(fenced("def even_position_sum(items):\n    return sum(items[::2])")),
@@ -90,7 +121,7 @@ def test_mini_mbpp_task_judges_a_chat_answer_like_eval(box):
 def test_mbpp_other_splits_and_limit():
     mbpp = shared_file(MBPP_REL)
     assert [t.task_id for t in T.load_tasks(f"mbpp:{mbpp}", split="prompt")] == [f"MBPP/{i}" for i in range(1, 11)]
-    with pytest.warns(UserWarning, match="evaluation reports on"):
+    with warns("evaluation reports on"):
         assert len(T.load_tasks(f"mbpp:{mbpp}", split="test", limit=5)) == 5
 
 
@@ -98,21 +129,21 @@ def test_mini_mbpp_other_splits_and_limit():
     """Splits follow the task ids at their edges: 10 | 11, 510 | 511, 600 | 601, 974."""
     ids = lambda **kw: [t.task_id for t in T.load_tasks(f"mbpp:{MINI_MBPP}", **kw)]  # noqa: E731
     assert ids(split="prompt") == ["MBPP/1", "MBPP/2", "MBPP/3", "MBPP/4", "MBPP/10"]
-    with pytest.warns(UserWarning, match="evaluation reports on"):
+    with warns("evaluation reports on"):
         assert ids(split="test") == ["MBPP/11", "MBPP/12", "MBPP/13", "MBPP/14", "MBPP/510"]
-    with pytest.warns(UserWarning, match="evaluation reports on"):
+    with warns("evaluation reports on"):
         assert ids(split="validation") == ["MBPP/511", "MBPP/600"]
-    with pytest.warns(UserWarning, match="evaluation reports on"):
+    with warns("evaluation reports on"):
         assert len(ids(split="test", limit=3)) == 3
-    with pytest.warns(UserWarning, match="evaluation reports on"):
+    with warns("evaluation reports on"):
         assert len(ids(split="all")) == 16
 
 
 def test_humaneval_shipped_and_by_path_with_references(box):
-    with pytest.warns(UserWarning, match="evaluation reports on"):
+    with warns("evaluation reports on"):
         tasks = T.load_tasks("humaneval", check_references=True, box=box)
     assert len(tasks) == 164 and tasks[0].task_id == "HumanEval/0" and tasks[0].tests == ("check(has_close_elements)",)
-    with pytest.warns(UserWarning):
+    with warns("evaluation reports on"):
         again = T.load_tasks(f"humaneval:{HUMANEVAL_FILE}", limit=3)
     assert [t.task_id for t in again] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
     assert again[0].prompt == tasks[0].prompt
@@ -122,7 +153,7 @@ def test_humaneval_shipped_and_by_path_with_references(box):
 def check_tasks_jsonl_round_trip(mbpp: Path, tmp_path: Path, box) -> None:
     """Sample rows as ``codechat eval run`` writes them -> ``codechat eval filter`` -> load_tasks."""
     problems = [T.load_tasks(f"mbpp:{mbpp}", limit=2)[i].problem for i in range(2)]
-    with pytest.warns(UserWarning):
+    with warns("evaluation reports on"):
         problems += [t.problem for t in T.load_tasks("humaneval", limit=2)]
     samples = tmp_path / "samples.jsonl"
     with open(samples, "w") as f:
@@ -169,7 +200,7 @@ def check_funcall_tasks(glaive: Path, n_train_calls: int) -> list[T.Task]:
         assert len(t.prompt.messages) == int(turn) and t.tests == () and t.reference is None
     with pytest.raises(ValueError, match="funcall task"):
         tasks[0].job("{}")
-    with pytest.warns(UserWarning, match="evaluation reports on"):
+    with warns("evaluation reports on"):
         held = T.load_tasks(f"funcall:{glaive}", split="heldout")
     assert held and all(conversation_split(raw[int(t.task_id.rsplit(":", 2)[1]) - 1]) == "heldout" for t in held)
     assert len(T.load_tasks(f"funcall:{glaive}", limit=7)) == 7
@@ -189,7 +220,7 @@ def test_mini_funcall_tasks_are_train_call_turns_with_tools():
     assert first.expected_call == {"name": "convert_temperature", "arguments": {"value": 30, "to_unit": "F"}}
     assert [m.content for m in first.prompt.messages] == ["What is 30 degrees Celsius in Fahrenheit?"]
     assert [tool["name"] for tool in first.tools] == ["convert_temperature"]
-    with pytest.warns(UserWarning, match="evaluation reports on"):
+    with warns("evaluation reports on"):
         held = T.load_tasks(f"funcall:{MINI_GLAIVE}", split="heldout")
     assert [t.task_id.split(":", 1)[1] for t in held] == ["2:1", "4:1", "11:1", "11:5"]
     # the second call of a conversation sees the first call, its result and the answer before it
@@ -316,7 +347,7 @@ def test_mini_doctest_mining_keeps_passing_drops_failing_and_contaminated(tmp_pa
     assert D.mine_doctest_tasks([tmp_path / "b"], mbpp_file=MINI_MBPP, box=box, counts=counts) == []
     assert counts.as_dict() == {"files": 1, "files_with_doctests": 1, "unparsable_files": 0, "functions": 1,
                                 "candidates": 0, "kept": 0, "skipped": {"contaminated": 1}, "reference_failures": {}}
-    with pytest.warns(UserWarning, match="HumanEval only"):
+    with warns("HumanEval only"):
         kept = D.mine_doctest_tasks([tmp_path / "b"], box=box)
     assert [t.task_id for t in kept] == ["doctest/leak.py::merge_sorted"]
 
@@ -338,8 +369,31 @@ def test_mini_doctest_spec_on_the_standard_library(box):
 
 def test_doctest_mining_warns_without_mbpp(tmp_path, box):
     (tmp_path / "good.py").write_text(GOOD)
-    with pytest.warns(UserWarning, match="HumanEval only"):
+    with warns("HumanEval only"):
         assert len(T.load_tasks(f"doctest:{tmp_path}", box=box)) == 2
+
+
+def test_a_pool_mines_doctests_with_its_own_check_silently_and_its_report_names_the_benchmarks(tmp_path, box):
+    """``codechat rl`` and the speedrun's RL stage read doctest tasks through a pool: the miner uses the
+    pool's check, so nothing is printed, and the pool's report (and the speedrun's report row) says what
+    was checked: HumanEval's problems, and MBPP's test problems only with its file."""
+    from codechat.speedrun.report import _rl_section
+    from codechat.train.task_pool import load_pool
+    (tmp_path / "good.py").write_text(GOOD)
+    (tmp_path / "leak.py").write_text(MBPP_LEAK)
+    with captured() as (records, caught):
+        tasks, report = load_pool(f"doctest:{tmp_path}", box=box)
+    assert records == [] and not [w for w in caught if re.search("HumanEval|MBPP", str(w.message))]
+    assert report["checked"] == {"HumanEval": 164} and report["tasks"] == len(tasks) == 3  # the leak kept
+    section = "\n".join(_rl_section({"rl": {"pool": report, "skipped": True, "reason": "-"},
+                                     "stages": {"rl": {"status": "skipped"}}}))
+    row = next(line for line in section.splitlines() if line.startswith("| task pool |"))
+    assert "; checked against HumanEval (164 problems): 0 left out as overlapping" in row
+    with captured() as (records, caught):
+        tasks, report = load_pool(f"doctest:{tmp_path}", mbpp_file=str(MINI_MBPP), box=box)
+    assert records == [] and not [w for w in caught if re.search("HumanEval|MBPP", str(w.message))]
+    assert report["checked"] == {"HumanEval": 164, "MBPP": 5}  # the mini file's test problems: 11-14, 510
+    assert sorted(t.task_id for t in tasks) == ["doctest/good.py::safe_div", "doctest/good.py::words"]
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -412,7 +466,7 @@ def check_failing_references(mbpp_file: Path, tmp_path: Path, box) -> None:
     with pytest.raises(ValueError, match=r"references of 1 tasks fail .*MBPP/601"):
         T.load_tasks(f"mbpp:{mbpp}", check_references=True, box=box)
     nothing = write_rows(tmp_path / "n.jsonl", [ROW])
-    with pytest.warns(UserWarning, match="nothing was checked"):
+    with warns("nothing was checked"):
         T.load_tasks(f"tasks:{nothing}", check_references=True, box=box)
 
 

@@ -377,8 +377,8 @@ class TrainConfig:
         _check(self.batch_size >= 0, f"train.batch_size must be >= 0, got {self.batch_size}")
         if self.batch_size:
             self.accum_steps(1)
-        _check(self.max_steps >= 0 and self.time_budget_s >= 0 and self.epochs >= 0,
-               "train.max_steps, train.time_budget_s and train.epochs must be >= 0")
+        for name in ("max_steps", "time_budget_s", "epochs"):
+            _check(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
         _check(self.max_steps > 0 or self.time_budget_s > 0 or self.epochs > 0,
                "none of train.max_steps, train.time_budget_s, train.epochs is set: give --max-steps N, "
                "--train.time_budget_s S or --train.epochs E")

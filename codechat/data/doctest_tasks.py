@@ -11,6 +11,7 @@ import ast
 import builtins
 import doctest
 import hashlib
+import logging
 import textwrap
 import warnings
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from codechat.data.task import Task
 from codechat.eval import sandbox
 from codechat.eval.problems import Problem
 
+log = logging.getLogger(__name__)
 
 #: Seconds a doctest reference may run when it is checked.
 DOCTEST_TIMEOUT_S = 5.0
@@ -207,19 +209,23 @@ def _decontaminator(mbpp_file: str | Path | None) -> Any:
     if mbpp_file:
         problems += mbpp_problems(mbpp_file)
     else:
-        warnings.warn("doctest tasks are checked against HumanEval only: give mbpp_file (the published mbpp.jsonl) "
-                      "to exclude tasks overlapping MBPP's test problems too", stacklevel=3)
+        log.warning("doctest tasks are checked against HumanEval only: give the published mbpp.jsonl as mbpp_file "
+                    "to exclude tasks overlapping MBPP's test problems too")
     return Decontaminator(problems)
 
 
 def mine_doctest_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: int = 0, max_tasks: int = 0,
-                       mbpp_file: str | Path | None = None, box: sandbox.Sandbox | None = None, workers: int = 2,
-                       timeout_s: float = DOCTEST_TIMEOUT_S, counts: DoctestCounts | None = None) -> list[Task]:
+                       mbpp_file: str | Path | None = None, decontaminator: Any = None,
+                       box: sandbox.Sandbox | None = None, workers: int = 2, timeout_s: float = DOCTEST_TIMEOUT_S,
+                       counts: DoctestCounts | None = None) -> list[Task]:
     """Code tasks mined from the doctests of the ``.py`` files under ``srcs`` (default: this
     Python's standard library), in file then line order; rules in the module docstring.
 
-    Only files whose text holds ``>>>`` are parsed. Candidates are decontaminated (HumanEval, and
-    MBPP's test problems when ``mbpp_file`` is given; warned otherwise), deduplicated by reference,
+    Only files whose text holds ``>>>`` are parsed. Candidates are decontaminated by ``decontaminator``
+    (a :class:`codechat.data.mining.Decontaminator`, e.g. the one a task pool checks all its tasks with,
+    whose builder says what it checks; ``mbpp_file`` is then unused) or, when it is None, against
+    HumanEval and MBPP's test problems in ``mbpp_file`` (without ``mbpp_file``: HumanEval only, and a
+    one-line warning through the logger ``codechat.data.doctest_tasks``), deduplicated by reference,
     then their references run in the sandbox (``box``, or the shared pool) ``DOCTEST_BATCH`` at a
     time, ``timeout_s`` each; those that pass are kept. ``max_files`` / ``max_tasks`` > 0 stop early.
     ``counts`` receives what was seen and dropped (:class:`DoctestCounts`).
@@ -230,7 +236,7 @@ def mine_doctest_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: i
     from codechat.config.stages import default_corpus_dirs
     from codechat.data.sources import collect_files
     counts = counts if counts is not None else DoctestCounts()
-    decon = _decontaminator(mbpp_file)
+    decon = decontaminator if decontaminator is not None else _decontaminator(mbpp_file)
     kept: list[Task] = []
     pending: list[Task] = []
     seen: set[bytes] = set()

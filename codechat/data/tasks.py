@@ -92,7 +92,7 @@ from __future__ import annotations
 
 import functools
 import json
-import warnings
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,8 @@ from codechat.data.formats import HUMANEVAL_PROMPT, mbpp_prompt
 from codechat.data.task import Task, describe_failure, failing_references
 from codechat.eval import sandbox
 from codechat.eval.problems import Problem, load_humaneval, load_mbpp_problems
+
+log = logging.getLogger(__name__)
 
 PREFIXES = ("mbpp", "humaneval", "tasks", "funcall", "doctest")
 #: The split each spec reads unless ``split`` is given (the RL default: held-in data).
@@ -229,9 +231,10 @@ def parse_spec(spec: str) -> tuple[str, Path | None]:
 
 
 def load_tasks(spec: str, *, split: str | None = None, limit: int | None = None, check_references: bool = False,
-               mbpp_file: str | Path | None = None, max_files: int = 0, box: sandbox.Sandbox | None = None,
-               workers: int = 2, timeout_s: float = 10.0) -> list[Task]:
-    """The tasks of ``spec`` (table in the module docstring), the first ``limit`` of them.
+               mbpp_file: str | Path | None = None, decontaminator: Any = None, max_files: int = 0,
+               box: sandbox.Sandbox | None = None, workers: int = 2, timeout_s: float = 10.0) -> list[Task]:
+    """The tasks of ``spec`` (table in the module docstring), the first ``limit`` of them. What is
+    warned about is one line through the logger ``codechat.data.tasks`` (``codechat: warning: ...``).
 
     Args:
         split: the split to read; ``None``: the spec's RL default (:data:`DEFAULT_SPLITS`). An
@@ -241,6 +244,8 @@ def load_tasks(spec: str, *, split: str | None = None, limit: int | None = None,
             with a reference) in the sandbox and raise if any fails. Doctest references are
             always run (a failing one excludes its task).
         mbpp_file: doctest: also exclude tasks overlapping the MBPP test problems of this file.
+        decontaminator: doctest: the benchmark check to use instead of HumanEval plus ``mbpp_file``'s
+            (:func:`~codechat.data.doctest_tasks.mine_doctest_tasks`).
         max_files: doctest: read at most this many files (0: all).
         box, workers, timeout_s: the sandbox pool, its parallel programs and seconds per program
             (doctest references: :data:`DOCTEST_TIMEOUT_S` at most).
@@ -257,8 +262,8 @@ def load_tasks(spec: str, *, split: str | None = None, limit: int | None = None,
     if prefix == "doctest" and split is not None:
         raise ValueError(f"task spec {spec!r}: doctest tasks have no splits, got split {split!r}")
     if split in EVAL_SPLITS.get(prefix, ()):
-        warnings.warn(f"RL on {spec} split {split!r} trains on data that evaluation reports on; its scores "
-                      "will no longer measure generalisation", stacklevel=2)
+        log.warning(f"RL on {spec} split {split!r} trains on data that evaluation reports on; its scores "
+                    "will no longer measure generalisation")
     if prefix == "mbpp":
         if split != "all" and split not in MBPP_SPLITS:
             raise ValueError(f"task spec {spec!r}: unknown MBPP split {split!r}; use one of "
@@ -276,7 +281,7 @@ def load_tasks(spec: str, *, split: str | None = None, limit: int | None = None,
     else:
         counts = DoctestCounts()
         tasks = mine_doctest_tasks([path] if path else None, max_files=max_files, max_tasks=limit or 0,
-                                   mbpp_file=mbpp_file, box=box, workers=workers,
+                                   mbpp_file=mbpp_file, decontaminator=decontaminator, box=box, workers=workers,
                                    timeout_s=min(timeout_s, DOCTEST_TIMEOUT_S), counts=counts)
         if not tasks:
             raise ValueError(f"task spec {spec!r}: no doctest task survived: {json.dumps(counts.as_dict())}")
@@ -285,8 +290,7 @@ def load_tasks(spec: str, *, split: str | None = None, limit: int | None = None,
     tasks = tasks[:limit] if limit else tasks
     if check_references and prefix not in ("doctest", "funcall"):  # funcall tasks have no reference
         if not any(t.reference is not None for t in tasks):
-            warnings.warn(f"check_references: no task of {spec} carries a reference solution; nothing was checked",
-                          stacklevel=2)
+            log.warning(f"check_references: no task of {spec} carries a reference solution; nothing was checked")
         failed = failing_references(tasks, box=box, workers=workers, timeout_s=timeout_s)
         if failed:
             raise ValueError(f"task spec {spec!r}: the references of {len(failed)} tasks fail their own tests "

@@ -39,15 +39,16 @@ def load_pool(spec: str, *, mbpp_file: str = "", decontaminate: bool = True, **l
 
     Args:
         spec: ``SPEC[+SPEC...]`` of :func:`codechat.data.tasks.load_tasks`; each with its RL default split.
-        mbpp_file: MBPP's file: its test problems join HumanEval's in the decontamination (and
-            doctest mining leaves them out).
+        mbpp_file: MBPP's file: its test problems join HumanEval's in the decontamination, which doctest
+            mining applies too, silently (the report's ``checked`` names what was checked).
         decontaminate: False keeps every task (``codechat rl`` on a file the user already checked).
         load: passed to every :func:`~codechat.data.tasks.load_tasks` call (``check_references``,
             ``workers``, ``timeout_s``, ``max_files``, ...).
 
     Returns:
         The tasks, the first of each task id; the report ``{"specs": {spec: tasks read},
-        "duplicates": n, "decontaminated": [{"task_id", "problem", "part", "fraction"}], "tasks": n}``.
+        "duplicates": n, "checked": {benchmark: problems} (empty without ``decontaminate``),
+        "decontaminated": [{"task_id", "problem", "part", "fraction"}], "tasks": n}``.
 
     Raises:
         ValueError: an empty part of the spec, or what :func:`load_tasks` raises (the spec named).
@@ -58,8 +59,9 @@ def load_pool(spec: str, *, mbpp_file: str = "", decontaminate: bool = True, **l
     if any(not p for p in parts):
         raise ValueError(f"task pool {spec!r}: an empty spec between '{POOL_SEPARATOR}' signs")
     tasks, seen, report = [], set(), {"specs": {}, "duplicates": 0, "decontaminated": []}
+    decon = benchmark_decontaminator(mbpp_file or None, unchecked=())
     for part in parts:
-        got = load_tasks(part, mbpp_file=mbpp_file or None, **load)
+        got = load_tasks(part, mbpp_file=mbpp_file or None, decontaminator=decon, **load)
         report["specs"][part] = len(got)
         for t in got:
             if t.task_id in seen:
@@ -67,8 +69,8 @@ def load_pool(spec: str, *, mbpp_file: str = "", decontaminate: bool = True, **l
                 continue
             seen.add(t.task_id)
             tasks.append(t)
+    report["checked"] = dict(decon.benchmarks) if decontaminate else {}
     if decontaminate:
-        decon = benchmark_decontaminator(mbpp_file or None, unchecked=())
         kept = []
         for t in tasks:
             hit = decon.overlap(t.text())
