@@ -135,6 +135,8 @@ def _add_stage_io(p: argparse.ArgumentParser, stage: str) -> None:
                    help="also save a checkpoint after this many seconds of training, so a killed run resumes close "
                         "to where it stopped (train.save_every_s; default: every train.save_every steps only)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    from codechat.train.stop import add_stop_flag
+    add_stop_flag(p)
     p.add_argument("--peft", choices=["none", "lora"],
                    help="lora: train LoRA adapters on the frozen --init (AdamW; --lora.rank R --lora.alpha A "
                         "--lora.dropout P --lora.targets q,k,v,o,gate,up,down); checkpoints hold the adapters and "
@@ -508,12 +510,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line as given (speedrun --record)
+    from codechat.train.stop import EXIT_STOPPED, RunStopped, resume_command, stop_watch
+    accepts = getattr(args, "accepts_overrides", False)
+    if rest and not accepts:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
-        if getattr(args, "accepts_overrides", False):
-            return args.func(args, parse_overrides(rest))
-        if rest:
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        return args.func(args)
+        call = (lambda: args.func(args, parse_overrides(rest))) if accepts else (lambda: args.func(args))
+        if not hasattr(args, "stop_after_min"):  # SIGTERM keeps its default for the other commands (serve)
+            return call()
+        with stop_watch(args.stop_after_min).install():  # training commands stop cleanly (codechat.train.stop)
+            return call()
+    except RunStopped as e:
+        print(f"codechat {args.command}: {e}; continue with: {resume_command(args.argv)}", file=sys.stderr)
+        return EXIT_STOPPED
     except _user_errors() as e:  # ToolError, HFImportError: ValueErrors
         print(f"codechat {args.command}: error: {e}", file=sys.stderr)
         return 2

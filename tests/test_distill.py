@@ -8,6 +8,7 @@ repeats): ``ok``, ``429`` (``Retry-After: 1``), ``429ms`` (``retry-after-ms: 300
 timeout), ``garbage`` (a 200 that is not JSON), ``length``, ``filter``, ``nochoices``,
 ``empty``, ``think``, ``toolnull`` (tool calls with ``content: null``), ``badargs`` (a call
 whose arguments are cut), ``echo400`` (a 400 whose message repeats the Authorization header).
+An ``ok`` answer to a prompt in ``FaultServer.hold`` waits until the test sets ``release``.
 """
 from __future__ import annotations
 
@@ -45,15 +46,17 @@ WEATHER = {"name": "get_weather", "description": "Weather in a city",
 class FaultServer:
     """An OpenAI-compatible ``POST /v1/chat/completions`` whose answer to each attempt is named in the prompt."""
 
-    def __init__(self, slow_s: float = 1.5, ok_delay_s: float = 0.0, hold: frozenset[str] = frozenset()) -> None:
-        """``hold``: prompt ids whose ``ok`` answers wait for ``release`` (set) so a run cannot finish early."""
+    def __init__(self, slow_s: float = 1.5) -> None:
         self.attempts: Counter = Counter()
         self.log: list[tuple[str, str, float]] = []  # (prompt id, action, time)
         self.auth: set[str] = set()
         self.bodies: dict[str, dict] = {}
         self.lock = threading.Lock()
-        self.slow_s, self.ok_delay_s, self.hold = slow_s, ok_delay_s, hold
+        self.slow_s = slow_s
+        self.hold: frozenset[str] = frozenset()  # prompt ids whose ok answers wait for release (the test sets both)
         self.release = threading.Event()
+        self.held = 0  # requests that have waited for release so far
+        self.held_changed = threading.Condition()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -106,9 +109,11 @@ class FaultServer:
     def act(self, h, pid, action, auth):
         call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
         if action == "ok":
-            if pid in self.hold:
-                self.release.wait(60)
-            time.sleep(self.ok_delay_s)
+            if pid in self.hold and not self.release.is_set():
+                with self.held_changed:
+                    self.held += 1
+                    self.held_changed.notify_all()
+                self.release.wait()
             return h.send(200, self.completion({"content": f"answer to {pid}"}))
         if action in ("429", "429ms"):
             wait = ("Retry-After", "1") if action == "429" else ("retry-after-ms", "300")
@@ -139,6 +144,11 @@ class FaultServer:
                         "tool_calls"),
         }[action]
         h.send(200, self.completion(message, finish))
+
+    def wait_held(self, n: int, timeout: float = 120) -> None:
+        """Return once ``n`` requests in all have waited for ``release``; fails after ``timeout`` seconds."""
+        with self.held_changed:
+            assert self.held_changed.wait_for(lambda: self.held >= n, timeout), f"{self.held} of {n} requests held"
 
     def close(self):
         self.release.set()
@@ -239,61 +249,92 @@ def test_faults_end_complete_once_each_with_rejections_counted_by_reason(server,
         run_distill(fault_config(server, prompts, out, temperature=0.5), show_progress=False)
 
 
-def distill_cli(server, prompts, out, cwd, *extra, **popen):
+def distill_cli(server, prompts, out, cwd):
+    """``codechat distill`` in a child process, 3 requests at a time, with SIGINT at its default as in a
+    terminal. This suite run as a script's background job (``bash scripts/test.sh &``) has SIGINT ignored, and
+    a child inherits an ignored signal (exec resets only handled ones), so SIGINT is handled while it starts."""
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     env["PYTHONPATH"] = str(REPO)
-    return subprocess.Popen([sys.executable, "-m", "codechat", "distill", "--prompts", str(prompts), "--base-url",
-                             server.url, "--model", "fault-teacher", "--out", str(out), "--concurrency", "3",
-                             "--teacher.backoff_base_s", "0.01", *extra], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "codechat", "distill", "--prompts", str(prompts), "--base-url",
+                                 server.url, "--model", "fault-teacher", "--out", str(out), "--concurrency", "3",
+                                 "--teacher.backoff_base_s", "0.01"], cwd=cwd, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
-def wait_for_lines(path: Path, n: int, proc, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while len(lines(path)) < n:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "no answers arrived"
-        time.sleep(0.05)
+def stop(proc, sig: int, within_s: float = 10) -> tuple[str, str]:
+    """Send ``sig`` to ``proc``; its stdout and stderr once it exited, failing if that took over ``within_s``."""
+    proc.send_signal(sig)
+    try:
+        return proc.communicate(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"codechat distill still ran {within_s} s after signal {sig}: {proc.communicate()[1][-3000:]}")
 
 
-def test_kill_9_and_ctrl_c_then_rerun_lose_nothing_and_duplicate_nothing(tmp_path):
-    # p20..p39 are held until both stops are done: however slowly this test is scheduled, neither run can finish
-    server = FaultServer(ok_delay_s=0.05, hold=frozenset(f"p{i:02d}" for i in range(20, 40)))
+def test_ctrl_c_and_kill_9_with_requests_in_flight_then_rerun_lose_nothing_and_duplicate_nothing(tmp_path):
+    # Each stop comes once the 3 workers all wait on answers the teacher holds, so what is written by then is
+    # known exactly however slowly this test is scheduled: every prompt before the held ones, nothing after.
+    server = FaultServer()
+    ids = [f"p{i:02d}" for i in range(40)]
     try:
         (tmp_path / ".env").write_text(f"OPENAI_API_KEY={KEY}\n")  # the key from ./.env, not the environment
-        plans = {f"p{i:02d}": ("500,ok" if i % 7 == 0 else "ok") for i in range(40)}
+        plans = {pid: "500,ok" if i % 7 == 0 else "ok" for i, pid in enumerate(ids)}
         prompts = write_prompts(tmp_path / "prompts.jsonl", plans)
         out = tmp_path / "out"
+
+        def written() -> list[str]:
+            return sorted(r["id"] for name in ("completions.jsonl", "rejected.jsonl") for r in lines(out / name))
+
+        server.hold = frozenset(ids[10:])
         proc = distill_cli(server, prompts, out, tmp_path)
-        wait_for_lines(out / "completions.jsonl", 5, proc)
-        proc.send_signal(signal.SIGINT)  # Ctrl-C: stops, writes the summary, says how to go on
-        stdout, stderr = proc.communicate(timeout=30)
-        assert proc.returncode == 130 and len(lines(out / "completions.jsonl")) < 40, stderr
-        assert "run the same command again to continue" in stdout
+        server.wait_held(3)  # p00-p09 answered, p10-p12 in flight
+        stdout, stderr = stop(proc, signal.SIGINT)  # Ctrl-C: cancels them, writes the summary, says how to go on
+        assert proc.returncode == 130 and written() == ids[:10], stderr  # the answers kept, no held prompt
+        assert "run the same command again to continue" in stdout and "Ctrl-C is ignored" not in stdout
         assert json.loads((out / "summary.json").read_text())["this_run"]["interrupted"] is True
         logs = stdout + stderr
+
+        server.hold = frozenset(ids[20:])
         proc = distill_cli(server, prompts, out, tmp_path)
-        wait_for_lines(out / "completions.jsonl", 15, proc)
-        proc.kill()  # kill -9 in the middle
-        logs += "".join(proc.communicate(timeout=30))
-        assert len(lines(out / "completions.jsonl")) < 40  # stopped in the middle
+        server.wait_held(6)  # p10-p19 answered, p20-p22 in flight
+        logs += "".join(stop(proc, signal.SIGKILL))  # kill -9 in the middle
+        assert written() == ids[:20]
         with open(out / "completions.jsonl", "a") as f:
             f.write('{"id": "p39", "answer": [{"role": "assis')  # a line a crash cut short
+
         server.release.set()
         proc = distill_cli(server, prompts, out, tmp_path)
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 0, stderr
         logs += stdout + stderr
-        ids = [r["id"] for r in lines(out / "completions.jsonl")]
-        assert sorted(ids) == sorted(plans)  # nothing lost, nothing twice
+        assert written() == ids  # nothing lost, nothing twice
         assert all(r["answer"] == [{"role": "assistant", "content": f"answer to {r['id']}"}]
                    for r in lines(out / "completions.jsonl"))
-        assert sum(server.attempts.values()) <= 40 + 6 + 3 + 3  # + the retries, + what was in flight at each stop
+        assert sum(server.attempts.values()) == 40 + 6 + 3 + 3  # + the retries, + the 3 in flight at each stop
         s = json.loads((out / "summary.json").read_text())
-        assert (s["kept"], s["pending"], s["this_run"]["skipped"]) == (40, 0, 40 - s["this_run"]["kept"])
+        assert (s["kept"], s["pending"], s["this_run"]["kept"], s["this_run"]["skipped"]) == (40, 0, 20, 20)
         assert_no_key(out, logs)
     finally:
         server.close()
+
+
+def test_a_run_that_ctrl_c_cannot_stop_says_so_and_how_to_stop_it(server, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    prompts = write_prompts(tmp_path / "prompts.jsonl", {"a": "ok"})
+    said: list[list[str]] = [[], []]
+    before = signal.getsignal(signal.SIGINT)
+    try:  # SIGINT as a script's background job starts with it, then as a terminal's job does
+        for i, handler in enumerate((signal.SIG_IGN, signal.default_int_handler)):
+            signal.signal(signal.SIGINT, handler)
+            run_distill(fault_config(server, prompts, tmp_path / f"out{i}"), show_progress=False, say=said[i].append)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert "Ctrl-C is ignored here" in said[0][-1] and f"stop it with kill -TERM {os.getpid()}" in said[0][-1]
+    assert not any("Ctrl-C" in line for line in said[1]), said
 
 
 def test_refused_key_stops_the_run_and_a_remote_teacher_needs_a_key(server, tmp_path, monkeypatch, capsys):

@@ -24,8 +24,12 @@ again. 401/403/404 stop the run (a wrong key, model or URL fails every prompt al
 
 Every line carries the prompt ``id`` and is flushed when written, so ``kill -9`` loses only
 the requests in flight; a rerun with the same ``--out`` skips the ids kept or finally rejected
-(an unfinished last line, cut by a crash, is removed first). Ctrl-C stops at once the same
-way. ``DIR/summary.json`` (rewritten atomically after every answer) holds:
+(an unfinished last line, cut by a crash, is removed first). Ctrl-C stops at once, whatever is
+in flight: the requests in flight and their retries are cancelled (nothing is written for them,
+the next run asks them again), the summary is written and the command exits 130. A process
+started with SIGINT ignored (a script's ``cmd &`` job; its children inherit that) ignores Ctrl-C,
+as POSIX asks, and says so when it starts: stop it with ``kill -TERM`` (what was written is
+kept, as after ``kill -9``). ``DIR/summary.json`` (rewritten atomically after every answer) holds:
 
 ``prompts`` (this run's prompt set), ``kept``, ``rejected`` (final, by reason), ``failed``
 (retried by the next run, by last reason), ``pending`` (what a rerun would ask), ``tokens``
@@ -47,6 +51,7 @@ import email.utils
 import os
 import random
 import re
+import signal
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -376,12 +381,14 @@ async def _distill(cfg: DistillConfig, todo: list[Prompt], store: AnswerStore, k
 
 
 def run_distill(cfg: DistillConfig, *, show_progress: bool = True, say: Any = print) -> dict[str, Any]:
-    """Answer every prompt of ``cfg`` not yet done in ``cfg.out``; returns the summary (also on Ctrl-C).
+    """Answer every prompt of ``cfg`` not yet done in ``cfg.out``; returns the summary.
 
     Raises:
         ConfigError: bad prompts, no API key for a remote teacher, a directory in use by another run or
             made with another teacher setting, or the ``openai`` package missing.
         TeacherError: the teacher refused the key, the model or the URL.
+        KeyboardInterrupt: Ctrl-C (SIGINT), once the requests in flight are cancelled and the summary is
+            written with ``this_run.interrupted`` true.
     """
     cfg.check_required()
     openai = _openai()
@@ -400,6 +407,9 @@ def run_distill(cfg: DistillConfig, *, show_progress: bool = True, say: Any = pr
         store.stats.skipped = len(prompts) - len(todo)
         say(f"distill: {len(prompts)} prompts, {store.stats.skipped} already done, asking {len(todo)} of "
             f"{cfg.model} at {shown_url(cfg.base_url)} ({cfg.teacher.concurrency} at a time)")
+        if todo and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            say(f"Ctrl-C is ignored here: this process was started with SIGINT ignored (a script's background "
+                f"job); stop it with kill -TERM {os.getpid()} (what was written is kept; a rerun continues)")
         try:
             if todo:
                 asyncio.run(_distill(cfg, todo, store, key or "none", show_progress, openai))

@@ -73,9 +73,10 @@ def _indent(line: str) -> int:
 
 
 def sample_completions(engine: Engine, tok: Tokenizer, prompt: str, cfg: SamplingConfig, n: int,
-                       seed: int = 0) -> list[Completion]:
+                       seed: int = 0, deadline: float | None = None) -> list[Completion]:
     """``n`` completions of the code ``prompt`` (sharing one prefill), each ended by
-    :func:`end_of_block` and scored by :func:`mean_logprob`.
+    :func:`end_of_block` and scored by :func:`mean_logprob`. Rows still generating at ``deadline``
+    (``time.monotonic()``) are cut there, unfinished (:meth:`Engine.generate`).
 
     The prompt follows an ``<|end|>``, as every document does in pretraining. A prompt that
     leaves fewer than ``cfg.max_new_tokens`` positions in the engine's context gets what is left.
@@ -91,7 +92,7 @@ def sample_completions(engine: Engine, tok: Tokenizer, prompt: str, cfg: Samplin
         raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room in the context of {engine.max_len}")
     cfg = replace(cfg, max_new_tokens=min(cfg.max_new_tokens, room))
     out = []
-    [samples] = engine.generate([Request(prompt_ids, cfg, samples=n, seed=seed, stop_ids=[tok.end_id])])
+    [samples] = engine.generate([Request(prompt_ids, cfg, samples=n, seed=seed, stop_ids=[tok.end_id])], deadline)
     for s in samples:
         ids = s.token_ids
         raw = tok.decode([t for t in ids if t != tok.end_id])

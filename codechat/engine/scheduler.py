@@ -27,6 +27,8 @@ launch. Without a constrained row the fast path above is unchanged.
 """
 from __future__ import annotations
 
+import time
+
 import heapq
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -208,11 +210,17 @@ class Engine:
         self._open.pop(rid, None)
         return list(self._outputs.pop(rid).values())
 
-    def generate(self, requests: Sequence[Request]) -> list[list[Sample]]:
-        """Run ``requests`` (with whatever else is queued) to the end; their samples, in order."""
+    def generate(self, requests: Sequence[Request], deadline: float | None = None) -> list[list[Sample]]:
+        """Run ``requests`` (with whatever else is queued) to the end; their samples, in order. With a
+        ``deadline`` (``time.monotonic()``), rows still running when it passes are cancelled (finish
+        ``cancelled``, keeping what they generated) after the step in flight."""
         ids = [self.add(r) for r in requests]
-        for _ in self.run():
-            pass
+        while self.has_work():
+            self.step()
+            if deadline is not None and time.monotonic() >= deadline:
+                for i in ids:
+                    self.cancel(i)
+                deadline = None  # what is in flight drains; nothing new runs for these requests
         return [self.pop(i) for i in ids]
 
     def stream(self, request: Request) -> Iterator[Token]:

@@ -57,6 +57,16 @@ EXTRA_SHARES = {"mbpp": 0.06, "funcall": 0.08, "funcall_eval": 0.04}
 #: at 9 minutes ~86 s for the pass-rate filter (a fifth), GRPO (two fifths: ~30 steps if a step takes
 #: ~1 s) and HumanEval + MBPP again on ``rl/`` (the rest; 18-27 and 20-25 s on ``sft/`` in the runs
 #: above). On a CPU the tiny model keeps too few tasks and the stage ends after the filter's first batch.
+#: The stages whose time is what the others leave: training, which gains from every second. Each other
+#: stage gets its share of the budget but at least its ``min_s`` (:meth:`SpeedrunPlan.allocate`).
+ELASTIC = ("pretrain", "mid")
+#: Seconds a stage needs at least on a 2-core CPU for its smallest piece of work, whatever the budget
+#: (2026-12-04, tiny on a 2-core VM): one prompt's 8 samples, the SFT stage's loading, mining and first
+#: steps, one chat answer, a HumanEval problem with the sandbox's start, the RL pool with its references
+#: checked and the filter's first batch. Pretraining needs them left over. A budget that leaves
+#: pretraining less is refused before anything runs; at 12 minutes no floor binds but RL's.
+CPU_MIN_S = {"tokenizer": 1.0, "data": 2.0, "baseline": 1.0, "pretrain": 10.0, "samples": 6.0, "sft": 12.0,
+             "chat": 3.0, "eval": 8.0, "rl": 15.0, "mbpp": 8.0, "funcall": 10.0, "funcall_eval": 8.0}
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.77, "samples": 0.025,
               "sft": 0.06, "chat": 0.01, "eval": 0.025, "rl": 0.015}
 GPU_SHARES = {"tokenizer": 0.025, "data": 0.075, "baseline": 0.002, "pretrain": 0.49, "samples": 0.035,
@@ -72,6 +82,9 @@ class SpeedrunPlan:
     sources: tuple[str, ...]
     shares: dict[str, float]  # fraction of the budget per stage (STAGES), summing to 1
     max_files: int = 0
+    # Seconds a stage needs at least (CPU_MIN_S on a CPU; none on a GPU, where the shares were measured):
+    # a stage's time is its share of the budget but not below this (allocate()).
+    min_s: dict[str, float] = field(default_factory=dict)
     # Settings of the pretraining recipe applied over the preset's: the GPU plan's measured choices
     # (GPU_RECIPE_OVERRIDES) under --pretrain.SECTION.FIELD VALUE; the data section's reach the
     # tokenizer and corpus too. The keys the speedrun sets itself (PRETRAIN_OWN_KEYS) are refused.
@@ -88,6 +101,9 @@ class SpeedrunPlan:
     # before the stage's end whatever its time budget says (under load, evaluations and steps run slow),
     # and the evaluation scores an evenly spread sample of the split when the time left is too short.
     final_eval_share: float = 0.04
+    # ... and at least this many seconds: the final sampled evaluation, the checkpoint, loading the model
+    # again and the plots (2026-12-04, tiny on a loaded 2-core VM: ~8 s; on a GPU the share suffices).
+    final_eval_min_s: float = 0.0
     # Compute the compression baselines and mine the SFT pairs (CPU work) in other processes while
     # pretraining runs: on a GPU machine that hides them; on a CPU they would take cores from training.
     background_cpu_work: bool = False
@@ -233,6 +249,13 @@ class SpeedrunPlan:
                               f"{self.mid_share} and {self.mid_data!r}")
         if self.time_budget_min <= 0:
             raise ConfigError(f"--time-budget-min must be > 0, got {self.time_budget_min}")
+        least = self.min_s.get("pretrain", 0.0)
+        if self.training_s(self.time_budget_min * 60) < least:
+            floors = ", ".join(f"{s} {t:g} s" for s, t in self.min_s.items() if s in self.stages and s not in ELASTIC)
+            need = next(m / 10 for m in range(1, 10**5) if self.training_s(m * 6.0) >= least)
+            pre = self.training_s(self.time_budget_min * 60)
+            raise ConfigError(f"--time-budget-min {self.time_budget_min:g} leaves pretraining {pre:.1f} s after the "
+                              f"time the other stages need at least on this machine ({floors}); give at least {need:g}")
         if self.mbpp_weight <= 0:
             raise ConfigError(f"mbpp_weight must be > 0, got {self.mbpp_weight}")
         own = sorted(k for k in self.pretrain_overrides if k in PRETRAIN_OWN_KEYS or k.startswith("run."))
@@ -246,8 +269,25 @@ class SpeedrunPlan:
             raise ConfigError(f"--checkpoint-every-s must be > 0, got {self.checkpoint_every_s}")
 
     def planned_s(self) -> dict[str, float]:
-        """Seconds per stage as planned up front."""
-        return {s: self.shares[s] * self.time_budget_min * 60 for s in self.stages}
+        """Seconds per stage as planned up front (:meth:`allocate` of the whole budget)."""
+        return self.allocate(self.time_budget_min * 60, self.stages)
+
+    def training_s(self, budget_s: float) -> float:
+        """Seconds of a ``budget_s`` run that the elastic stages (pretraining, mid-training) get."""
+        return sum(t for s, t in self.allocate(budget_s, self.stages).items() if s in ELASTIC)
+
+    def allocate(self, left_s: float, rest: tuple[str, ...] | list[str]) -> dict[str, float]:
+        """Seconds for each stage of ``rest`` out of ``left_s``: a stage not in :data:`ELASTIC` gets its
+        share of ``left_s`` (its share over the shares of ``rest``) but at least its ``min_s``; the
+        elastic stages (pretraining, mid-training) share what the others leave, by their shares (0 when
+        nothing is left). Without an elastic stage in ``rest`` the seconds may sum to more than
+        ``left_s`` when floors bind: the stages that find no time left are skipped."""
+        total = sum(self.shares[s] for s in rest)
+        fixed = {s: max(self.min_s.get(s, 0.0), left_s * self.shares[s] / total) for s in rest if s not in ELASTIC}
+        elastic = [s for s in rest if s in ELASTIC]
+        spare = max(0.0, left_s - sum(fixed.values()))
+        return {s: fixed[s] if s in fixed else spare * self.shares[s] / sum(self.shares[e] for e in elastic)
+                for s in rest}
 
 
 #: Pretraining settings the speedrun sets itself: ``--pretrain.KEY`` may not name them (nor ``run.*``).
@@ -330,4 +370,5 @@ def plan(device: torch.device, preset: str | None, time_budget_min: float | None
                             rl_engine_slots=256)
     chosen = preset or "tiny"
     return SpeedrunPlan(chosen, time_budget_min or CPU_TIME_BUDGET_MIN, (stdlib,), dict(CPU_SHARES), max_files,
-                        compile=pretrain_recipe(chosen).train.compile, compile_estimate_s=46.0)
+                        min_s=dict(CPU_MIN_S), final_eval_min_s=8.0, compile=pretrain_recipe(chosen).train.compile,
+                        compile_estimate_s=46.0)

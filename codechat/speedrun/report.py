@@ -333,13 +333,18 @@ def speedrun_report(m: dict[str, Any]) -> str:
                   "finished — ended their function before the budget — the one with the highest mean token "
                   "log-probability. Of all {total} samples, {finished_all_samples} finished and "
                   "{parse_ok_all_samples} parse; the first sample of each prompt alone: {parse_ok_first_sample} of "
-                  "{n}.".format(total=smp["n"] * smp["best_of"], **smp), ""]
+                  "{n}.".format(total=smp["n"] * smp["best_of"], **smp)
+                  + (f" The stage's time allowed {smp['n']} of its {smp['planned']} prompts."
+                     if smp.get("planned", smp["n"]) > smp["n"] else ""), ""]
         for s in smp["completions"]:
             verdict = ("parses" if s["parses"] else "does not parse") + ("" if s["finished"] else ", cut by the budget")
             lines += [f"**{verdict}** (mean log-prob {s['mean_logprob']:.2f} nats/token)", "", "```python",
                       s["text"], "```", ""]
     if _section(m, "chat"):
-        lines += ["## Chat answers (after SFT)", ""]
+        c = m["chat"]
+        lines += ["## Chat answers (after SFT)", ""] + (
+            [f"The stage's time allowed {c['n']} of its {c['planned']} questions.", ""]
+            if c.get("planned", c["n"]) > c["n"] else [])
         for c in m["chat"]["answers"]:
             lines += [f"**user:** {c['prompt']}", "", "```", c["answer"], "```", ""]
     return "\n".join(lines)

@@ -103,8 +103,8 @@ class Speedrun(TuningStages, RLStage):
                                   f"{self.m.get('device_type')}, not {p.preset} on {device.type}; resume with "
                                   "the same --preset and --device, or use a new --out")
             self.p = p = replace(p, **{k: v for k, v in self.m["plan"].items()
-                                       if k in ("time_budget_min", "shares", "eval_limit", "funcall_data", "mbpp",
-                                                "sft_data", "pretrain_overrides", "mid_share", "mid_data",
+                                       if k in ("time_budget_min", "shares", "min_s", "eval_limit", "funcall_data",
+                                                "mbpp", "sft_data", "pretrain_overrides", "mid_share", "mid_data",
                                                 "rl_tasks")})
         else:
             if path.is_file():
@@ -118,7 +118,7 @@ class Speedrun(TuningStages, RLStage):
             self.m = {"preset": p.preset, "device": str(device), "device_type": device.type,
                       "time_budget_min": p.time_budget_min, "licenses": licenses,
                       "plan": {k: v for k, v in asdict(p).items() if k in
-                               ("time_budget_min", "shares", "eval_limit", "max_files", "compile", "sources",
+                               ("time_budget_min", "shares", "min_s", "eval_limit", "max_files", "compile", "sources",
                                 "funcall_data", "mbpp", "sft_data", "pretrain_overrides", "mid_share",
                                 "mid_data", "rl_tasks")},
                       "stages": {s: {"status": "pending", "planned_s": t} for s, t in p.planned_s().items()}}
@@ -182,8 +182,8 @@ class Speedrun(TuningStages, RLStage):
             skip = self._skip_reason(name, left)
             if skip:
                 print(f"{tag} {name} skipped: {skip}")
-                st.update(status="skipped", reason=skip)
-                self.m[name] = {"skipped": True, "not_run": True, "reason": skip, "wall_s": st.get("wall_s", 0.0)}
+                st.update(status="skipped", reason=skip, wall_s=st.get("wall_s", 0.0))
+                self.m[name] = {"skipped": True, "not_run": True, "reason": skip, "wall_s": st["wall_s"]}
                 self._write()
                 continue
             self._write()
@@ -195,6 +195,7 @@ class Speedrun(TuningStages, RLStage):
             except BaseException as e:
                 st["wall_s"] = st.get("wall_s", 0.0) + time.monotonic() - t0
                 if isinstance(e, RunStopped):
+                    e.where = e.where or f"stage {name}"
                     st.update(status="stopped", reason=f"{e}; runs again on --resume")
                     self._write()
                     raise
@@ -250,10 +251,11 @@ class Speedrun(TuningStages, RLStage):
         return None
 
     def _grant(self, name: str) -> float:
-        """Seconds for stage ``name``: the budget left times its share of the stages still to run."""
+        """Seconds for stage ``name``: its part of the budget left among the stages still to run
+        (:meth:`SpeedrunPlan.allocate <codechat.speedrun.plan.SpeedrunPlan.allocate>`)."""
         stages = self.p.stages
         rest = [s for s in stages[stages.index(name):] if self.m["stages"][s]["status"] not in FINISHED]
-        return max(0.0, self.left_s()) * self.p.shares[name] / sum(self.p.shares[s] for s in rest)
+        return self.p.allocate(max(0.0, self.left_s()), rest)[name]
 
     def time_left(self) -> float:
         """Seconds until the running stage's wall-clock end (:attr:`deadline`)."""
@@ -330,8 +332,9 @@ class Speedrun(TuningStages, RLStage):
 
     def _pretrain(self, grant: float, tag: str) -> dict[str, Any]:
         """Pretraining for ``pretrain_train_share`` of the grant, the trainer stopping in any case
-        ``final_eval_share`` of the grant before the stage's end; then the whole-split evaluation, which
-        scores an evenly spread sample of the split when the stage's time runs out first."""
+        ``final_eval_share`` of the grant (at least ``final_eval_min_s``) before the stage's end; then the
+        whole-split evaluation, which scores an evenly spread sample of the split when the stage's time runs
+        out first."""
         p = self.p
         train_s = p.pretrain_train_share * grant
         compile_on = self._compile_for(train_s, p.compile_estimate_s)
@@ -343,7 +346,7 @@ class Speedrun(TuningStages, RLStage):
         cfg = load(PretrainConfig, None, overrides, base=replace(
             base, data=replace(self.data_cfg, data_dir=str(self.run / "data"), tokenizer_dir=str(self.run / "tokenizer")),
             run=RunConfig(out=str(self.run / "pretrain"), seed=self.seed, device=self.device_arg, resume=self.resume)))
-        result = run_pretrain(cfg, deadline=self.deadline - p.final_eval_share * grant)
+        result = run_pretrain(cfg, deadline=self.deadline - max(p.final_eval_share * grant, p.final_eval_min_s))
         active().check("pretraining's whole-split evaluation")
         t0 = time.monotonic()
         full = _full_split_bpb(self.run / "pretrain", self.run / "data", cfg, self.dev, self.deadline)
@@ -373,7 +376,8 @@ class Speedrun(TuningStages, RLStage):
 
     def _samples(self, grant: float, tag: str) -> dict[str, Any]:
         """Completions of the plan's code prompts by the pretrained model, one prompt after the other
-        while the stage's time lasts (the first always; ``n`` of ``planned`` say how many)."""
+        while the stage's time lasts (``n`` of ``planned`` say how many): the first always starts, and
+        generation stops at the stage's end (such samples are unfinished)."""
         p = self.p
         print(f"{tag} samples: up to {len(p.sample_prompts)} prompts x {p.sample_best_of}, while the stage's "
               f"{self.time_left():.0f} s last")
@@ -386,7 +390,8 @@ class Speedrun(TuningStages, RLStage):
             if i and not self._time_for_another(i):
                 print(f"{tag} samples: {i} of {len(p.sample_prompts)} prompts done when the stage's time ran out")
                 break
-            cands = sample_completions(engine, tok, prompt, cfg, p.sample_best_of, seed=self.seed + i)
+            cands = sample_completions(engine, tok, prompt, cfg, p.sample_best_of, seed=self.seed + i,
+                                       deadline=self.deadline)
             best = best_completion(cands)
             out.append({"prompt": prompt, "text": prompt + best.text, "finished": best.finished,
                         "mean_logprob": best.mean_logprob,

@@ -36,12 +36,16 @@ class RunStopped(BaseException):
 
     Attributes:
         reason: what stopped it, e.g. ``"--stop-after-min 8"`` or ``"SIGTERM"``.
-        where: where it stopped, e.g. ``"pretrain step 120"`` (empty when not in a training loop).
+        where: where it stopped, e.g. ``"pretrain step 120"`` (empty when not in a training loop: a caller
+            that knows more, such as the speedrun naming its stage, may fill it in).
     """
 
     def __init__(self, reason: str, where: str = "") -> None:
-        super().__init__(f"stopped by {reason}" + (f" at {where}" if where else ""))
+        super().__init__(reason, where)
         self.reason, self.where = reason, where
+
+    def __str__(self) -> str:
+        return f"stopped by {self.reason}" + (f" at {self.where}" if self.where else "")
 
 
 class StopWatch:

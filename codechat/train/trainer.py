@@ -187,6 +187,7 @@ class Trainer:
         self.step, self.elapsed_s = 0, 0.0
         self.budget_after_first_step = budget_after_first_step
         self.deadline = deadline
+        self._first_step = 0  # the step this process started from (after a resume, the checkpoint's)
         self.untimed_s = 0.0  # seconds of elapsed_s the time budget leaves out (budget_after_first_step)
         self.last: dict[str, Any] = {}
         self.peak = peak_flops(self.device)
@@ -214,11 +215,14 @@ class Trainer:
         return self.elapsed_s - self.untimed_s
 
     def done(self) -> bool:
-        """Whether the step budget, the time budget or the wall-clock ``deadline`` is spent."""
+        """Whether the step budget, the time budget or the wall-clock ``deadline`` is spent (the deadline
+        only once this process took a step: a stage whose loading ate its time still leaves a trained
+        checkpoint)."""
         t = self.tcfg
         return bool((t.max_steps and self.step >= t.max_steps)
                     or (t.time_budget_s and self.budget_s_used() >= t.time_budget_s)
-                    or (self.deadline is not None and self.par.all_max(time.monotonic() - self.deadline) >= 0))
+                    or (self.deadline is not None and self.step > self._first_step
+                        and self.par.all_max(time.monotonic() - self.deadline) >= 0))
 
     def stop_if_due(self, loader_state: dict[str, Any], echo: Callable[[str], None]) -> None:
         """At a step boundary: when the invocation's stop watch is due (every rank asks rank 0's clock
@@ -237,7 +241,8 @@ class Trainer:
         if not ckpt.step_dir(self.out_dir / "checkpoints", self.step).is_dir():
             self.check_finite()
             self.save(loader_state)
-        echo(f"stopped by {reason} at {where}, its checkpoint saved: resume with --resume")
+        echo(f"stopped by {reason} at {where}, its checkpoint saved (the next step's learning rate "
+             f"{lr_at(self.step, self.progress(), self.ocfg):.6g}): resume with --resume")
         raise RunStopped(reason, where)
 
     # ------------------------------------------------------------------ state
@@ -274,6 +279,7 @@ class Trainer:
             raise ckpt.CheckpointError(f"{c['dir']}: does not match this model/optimizer ({e})") from None
         s = c["state"]
         self.step, self.elapsed_s, self.untimed_s = s["step"], s["elapsed_s"], s.get("untimed_s", 0.0)
+        self._first_step = self.step
         self.batches.load_state_dict(s["loader"])
         if c["rng"] is not None:
             ckpt.set_rng_state(c["rng"])
