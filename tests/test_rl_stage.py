@@ -273,13 +273,14 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     from codechat.speedrun.report import speedrun_report
     from codechat.speedrun.run import Speedrun
     tasks = write_tasks(tmp_path / "tasks.jsonl")
-    p = replace(plan(torch.device("cpu"), "tiny", 1.0), rl_tasks=f"tasks:{tasks}", rl_tokens=16, rl_prompts_per_step=4,
+    p = replace(plan(torch.device("cpu"), "tiny", 2.0), rl_tasks=f"tasks:{tasks}", rl_tokens=16, rl_prompts_per_step=4,
                 rl_min_tasks=4, rl_filter_share=1.0, eval_limit=1, eval_tokens=16)
     run = tmp_path / "run"
     shutil.copytree(policy, run / "sft")
     s = Speedrun(p, run, torch.device("cpu"), "cpu", 0, resume=False)
-    s.m["eval"] = {"humaneval": s._score("humaneval", "HumanEval", 60.0, "[8/9]", n=p.eval_n, max_new_tokens=16,
-                                         limit=1)}
+    s.begin_stage(60.0)
+    s.m["eval"] = {"humaneval": s._score("humaneval", "HumanEval", "[8/9]", n=p.eval_n, max_new_tokens=16, limit=1)}
+    s.begin_stage(20.0)
     out = s._rl(20.0, "[9/9]")
     assert out["skipped"] is False and out["steps"] >= 1 and out["stopped"] == "budget", out
     f = out["filter"]  # every task sampled (three batches of 4, well within 20 s), those with rates in (0, 1) kept

@@ -354,7 +354,7 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
     (src / "a.py").write_text('def double(x):\n    """Return twice the number x given."""\n    return 2 * x\n')
     (inner / "b.py").write_text('def halve(x):\n    """Return half of the number x given."""\n    return x / 2\n')
     (inner / "c.py").write_text((src / "a.py").read_text())  # the same function again: kept once
-    p = plan(torch.device("cpu"), "tiny", 1.0)
+    p = plan(torch.device("cpu"), "tiny", 2.0)
     assert not p.background_cpu_work and list(p.stages).index("baseline") == list(p.stages).index("pretrain") + 1
     assert p.mine_parts == ((p.sources[0], 1.0),)
     g = plan(torch.device("cuda"), None, 8.5)  # planning only: nothing runs on the device

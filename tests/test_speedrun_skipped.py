@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
+from codechat.config.stages import ConfigError
 from codechat.speedrun.plan import plan
 from codechat.speedrun.report import loss_curves, plot_loss, speedrun_report
 from codechat.speedrun.run import Speedrun
@@ -41,7 +43,7 @@ class Stubbed(Speedrun):
 
 
 def test_a_skipped_stage_says_skipped_and_why_and_is_not_run_again(tmp_path, capsys):
-    p = plan(torch.device("cpu"), "tiny", 1.0)
+    p = plan(torch.device("cpu"), "tiny", 2.0)
     run = tmp_path / "run"
     run.mkdir()
     Stubbed.calls = []
@@ -67,6 +69,56 @@ def test_a_skipped_stage_says_skipped_and_why_and_is_not_run_again(tmp_path, cap
     assert row.startswith(f"| rl | skipped: {REASON} | ")
     assert f"| skipped | {REASON} |" in report  # the RL section says why too
     assert "Run in progress" not in report and "stopped at stage" not in report
+
+
+class Overrun(Stubbed):
+    """Stubs on a fake clock: each stage takes its grant, pretraining 100 s more (a busy machine)."""
+
+    now = 0.0
+    grants: dict[str, float] = {}
+
+    @classmethod
+    def clock(cls) -> float:
+        return cls.now
+
+    def _stub(self, name: str, result: dict) -> dict:
+        st = self.m["stages"][name]
+        Overrun.grants[name] = st["granted_s"]
+        Overrun.now += st["granted_s"] + (100.0 if name == "pretrain" else 0.0)
+        assert self.time_left() == pytest.approx(-100.0 if name == "pretrain" else 0.0)
+        return super()._stub(name, result)
+
+
+def test_a_stage_left_no_time_is_skipped_and_so_are_the_stages_that_need_it(tmp_path):
+    """The budget is a ceiling: after pretraining overran by 100 s of a 120-s budget the stages with no time
+    left are skipped, saying so, and those that read their output say which input is missing."""
+    p = plan(torch.device("cpu"), "tiny", 2.0)
+    Overrun.now, Overrun.grants, Stubbed.calls = 0.0, {}, []
+    m = Overrun(p, tmp_path, torch.device("cpu"), "cpu", 0, resume=False).execute()
+    assert Stubbed.calls == ["tokenizer", "data", "pretrain"]
+    planned = p.planned_s()
+    assert Overrun.grants == pytest.approx({s: planned[s] for s in ("tokenizer", "data", "pretrain")})
+    st = m["stages"]
+    assert st["baseline"]["reason"] == st["samples"]["reason"] == st["sft"]["reason"] == \
+        f"no time left: the stages before it spent the 2-minute budget ({sum(Overrun.grants.values()) + 100:.0f} s so far)"
+    assert [st[s]["reason"] for s in ("chat", "eval", "rl")] == ["it needs sft/, and sft was skipped"] * 3
+    assert all(st[s]["status"] == "skipped" and st[s]["wall_s"] == 0 for s in p.stages[3:])
+    assert m["segments"][0]["ended"] == "done" and len(m["segments"]) == 1
+
+
+def test_the_cpu_plan_gives_each_stage_its_floor_and_pretraining_the_rest():
+    cpu = torch.device("cpu")
+    p = plan(cpu, "tiny", 1.5)
+    got = p.planned_s()
+    assert sum(got.values()) == pytest.approx(90.0)
+    assert {s: got[s] for s in ("samples", "sft", "chat", "eval", "rl")} == {
+        s: p.min_s[s] for s in ("samples", "sft", "chat", "eval", "rl")}  # floors bind at 1.5 minutes
+    assert got["tokenizer"] == pytest.approx(90 * p.shares["tokenizer"])  # its share is above its floor
+    big = plan(cpu, "tiny", 12.0).planned_s()
+    assert big["sft"] == pytest.approx(720 * p.shares["sft"]) and big["rl"] == p.min_s["rl"]
+    with pytest.raises(ConfigError, match=r"--time-budget-min 0.5 leaves pretraining 0.0 s .*give at least 1.1"):
+        plan(cpu, "tiny", 0.5)
+    assert plan(torch.device("cuda"), None, 1.0).min_s == {}  # GPU shares as measured: no floors
 
 
 def test_the_sft_plot_draws_the_train_loss_and_the_fixed_examples_loss(tmp_path):

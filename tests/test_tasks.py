@@ -563,7 +563,7 @@ def test_written_doctest_tasks_read_back_as_the_same_tasks_and_the_speedrun_pool
     assert [(t.task_id, t.prompt, t.tests, t.reference, t.problem.header) for t in back] == \
         [(t.task_id, t.prompt, t.tests, t.reference, t.problem.header) for t in mined]
     assert back[0].task_id == "doctest/words.py::words" and "from typing import List" in back[0].problem.header
-    p = replace(plan(torch.device("cpu"), "tiny", 1.0), rl_tasks="mbpp:m.jsonl+doctest")
+    p = replace(plan(torch.device("cpu"), "tiny", 2.0), rl_tasks="mbpp:m.jsonl+doctest")
     s = Speedrun(p, tmp_path / "run", torch.device("cpu"), "cpu", 0, resume=False)
     job = Future()
     job.set_result(counts)

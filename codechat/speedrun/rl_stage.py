@@ -78,7 +78,7 @@ class RLStage:
                               save_every=10**9, save_every_s=p.checkpoint_every_s),
             run=RunConfig(out=str(out_dir), seed=self.seed, device=self.device_arg, resume=self.resume))
         # GRPO stops in time for the evaluations on rl/ (their share of the grant, what is left of it)
-        evals_s = (1 - p.rl_filter_share - p.rl_train_share) * grant
+        evals_s = max(0.0, 1 - p.rl_filter_share - p.rl_train_share) * grant
         try:
             out = run_rl(cfg, show_progress=False, deadline=self.deadline - evals_s)
         except ConfigError as e:  # too few tasks kept, or a pool that does not load

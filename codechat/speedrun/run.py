@@ -90,6 +90,10 @@ class Speedrun(TuningStages, RLStage):
     work: RL when the verdict says it would stall; like ``done`` it is not run again on resume.
     """
 
+    #: The clock of the budget and the stages' deadlines (``time.monotonic``, seconds; the trainers and
+    #: generation compare deadlines with it). Tests of the loop give a fake one.
+    clock = staticmethod(time.monotonic)
+
     def __init__(self, p: SpeedrunPlan, run: Path, device: torch.device, device_arg: str, seed: int,
                  resume: bool) -> None:
         self.p, self.run, self.dev, self.device_arg, self.seed = p, run, device, device_arg, seed
@@ -144,7 +148,7 @@ class Speedrun(TuningStages, RLStage):
             SpeedrunFailed: a stage raised (its error is in the metrics and the report).
             RunStopped: the stop watch was due; the metrics say where the run stopped.
         """
-        self.t_invocation = time.monotonic()
+        self.t_invocation = self.clock()
         segments = self.m.setdefault("segments", [])
         segments.append({"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_s": 0.0,
                          "ended": "running"})
@@ -187,13 +191,12 @@ class Speedrun(TuningStages, RLStage):
                 self._write()
                 continue
             self._write()
-            t0 = time.monotonic()
-            self.deadline = t0 + left  # the stage's wall-clock end, in this process's clock
-            self.time_left_at_start = left
+            t0 = self.clock()
+            self.begin_stage(left)
             try:
                 self.m[name] = getattr(self, f"_{name}")(grant, tag)
             except BaseException as e:
-                st["wall_s"] = st.get("wall_s", 0.0) + time.monotonic() - t0
+                st["wall_s"] = st.get("wall_s", 0.0) + self.clock() - t0
                 if isinstance(e, RunStopped):
                     e.where = e.where or f"stage {name}"
                     st.update(status="stopped", reason=f"{e}; runs again on --resume")
@@ -208,7 +211,7 @@ class Speedrun(TuningStages, RLStage):
                 raise SpeedrunFailed(f"stage {name} failed: {type(e).__name__}: {e}\n"
                                      f"finished stages are in {self.run / 'report.md'}; after fixing the cause, "
                                      f"continue with --out {self.run} --resume") from e
-            st["wall_s"] = st.get("wall_s", 0.0) + time.monotonic() - t0
+            st["wall_s"] = st.get("wall_s", 0.0) + self.clock() - t0
             self.m[name]["wall_s"] = st["wall_s"]
             if self.m[name].get("skipped") is True:  # (the data stage's "skipped" counts files)
                 st.update(status="skipped", reason=" ".join(str(self.m[name]["reason"]).split()))
@@ -220,7 +223,7 @@ class Speedrun(TuningStages, RLStage):
         """Wall seconds of the run so far: the earlier segments' and this invocation's (stages, and what
         runs between them)."""
         earlier = sum(seg["wall_s"] for seg in self.m["segments"][:-1])
-        return earlier + time.monotonic() - self.t_invocation
+        return earlier + self.clock() - self.t_invocation
 
     def left_s(self) -> float:
         """Seconds of the budget left (<= 0 once spent)."""
@@ -257,9 +260,15 @@ class Speedrun(TuningStages, RLStage):
         rest = [s for s in stages[stages.index(name):] if self.m["stages"][s]["status"] not in FINISHED]
         return self.p.allocate(max(0.0, self.left_s()), rest)[name]
 
+    def begin_stage(self, left_s: float) -> None:
+        """Start the clock of a stage that has ``left_s`` seconds: sets :attr:`deadline`, which the stage
+        methods size their work to."""
+        self.deadline = self.clock() + left_s  # the stage's wall-clock end, in this process's clock
+        self.time_left_at_start = left_s
+
     def time_left(self) -> float:
         """Seconds until the running stage's wall-clock end (:attr:`deadline`)."""
-        return self.deadline - time.monotonic()
+        return self.deadline - self.clock()
 
     def _print_plan(self) -> None:
         st = self.m["stages"]
@@ -270,7 +279,7 @@ class Speedrun(TuningStages, RLStage):
         """``metrics.json`` and ``report.md`` as they stand (both written atomically)."""
         self.m["total_wall_s"] = sum(self.m["stages"][s].get("wall_s", 0.0) for s in self.p.stages)
         if self.m.get("segments"):  # this invocation's time so far (a killed one keeps its last write's)
-            self.m["segments"][-1]["wall_s"] = time.monotonic() - self.t_invocation
+            self.m["segments"][-1]["wall_s"] = self.clock() - self.t_invocation
         write_text(self.run / "metrics.json", json.dumps(self.m, indent=1))
         write_text(self.run / "report.md", speedrun_report(self.m))
 
