@@ -382,5 +382,11 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
         r.conversation.messages[1].content for r in mix.sources[1].records}
     assert s._rl_pool_spec() == p.rl_tasks == "doctest" and s.doctest_file.read_text() == ""  # no doctests there
     assert s._sft_data() == (spec, None)  # a resumed run reads the files the first attempt wrote
+    s._start_background()  # a run stopped or interrupted while they work ends its background jobs at once
+    procs = s._background_procs
+    s._end_background()
+    for proc in procs:
+        proc.join(timeout=30)
+    assert len(procs) == 3 and not any(proc.is_alive() for proc in procs) and s._background_procs == []
     shutil.rmtree(run / "sft_mined")
     assert s._sft_data() == (f"mine:{src}:1,mine:{inner}:0.25", None)  # no files: the stage mines them itself

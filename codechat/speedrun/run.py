@@ -133,6 +133,7 @@ class Speedrun(TuningStages, RLStage):
         self._baselines: Future | None = None  # the baselines being computed in another process
         self._mining: Future | None = None  # the SFT pairs being mined in another process
         self._doctests: Future | None = None  # the RL pool's doctest tasks being mined in another process
+        self._background_procs: list[mp.process.BaseProcess] = []  # the processes of those jobs
 
     # ------------------------------------------------------------------ the loop
     def execute(self) -> dict[str, Any]:
@@ -156,9 +157,11 @@ class Speedrun(TuningStages, RLStage):
         try:
             self._stages()
         except RunStopped as e:
+            self._end_background()
             self._end_segment(f"stopped: {e}")
             raise
         except BaseException as e:
+            self._end_background()
             self._end_segment("interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "failed")
             raise
         self._end_segment("done")
@@ -327,7 +330,19 @@ class Speedrun(TuningStages, RLStage):
                                    workers=p.background_mine_workers or max(1, (os.cpu_count() or 2) // 2))
         self._doctests = pool.submit(write_doctest_tasks, list(p.sources), self.doctest_file, max_files=p.max_files,
                                      mbpp_file=p.mbpp or None, workers=max(1, (os.cpu_count() or 2) // 4))
+        # the worker processes, started by the first submit (spawn), for _end_background: the executor
+        # forgets them at shutdown and has no public terminate before Python 3.14
+        self._background_procs = list(pool._processes.values())
         pool.shutdown(wait=False)  # the processes end after their jobs
+
+    def _end_background(self) -> None:
+        """Stop the background jobs now (a stopped or interrupted run): at exit Python would otherwise wait
+        for them. Their outputs are written whole or not at all, and a resumed run redoes what is missing."""
+        procs, self._background_procs = self._background_procs, []
+        self._baselines = self._mining = self._doctests = None  # the stages compute what they need themselves
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
 
     def _mined_files(self) -> list[Path]:
         """Where the background job writes the pairs mined from each of ``plan.mine_parts``."""
