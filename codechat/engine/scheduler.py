@@ -27,9 +27,8 @@ launch. Without a constrained row the fast path above is unchanged.
 """
 from __future__ import annotations
 
-import time
-
 import heapq
+import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 

@@ -88,8 +88,8 @@ from .grpo_update import GRPOStep
 from .init import resolve_init
 from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages
 from .rollouts import REWARD_KINDS, Judge, Rollout, collect
-from .task_pool import TooFewTasks, filter_pool, load_pool, too_few_message
 from .stop import active
+from .task_pool import TooFewTasks, filter_pool, load_pool, too_few_message
 from .trainer import MetricsLog, Trainer, restart_jsonl
 
 DEAD_FIXES = ("use --reward tiered (partial credit for getting further), a larger --group-size, tasks the "

@@ -225,9 +225,9 @@ class Trainer:
                         and self.par.all_max(time.monotonic() - self.deadline) >= 0))
 
     def stop_if_due(self, loader_state: dict[str, Any], echo: Callable[[str], None]) -> None:
-        """At a step boundary: when the invocation's stop watch is due (every rank asks rank 0's clock
-        and signal, so all stop at the same step), save a checkpoint unless this step's is on disk, and
-        raise :class:`~codechat.train.stop.RunStopped`.
+        """At a step boundary: when the invocation's stop watch is due on any rank (every rank then stops
+        at the same step), save a checkpoint unless this step's is on disk, and raise
+        :class:`~codechat.train.stop.RunStopped`.
 
         Raises:
             RunStopped: naming the reason and this stage's step.
