@@ -506,7 +506,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``codechat`` console script; returns the exit code."""
     from codechat.config.log import setup_cli_logging
     from codechat.config.stages import parse_overrides
+    from codechat.config.threads import calm_threads_when_busy
     setup_cli_logging()  # the codechat loggers' messages: one line each on stderr
+    calm_threads_when_busy()  # before PyTorch loads
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line as given (speedrun --record)
