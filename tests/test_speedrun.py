@@ -335,6 +335,7 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
     the SFT mixture reads the mined files, which hold the same pairs as mining in the stage
     (each function once, under the innermost source that holds it, with the plan's weights)."""
     import shutil
+    import sysconfig
     from dataclasses import replace
 
     import torch
@@ -382,11 +383,22 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
         r.conversation.messages[1].content for r in mix.sources[1].records}
     assert s._rl_pool_spec() == p.rl_tasks == "doctest" and s.doctest_file.read_text() == ""  # no doctests there
     assert s._sft_data() == (spec, None)  # a resumed run reads the files the first attempt wrote
-    s._start_background()  # a run stopped or interrupted while they work ends its background jobs at once
+    # a run stopped or interrupted while they work (mining the whole standard library) ends its jobs at once
+    s.p = replace(p, sources=(sysconfig.get_paths()["stdlib"],))
+    s._start_background()
     procs = s._background_procs
     s._end_background()
+    until = time.monotonic() + 1.5  # a terminated process is gone at once; the jobs take seconds to spawn and work
     for proc in procs:
-        proc.join(timeout=30)
-    assert len(procs) == 3 and not any(proc.is_alive() for proc in procs) and s._background_procs == []
+        proc.join(timeout=max(0.0, until - time.monotonic()))
+
+    def gone(pid: int) -> bool:  # (is_alive() is unreliable once the executor's own thread reaped the process)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"  # a zombie is gone too
+    assert len(procs) == 3 and all(gone(proc.pid) for proc in procs) and s._background_procs == []
+    s.p = p
     shutil.rmtree(run / "sft_mined")
     assert s._sft_data() == (f"mine:{src}:1,mine:{inner}:0.25", None)  # no files: the stage mines them itself
