@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-BUDGET_MIN = 1.5
+BUDGET_MIN = 2.0  # the CPU plan's floors for every stage (CPU_MIN_S), mid-training, MBPP and function calling included
 SMALL = ["--time-budget-min", str(BUDGET_MIN), "--max-files", "150", "--eval-limit", "2", "--device", "cpu",
          "--checkpoint-every-s", "1"]
 BEFORE_SFT = ("tokenizer", "data", "pretrain", "baseline", "samples")
@@ -254,7 +254,7 @@ def test_a_speedrun_stopped_twice_by_stop_after_min_resumes_into_one_run_within_
     assert all(s["ended"].startswith("stopped: stopped by --stop-after-min 0.5") for s in m["segments"][:2])
     # the plan as made up front, printed again by each resumed invocation
     plan_line = outs[0].splitlines()[0]
-    assert plan_line.startswith("speedrun tiny on cpu: 1.5 min in all") and all(o.splitlines()[0] == plan_line
+    assert plan_line.startswith(f"speedrun tiny on cpu: {BUDGET_MIN:g} min in all") and all(o.splitlines()[0] == plan_line
                                                                                   for o in outs)
     # a stage finished in an earlier segment is not run again
     done_first = [s for s in m["stages"] if f"] {s}: done in an earlier attempt" in outs[1]]

@@ -60,13 +60,14 @@ EXTRA_SHARES = {"mbpp": 0.06, "funcall": 0.08, "funcall_eval": 0.04}
 #: The stages whose time is what the others leave: training, which gains from every second. Each other
 #: stage gets its share of the budget but at least its ``min_s`` (:meth:`SpeedrunPlan.allocate`).
 ELASTIC = ("pretrain", "mid")
-#: Seconds a stage needs at least on a 2-core CPU for its smallest piece of work, whatever the budget
-#: (2026-12-04, tiny on a 2-core VM): one prompt's 8 samples, the SFT stage's loading, mining and first
-#: steps, one chat answer, a HumanEval problem with the sandbox's start, the RL pool with its references
-#: checked and the filter's first batch. Pretraining needs them left over. A budget that leaves
-#: pretraining less is refused before anything runs; at 12 minutes no floor binds but RL's.
-CPU_MIN_S = {"tokenizer": 1.0, "data": 2.0, "baseline": 1.0, "pretrain": 10.0, "samples": 6.0, "sft": 12.0,
-             "chat": 3.0, "eval": 8.0, "rl": 15.0, "mbpp": 8.0, "funcall": 10.0, "funcall_eval": 8.0}
+#: Seconds a stage needs at least on a 2-core CPU for its smallest piece of work, whatever the budget: one
+#: prompt's 8 samples, the SFT stage's loading, mining and first steps, one chat answer, a HumanEval problem
+#: with the sandbox's start, the RL pool with its references checked and the filter's first batch
+#: (2026-12-04, tiny on a 2-core VM with other work beside it, --max-files 150: SFT 16-31 s, HumanEval's
+#: 2 problems 14 s, chat 4-7 s). Pretraining needs its own left over: a budget that leaves it less is
+#: refused before anything runs. At 12 minutes no floor binds but RL's.
+CPU_MIN_S = {"tokenizer": 1.0, "data": 2.0, "baseline": 1.0, "pretrain": 10.0, "samples": 6.0, "sft": 20.0,
+             "chat": 4.0, "eval": 12.0, "rl": 20.0, "mbpp": 10.0, "funcall": 12.0, "funcall_eval": 8.0}
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.77, "samples": 0.025,
               "sft": 0.06, "chat": 0.01, "eval": 0.025, "rl": 0.015}
 GPU_SHARES = {"tokenizer": 0.025, "data": 0.075, "baseline": 0.002, "pretrain": 0.49, "samples": 0.035,
