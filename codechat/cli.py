@@ -508,7 +508,6 @@ def main(argv: list[str] | None = None) -> int:
     from codechat.config.stages import parse_overrides
     from codechat.config.threads import calm_threads_when_busy
     setup_cli_logging()  # the codechat loggers' messages: one line each on stderr
-    calm_threads_when_busy()  # before PyTorch loads
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line as given (speedrun --record)
@@ -520,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
         call = (lambda: args.func(args, parse_overrides(rest))) if accepts else (lambda: args.func(args))
         if not hasattr(args, "stop_after_min"):  # SIGTERM keeps its default for the other commands (serve)
             return call()
-        with stop_watch(args.stop_after_min).install():  # training commands stop cleanly (codechat.train.stop)
+        calm_threads_when_busy()  # training commands, before PyTorch loads (codechat.config.threads)
+        with stop_watch(args.stop_after_min).install():  # they stop cleanly (codechat.train.stop)
             return call()
     except RunStopped as e:
         print(f"codechat {args.command}: {e}; continue with: {resume_command(args.argv)}", file=sys.stderr)

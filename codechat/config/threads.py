@@ -5,9 +5,10 @@ region before they sleep. When other programs keep the cores busy, a thread that
 waits for a core wastes its time slice, and every region waits for the slowest thread: on a 2-core VM
 with two busy loops beside it, ``tiny`` trained at 800-4,000 tokens/s with 2 threads, 4,300 with 1, and
 5,200-6,200 with 2 threads that sleep at once (``GOMP_SPINCOUNT=0``); on the idle machine 11,600, 6,600
-and 10,100 (2026-12-04, ``tiny`` forward + backward + AdamW, 4 x 512 tokens a step). So the ``codechat``
-command lets the threads sleep at once when the machine is busy as it starts, and leaves the default when
-it is idle. It has to be set before PyTorch loads (OpenMP reads it once).
+and 10,100 (2026-12-04, ``tiny`` forward + backward + AdamW, 4 x 512 tokens a step). So the training
+commands of ``codechat`` (``speedrun``, ``pretrain``, ``sft``, ``rl``) let the threads sleep at once when the
+machine is busy as they start, and leave the default when it is idle. It has to be set before PyTorch
+loads (OpenMP reads it once).
 """
 from __future__ import annotations
 
