@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-BUDGET_MIN = 2.0  # the CPU plan's floors for every stage (CPU_MIN_S), mid-training, MBPP and function calling included
+BUDGET_MIN = 2.5  # the CPU plan's floors for every stage (CPU_MIN_S), mid-training, MBPP and function calling included
 SMALL = ["--time-budget-min", str(BUDGET_MIN), "--max-files", "150", "--eval-limit", "2", "--device", "cpu",
          "--checkpoint-every-s", "1"]
 BEFORE_SFT = ("tokenizer", "data", "pretrain", "baseline", "samples")
@@ -213,7 +213,9 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
     # --mid-share (kept by the resumed plan): mid-training between pretraining and SFT, on SFT's mixture, the
     # function-calling conversations and --mid-data, with pretraining's optimizer; SFT starts from it
     stages, planned = list(m["stages"]), {s: st["planned_s"] for s, st in m["stages"].items()}
-    assert stages[stages.index("pretrain") + 1] == "mid" and planned["mid"] == pytest.approx(planned["pretrain"] / 4)
+    shares = m["plan"]["shares"]  # a fifth of pretraining's share, and at least mid-training's floor in seconds
+    assert stages[stages.index("pretrain") + 1] == "mid" and shares["mid"] == pytest.approx(shares["pretrain"] / 4)
+    assert planned["mid"] == pytest.approx(max(m["plan"]["min_s"]["mid"], shares["mid"] * BUDGET_MIN * 60))
     mid = m["mid"]
     assert (mid["init"], m["sft"]["init"], line["mid_share"]) == ("pretrain", "mid", 0.2)
     assert mid["data"] == f"{m['sft']['data']},{glaive}@train,{alpaca}:0.2" and mid["steps"] > 0

@@ -116,8 +116,10 @@ def test_the_cpu_plan_gives_each_stage_its_floor_and_pretraining_the_rest():
     assert got["tokenizer"] == pytest.approx(90 * p.shares["tokenizer"])  # its share is above its floor
     big = plan(cpu, "tiny", 12.0).planned_s()
     assert big["sft"] == pytest.approx(720 * p.shares["sft"]) and big["rl"] == p.min_s["rl"]
-    with pytest.raises(ConfigError, match=r"--time-budget-min 0.5 leaves pretraining 0.0 s .*give at least 1.1"):
+    need = next(m / 10 for m in range(1, 1000) if p.training_s(m * 6.0) >= p.min_s["pretrain"])
+    with pytest.raises(ConfigError, match=rf"--time-budget-min 0.5 leaves pretraining 0.0 s .*give at least {need:g}$"):
         plan(cpu, "tiny", 0.5)
+    assert plan(cpu, "tiny", need).training_s(need * 60) >= p.min_s["pretrain"] > p.training_s(need * 60 - 6)
     assert plan(torch.device("cuda"), None, 1.0).min_s == {}  # GPU shares as measured: no floors
 
 

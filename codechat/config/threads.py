@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 def calm_threads_when_busy(load: float | None = None, cores: int | None = None) -> bool:
     """Set ``GOMP_SPINCOUNT=0`` in this process's environment (its children inherit it) when the machine
     is busy: the 1-minute load average ``load`` (default: the system's) at least half the ``cores``
-    (default: ``os.cpu_count()``). Returns whether it did.
+    (default: ``os.cpu_count()``). Returns whether it did. Silent (a debug record): a command's errors stay
+    one line; the speedrun records the setting in ``metrics.json`` (``gomp_spincount``).
 
     Nothing is changed when the user set ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``, or when PyTorch is
     already loaded (too late for this process).
@@ -34,7 +35,7 @@ def calm_threads_when_busy(load: float | None = None, cores: int | None = None) 
     if load < cores / 2:
         return False
     os.environ["GOMP_SPINCOUNT"] = "0"
-    log.info(f"this machine is busy (load {load:.1f} on {cores} cores): CPU threads sleep as soon as they wait "
+    log.debug(f"this machine is busy (load {load:.1f} on {cores} cores): CPU threads sleep as soon as they wait "
              "(GOMP_SPINCOUNT=0; set it yourself to choose)")
     return True
 

@@ -57,9 +57,10 @@ EXTRA_SHARES = {"mbpp": 0.06, "funcall": 0.08, "funcall_eval": 0.04}
 #: at 9 minutes ~86 s for the pass-rate filter (a fifth), GRPO (two fifths: ~30 steps if a step takes
 #: ~1 s) and HumanEval + MBPP again on ``rl/`` (the rest; 18-27 and 20-25 s on ``sft/`` in the runs
 #: above). On a CPU the tiny model keeps too few tasks and the stage ends after the filter's first batch.
-#: The stages whose time is what the others leave: training, which gains from every second. Each other
-#: stage gets its share of the budget but at least its ``min_s`` (:meth:`SpeedrunPlan.allocate`).
-ELASTIC = ("pretrain", "mid")
+#: The stages whose time is what the others leave: pretraining, which gains from every second. Each other
+#: stage gets its share of the budget but at least its ``min_s`` (:meth:`SpeedrunPlan.allocate`); mid-training
+#: too, since it loads and renders its data as SFT does before its first step.
+ELASTIC = ("pretrain",)
 #: Seconds a stage needs at least on a 2-core CPU for its smallest piece of work, whatever the budget: one
 #: prompt's 8 samples, the SFT stage's loading, mining and first steps, one chat answer, a HumanEval problem
 #: with the sandbox's start, the RL pool with its references checked and the filter's first batch
@@ -67,7 +68,7 @@ ELASTIC = ("pretrain", "mid")
 #: 2 problems 14 s, chat 4-7 s). Pretraining needs its own left over: a budget that leaves it less is
 #: refused before anything runs. At 12 minutes no floor binds but RL's.
 CPU_MIN_S = {"tokenizer": 1.0, "data": 2.0, "baseline": 1.0, "pretrain": 10.0, "samples": 6.0, "sft": 20.0,
-             "chat": 4.0, "eval": 12.0, "rl": 20.0, "mbpp": 10.0, "funcall": 12.0, "funcall_eval": 8.0}
+             "chat": 4.0, "eval": 12.0, "rl": 20.0, "mbpp": 10.0, "funcall": 12.0, "funcall_eval": 8.0, "mid": 20.0}
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.77, "samples": 0.025,
               "sft": 0.06, "chat": 0.01, "eval": 0.025, "rl": 0.015}
 GPU_SHARES = {"tokenizer": 0.025, "data": 0.075, "baseline": 0.002, "pretrain": 0.49, "samples": 0.035,
@@ -274,13 +275,13 @@ class SpeedrunPlan:
         return self.allocate(self.time_budget_min * 60, self.stages)
 
     def training_s(self, budget_s: float) -> float:
-        """Seconds of a ``budget_s`` run that the elastic stages (pretraining, mid-training) get."""
+        """Seconds of a ``budget_s`` run that the elastic stages (pretraining) get."""
         return sum(t for s, t in self.allocate(budget_s, self.stages).items() if s in ELASTIC)
 
     def allocate(self, left_s: float, rest: tuple[str, ...] | list[str]) -> dict[str, float]:
         """Seconds for each stage of ``rest`` out of ``left_s``: a stage not in :data:`ELASTIC` gets its
         share of ``left_s`` (its share over the shares of ``rest``) but at least its ``min_s``; the
-        elastic stages (pretraining, mid-training) share what the others leave, by their shares (0 when
+        elastic stages (pretraining) share what the others leave, by their shares (0 when
         nothing is left). Without an elastic stage in ``rest`` the seconds may sum to more than
         ``left_s`` when floors bind: the stages that find no time left are skipped."""
         total = sum(self.shares[s] for s in rest)

@@ -117,6 +117,8 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
                         **({"more SFT data (--data)": f"{p.sft_data} (each source's own licence)"} if p.sft_data else {}),
                         **({"function-calling data": f"{p.funcall_data} (its own licence)"} if p.funcall_data else {})}
             self.m = {"preset": p.preset, "device": str(device), "device_type": device.type,
+                      # "0" when the machine was busy as the command started (codechat.config.threads)
+                      "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
                       "time_budget_min": p.time_budget_min, "licenses": licenses,
                       "plan": {k: v for k, v in asdict(p).items() if k in
                                ("time_budget_min", "shares", "min_s", "eval_limit", "max_files", "compile", "sources",
