@@ -86,11 +86,12 @@ from codechat.parallel.world import init_world
 from codechat.peft.lora import base_forward
 from .grpo_update import GRPOStep
 from .init import resolve_init
+from .metrics_log import MetricsLog, restart_jsonl
 from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages
 from .rollouts import REWARD_KINDS, Judge, Rollout, collect
 from .stop import active
 from .task_pool import TooFewTasks, filter_pool, load_pool, too_few_message
-from .trainer import MetricsLog, Trainer, restart_jsonl
+from .trainer import Trainer
 
 DEAD_FIXES = ("use --reward tiered (partial credit for getting further), a larger --group-size, tasks the "
               "policy sometimes solves (`codechat eval filter` -> --tasks tasks:FILE), or more SFT before RL")
