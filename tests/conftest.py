@@ -200,6 +200,22 @@ def funcall_stage(tok, tok_dir, tmp_path_factory, memorise):
     return stage, tmp / "tools_demo.py"
 
 
+def save_random_base(tok_dir: Path, vocab_size: int, out: Path) -> Path:
+    """A randomly initialised 2-layer model (seed 0, 128 positions) saved as a pretraining checkpoint under
+    ``out/checkpoints`` with the tokenizer ``tok_dir``; returns the checkpoint directory."""
+    import torch
+
+    from codechat import checkpoint as ckpt
+    from codechat.config.stages import ModelConfig, to_dict
+    from codechat.model import build_model
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=vocab_size, n_layer=2, n_embd=64, n_head=2, n_kv_head=1,
+                                    max_seq_len=128))
+    return ckpt.save(out / "checkpoints", 0, model=model.state_dict(),
+                     state={"step": 0, "meta": {"stage": "pretrain", "model": to_dict(model.cfg)}},
+                     tokenizer_dir=tok_dir)
+
+
 def hide_module(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
     """For the rest of the test, ``import`` of any module whose name starts with ``prefix`` raises
     ImportError, as when an optional extra (``llguidance``: ``codechat[grammar]``) is not installed."""

@@ -23,13 +23,12 @@ import torch
 from codechat import checkpoint as ckpt
 from codechat.cli import main
 from codechat.config.sft import SFTConfig, SFTStageConfig
-from codechat.config.stages import ConfigError, ModelConfig, TrainConfig, OptimConfig, RunConfig, load, to_dict
-from codechat.model import build_model
+from codechat.config.stages import ConfigError, TrainConfig, OptimConfig, RunConfig, load
 from codechat.train.grpo import RLStageConfig, TaskSchedule, run_rl
 from codechat.train.sft import run_sft
 from codechat.train.stop import RunStopped
 
-from conftest import FIXTURES
+from conftest import FIXTURES, save_random_base
 from test_stop import assert_same_checkpoint, step_clock
 
 DIGITS = range(10)
@@ -50,12 +49,7 @@ def write_tasks(path: Path, tests: str = "assert f() == {n}", reference: bool = 
 def policy(tok, tok_dir, tmp_path_factory) -> Path:
     """A tiny model SFT'd to answer prompt N with ``def f(): return M``, M = N (20 %) or N + 1 (80 %)."""
     tmp = tmp_path_factory.mktemp("rl_policy")
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=tok.vocab_size, n_layer=2, n_embd=64, n_head=2, n_kv_head=1,
-                                    max_seq_len=128))
-    init = ckpt.save(tmp / "base" / "checkpoints", 0, model=model.state_dict(),
-                     state={"step": 0, "meta": {"stage": "pretrain", "model": to_dict(model.cfg)}},
-                     tokenizer_dir=tok_dir)
+    init = save_random_base(tok_dir, tok.vocab_size, tmp / "base")
     rng = random.Random(0)
     rows = []
     for _ in range(1000):

@@ -24,12 +24,12 @@ import torch
 from codechat import checkpoint as ckpt
 from codechat.cli import main
 from codechat.config.sft import SFTConfig, SFTStageConfig
-from codechat.config.stages import (ModelConfig, OptimConfig, PretrainConfig, RunConfig, TrainConfig, load,
-                                    pretrain_recipe, to_dict)
-from codechat.model import build_model
+from codechat.config.stages import OptimConfig, PretrainConfig, RunConfig, TrainConfig, load, pretrain_recipe
 from codechat.train.pretrain import run_pretrain
 from codechat.train.sft import run_sft
 from codechat.train.stop import EXIT_STOPPED, RunStopped, StopWatch, resume_command, stop_watch
+
+from conftest import save_random_base
 
 
 def step_clock(stop_after_steps: int) -> StopWatch:
@@ -131,11 +131,7 @@ def test_pretraining_stopped_after_step_k_and_resumed_equals_the_run_never_stopp
 def base_model(tok, tok_dir, tmp_path_factory) -> Path:
     """A randomly initialised 2-layer model saved as a pretraining checkpoint, and a chat file to tune it on."""
     tmp = tmp_path_factory.mktemp("stop_sft")
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=tok.vocab_size, n_layer=2, n_embd=64, n_head=2, n_kv_head=1,
-                                    max_seq_len=128))
-    ckpt.save(tmp / "base" / "checkpoints", 0, model=model.state_dict(),
-              state={"step": 0, "meta": {"stage": "pretrain", "model": to_dict(model.cfg)}}, tokenizer_dir=tok_dir)
+    save_random_base(tok_dir, tok.vocab_size, tmp / "base")
     rng = random.Random(0)
     rows = [{"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
                           {"role": "assistant", "content": f"{a} + {b} = {a + b}"}]}
