@@ -203,8 +203,8 @@ BAD = [  # (what, request fields, param, keyword)
      {"tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
          "type": "object", "properties": {"when": {"type": "string", "format": "stardate"}}}}}]},
      "tools[0].function.parameters.properties.when", "format"),
-    ("$ref to nowhere in a named tool",
-     {"tools": tools() + [{"type": "function", "function": {"name": "g", "parameters": {
+    ("$ref to nowhere in a named strict tool",
+     {"tools": tools() + [{"type": "function", "function": {"name": "g", "strict": True, "parameters": {
          "type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}}}],
       "tool_choice": {"type": "function", "function": {"name": "g"}}},
      "tools[2].function.parameters.properties.x.$ref", "$ref"),

@@ -2,8 +2,9 @@
 ``response_format``, mapped to :mod:`codechat.chat.strict` and compiled once per server.
 
 - ``tool_choice`` ``required`` or a tool's name: the reply is one ``<|function_call|>`` and a call to
-  one of the (that) tool(s), its ``arguments`` valid under the tool's ``parameters``
-  (:func:`codechat.chat.strict.tool_grammar`), whether or not the tools say ``strict``;
+  one of the (that) tool(s), its ``arguments`` valid under the tool's closed ``parameters``
+  (:func:`codechat.chat.strict.tool_grammar`; the closing rules are there), whether or not the
+  tools say ``strict`` (a tool without it is never refused for its schema);
 - ``auto``: constrained (text, then optionally such a call) when any declared tool has
   ``"strict": true`` — every tool's arguments are then held to its schema —, free otherwise;
 - ``none``: free (the tools are not declared to the model);
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from codechat.chat.strict import response_format_grammar, tool_grammar
@@ -73,14 +74,15 @@ def body_path(path: str) -> str:
 
 
 def reply_grammar(grammars: Grammars, tools: Sequence[Mapping[str, Any]], choice: str | Mapping[str, Any],
-                  strict: bool, response_format: Mapping[str, Any] | None) -> Grammar | None:
+                  strict: Collection[str], response_format: Mapping[str, Any] | None) -> Grammar | None:
     """The grammar of the reply (module docstring), or None when it is free.
 
     Args:
         grammars: the server's compiler.
         tools: the declared tools, ``{"name", "description"?, "parameters"?}`` each.
         choice: ``none``, ``auto``, ``required`` or the named tool's entry of ``tools``.
-        strict: whether any tool has ``"strict": true`` (constrains ``auto``).
+        strict: the names of the tools with ``"strict": true`` (any constrains ``auto``; their schemas
+            must be honoured, :func:`codechat.chat.strict.arguments_schema`).
         response_format: the checked ``response_format`` of type ``json_object`` or ``json_schema``;
             None for text.
 
@@ -100,7 +102,7 @@ def reply_grammar(grammars: Grammars, tools: Sequence[Mapping[str, Any]], choice
         if isinstance(choice, Mapping):  # the one tool alone ("required" of it: its name may be "auto")
             k = next(i for i, t in enumerate(tools) if t["name"] == choice["name"])
             try:
-                return tool_grammar(grammars.compiler("tool_choice"), [choice], "required")
+                return tool_grammar(grammars.compiler("tool_choice"), [choice], "required", strict)
             except GrammarError as e:
                 raise GrammarError(e.message, e.path.replace("$.tools[0]", f"$.tools[{k}]", 1), e.keyword) from None
         if choice == "required" or (choice == "auto" and strict):
@@ -108,7 +110,7 @@ def reply_grammar(grammars: Grammars, tools: Sequence[Mapping[str, Any]], choice
                                 choice, strict)
     except GrammarError as e:
         kw = f" (keyword {e.keyword!r})" if e.keyword else ""
-        raise bad(body_path(e.path), f"cannot be compiled to a constraint{kw}: {e.message}") from None
+        raise bad(body_path(e.path), f"cannot be honoured as a constraint{kw}: {e.message}") from None
     return None
 
 

@@ -135,19 +135,19 @@ def _stop(body: Mapping[str, Any], cfg: ServeConfig) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _tools(body: Mapping[str, Any], cfg: ServeConfig) -> tuple[tuple[dict[str, Any], ...], bool]:
+def _tools(body: Mapping[str, Any], cfg: ServeConfig) -> tuple[tuple[dict[str, Any], ...], frozenset[str]]:
     """The ``tools``, checked (:func:`codechat.tools.tool_from_schema`), as ``{"name", "description",
     "parameters"}`` in the client's spelling (the schemas are rendered as given, as in SFT data), and
-    whether any of them says ``"strict": true``."""
+    the names of those that say ``"strict": true``."""
     from codechat.tools import ToolError, tool_from_schema
     raw = body.get("tools")
     if raw is None:
-        return (), False
+        return (), frozenset()
     if not isinstance(raw, list):
         raise bad("tools", "must be a list of {\"type\": \"function\", \"function\": {...}}")
     if len(raw) > cfg.max_tools:
         raise bad("tools", f"{len(raw)} tools; at most {cfg.max_tools}")
-    out, names, strict = [], set(), False
+    out, names, strict = [], set(), set()
     for k, t in enumerate(raw):
         if not (isinstance(t, Mapping) and t.get("type") == "function" and isinstance(t.get("function"), Mapping)):
             raise bad(f"tools[{k}]", "must be {\"type\": \"function\", \"function\": {\"name\", \"parameters\"}}")
@@ -160,8 +160,9 @@ def _tools(body: Mapping[str, Any], cfg: ServeConfig) -> tuple[tuple[dict[str, A
         names.add(tool.name)
         fn = t["function"]
         out.append({key: fn[key] for key in ("name", "description", "parameters") if key in fn})
-        strict |= _bool(fn, "strict", f"tools[{k}].function.strict")
-    return tuple(out), strict
+        if _bool(fn, "strict", f"tools[{k}].function.strict"):
+            strict.add(tool.name)
+    return tuple(out), frozenset(strict)
 
 
 def _tool_choice(body: Mapping[str, Any], tools: tuple[dict[str, Any], ...]) -> str | dict[str, Any]:

@@ -14,7 +14,7 @@ hint                            schema
 ``str`` ``int`` ``float``       ``{"type": "string"}`` ``"integer"`` ``"number"``
 ``bool``                        ``{"type": "boolean"}``
 ``list`` / ``list[X]``          ``{"type": "array"}`` / ``{"type": "array", "items": X}``
-``dict`` / ``dict[str, X]``     ``{"type": "object"}`` / ``{..., "additionalProperties": X}``
+``dict`` / ``dict[str, X]``     ``{"type": "object", "additionalProperties": true}`` / ``{..., "additionalProperties": X}``
 ``Literal["a", "b"]``           ``{"type": "string", "enum": ["a", "b"]}``
 ``X | None``, ``Optional[X]``   X with ``"null"`` added to its type; *not required*
 ``X | Y``                       ``{"type": [X, Y]}`` (simple types) or ``{"anyOf": [X, Y]}``
@@ -28,6 +28,12 @@ Anything else — a class of your own, an ``Enum``, ``tuple``, ``dict[int, X]``,
 :class:`ToolError` naming the file, the function and the parameter (a missing annotation is an
 error, not a silent ``string``: the model would be told the wrong type). Give such a function an
 explicit schema with ``@tool(parameters=...)``.
+
+The arguments object says nothing of extra keys, so the schema the model is shown stays as lean
+as the ones it was trained on; wherever a call is held to the schema it is closed
+(:func:`codechat.chat.strict.closed_schema`: only the function's parameters, each at most once).
+A ``dict`` parameter is the one open object, and says so (``"additionalProperties": true``), so
+closing leaves it open.
 
 A parameter hinted ``X | None`` *without* a default is not required in the schema, though the
 function needs it: :class:`~.dispatch.Dispatcher` passes it None when a call leaves it out.
@@ -90,11 +96,11 @@ def _hint_schema(tp: Any) -> tuple[dict[str, Any], str | None]:
         return ({"type": "array", "items": _hint_schema(args[0])[0]} if args else {"type": "array"}), None
     if tp is dict or origin is dict:
         if not args:
-            return {"type": "object"}, None
+            return {"type": "object", "additionalProperties": True}, None
         if args[0] is not str:
             raise _Unsupported(f"dict keys must be str (JSON object keys are strings), got {_type_name(args[0])}")
         value = _hint_schema(args[1])[0]
-        return ({"type": "object"} if value == {} else {"type": "object", "additionalProperties": value}), None
+        return {"type": "object", "additionalProperties": True if value == {} else value}, None
     if origin is typing.Literal:
         kinds: list[str] = []
         for v in args:
