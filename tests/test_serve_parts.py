@@ -74,10 +74,22 @@ def test_a_call_by_id_becomes_tool_calls_and_one_that_does_not_parse_is_text_wit
     assert c.finish == "tool_calls" and deltas[-1].finish == "tool_calls" and deltas[-1].index == 2
     assert c.tool_call["function"] == {"name": "weather", "arguments": json.dumps({"city": "Tokyo"})}
     assert c.tool_call["type"] == "function" and c.tool_call["id"].startswith("call_")
+    broken = ChoiceStream(tok, 0, tools=True)
+    run(broken, [fc] + call[:-3], last="stop")  # ended inside the call: free decoding can
+    assert broken.tool_call is None and broken.finish == "stop" and broken.unparsed and not c.unparsed
+    assert broken.content == tok.decode(call[:-3])  # no special token in content
+
+
+def test_a_call_cut_by_max_tokens_is_a_tool_call_with_its_partial_arguments_as_openai_returns_it(tok):
+    fc = tok.special_id(FUNCTION_CALL_TOKEN)
+    text = '{"name": "weather", "arguments": {"city": "Tok'
     cut = ChoiceStream(tok, 0, tools=True)
-    run(cut, [fc] + call[:-3], last="length")  # max_tokens ran out inside the call
-    assert cut.tool_call is None and cut.finish == "length" and cut.unparsed and not c.unparsed
-    assert cut.content == tok.decode(call[:-3])  # no special token in content
+    deltas = run(cut, tok.encode("Looking.") + [fc] + tok.encode(text), last="length")
+    assert cut.finish == "length" and deltas[-1].finish == "length" and not cut.unparsed
+    assert cut.content == "Looking." and cut.tool_call["function"] == {"name": "weather", "arguments": '{"city": "Tok'}
+    early = ChoiceStream(tok, 0, tools=True)  # cut before the arguments began: no name to give, so text
+    run(early, [fc] + tok.encode('{"name": "wea'), last="length")
+    assert early.tool_call is None and early.finish == "length" and early.content == '{"name": "wea'
 
 
 def test_a_call_spelled_in_text_is_a_call_only_when_tools_are_declared(tok):

@@ -394,3 +394,21 @@ def parse_assistant(tok: Tokenizer, ids: Sequence[int], *, strict: bool = False)
 __all__ = ["FUNCTION_CALL_TOKEN", "CALL_MARKERS", "TOOL_CHOICES", "END_MARKERS", "PARSE_ERROR_REASONS", "ParseError", "normalize_call",
            "format_call", "parse_call", "Reply", "parse_reply", "parse_reply_ids", "parse_assistant_text",
            "parse_assistant"]
+
+
+_PARTIAL = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(.*)', re.DOTALL)
+
+
+def partial_call(text: str) -> tuple[str, str] | None:
+    """``(name, arguments text so far)`` of a call cut short (by ``max_tokens``) once its name is
+    written: ``{"name": "add", "arguments": {"a": 1, "b`` -> ``("add", '{"a": 1, "b')``, as OpenAI
+    returns a cut call (``finish_reason`` ``length``, the partial ``arguments``); None when ``text``
+    (what follows the call marker) has not reached the arguments."""
+    m = _PARTIAL.match(text)
+    if m is None:
+        return None
+    try:
+        name = json.loads(m.group(1))
+    except ValueError:
+        return None
+    return name, m.group(2)

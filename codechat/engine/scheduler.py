@@ -388,13 +388,25 @@ class Engine:
                     out.token_ids.append(t)
                     out.logprobs.append(lps[0][j])
                     out.logprobs_t1.append(lps[1][j])
-                    grammar_done = row.matcher is not None and (not row.matcher.consume(t) or row.matcher.done)
-                    finish = ("stop" if t in row.req.stop_ids or grammar_done else
-                              "length" if len(out.token_ids) >= row.req.sampling.max_new_tokens else None)
+                    finish = self._finish(row, t)
                     events.append(Token(row.rid, row.sample, t, lps[0][j], lps[1][j], finish))
                     if finish:
                         self._release(row, finish)
         return events
+
+    @staticmethod
+    def _finish(row: _Row, t: int) -> str | None:
+        """How row ``row`` ends with its new token ``t`` (None: it goes on). Under a grammar: ``stop``
+        once the grammar is complete, ``rejected`` (``Sample.error`` says why) when the grammar did
+        not allow ``t`` — which its mask should have made impossible: an engine bug, never passed
+        off as ``stop`` — and ``length`` when the budget ran out first."""
+        if row.matcher is not None and not row.matcher.consume(t):
+            row.out.error = (f"the grammar rejected token {t}, sampled under its own mask after "
+                             f"{len(row.out.token_ids) - 1} tokens: {row.matcher.error or 'no reason given'}")
+            return "rejected"
+        if t in row.req.stop_ids or (row.matcher is not None and row.matcher.done):
+            return "stop"
+        return "length" if len(row.out.token_ids) >= row.req.sampling.max_new_tokens else None
 
     def _release(self, row: _Row, finish: str) -> None:
         row.out.finish = finish

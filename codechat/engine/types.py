@@ -10,7 +10,10 @@ from .sampling import SamplingConfig
 if TYPE_CHECKING:
     from .grammar import Grammar
 
-FINISH_REASONS = ("stop", "length", "cancelled")
+#: How a row ends: ``stop`` (a stop id, or its grammar complete), ``length`` (``max_new_tokens``
+#: reached first), ``cancelled`` (:meth:`Engine.cancel`, a deadline), ``rejected`` (its grammar did not
+#: allow the token sampled under its own mask: an engine bug, reported, never passed off as ``stop``).
+FINISH_REASONS = ("stop", "length", "cancelled", "rejected")
 CPU_CACHE_BYTES = 1 << 30  #: the automatic slot count keeps a CPU cache under this
 
 
@@ -113,7 +116,7 @@ class Request:
 class Token:
     """One generated token of row ``(request, sample)``: its id, its log-probability under the
     distribution it was drawn from (0 for greedy) and under temperature 1, and ``finish``
-    (``stop`` / ``length``) on a row's last token, else None."""
+    (:data:`FINISH_REASONS`) on a row's last token, else None."""
 
     request: int
     sample: int
@@ -126,10 +129,11 @@ class Token:
 @dataclass
 class Sample:
     """A row's whole output: ``token_ids`` (the stop id included), per-token ``logprobs`` and
-    ``logprobs_t1`` (as in :class:`Token`), and ``finish`` (one of :data:`FINISH_REASONS`, None
-    while running)."""
+    ``logprobs_t1`` (as in :class:`Token`), ``finish`` (one of :data:`FINISH_REASONS`, None
+    while running), and ``error``: why a ``rejected`` row was ("" otherwise)."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     logprobs_t1: list[float] = field(default_factory=list)
     finish: str | None = None
+    error: str = ""

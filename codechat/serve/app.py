@@ -9,7 +9,9 @@ Routes (:func:`create_app`):
 - ``GET /health``: ``{"status": "ok", "model", "running", "waiting", "in_flight", "capacity",
   "slots", "max_len"}`` (:meth:`.worker.EngineWorker.stats`) and ``unparsed_calls`` (choices since
   the start whose reply began a function call that did not parse, sent as text:
-  :attr:`.choices.ChoiceStream.unparsed`); never needs the key.
+  :attr:`.choices.ChoiceStream.unparsed`) and ``rejected_tokens`` (rows whose grammar rejected the
+  token sampled under its own mask: each a 500 ``grammar_rejected_token``, a bug to report; 0
+  always); never needs the key.
 - ``GET /``: the chat page (``static/index.html``, its script and style under ``/static/``).
 
 Grammars (strict tools, ``tool_choice`` required or named, ``response_format``: :mod:`.constraints`)
@@ -112,7 +114,7 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
     started = int(time.time())
     max_len = worker.engine.max_len
     grammars = Grammars(tok, worker.engine.vocab_size)  # the compiler itself comes with the first grammar
-    counters = {"unparsed_calls": 0}  # since the start (/health)
+    counters = {"unparsed_calls": 0, "rejected_tokens": 0}  # since the start (/health)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
@@ -200,6 +202,11 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
                     c = choices[ev.sample]
                     if c.finish is not None:
                         continue  # closed by a stop string; its row is being cancelled
+                    if ev.finish == "rejected":
+                        counters["rejected_tokens"] += 1
+                        raise APIError(500, "the reply's grammar rejected a token sampled under its own mask (a bug in "
+                                            "codechat's constrained decoding; please report it): no reply is returned",
+                                       type="server_error", code="grammar_rejected_token")
                     batch.append(c.push(ev))
                     if c.unparsed:  # set as the choice closes: once
                         counters["unparsed_calls"] += 1

@@ -17,9 +17,13 @@ always equals the non-streamed one.
   parses) is sent as text — a spelled marker included, the ``<|function_call|>`` id not: no special
   token ever reaches ``content`` — with the finish reason the engine gave, and counted
   (:attr:`ChoiceStream.unparsed`).
+- A call cut by ``max_tokens`` once its name is written comes back as OpenAI returns one: a
+  ``tool_calls`` entry whose ``arguments`` are the JSON text so far, finish ``length``
+  (:func:`codechat.chat.calls.partial_call`), never as call text in ``content``.
 - Under a grammar (:mod:`.constraints`) the engine ends a row at the token that completes it, with
   finish ``stop``: that token is the reply's last (a control id, not in the reply, is what ends a
-  free one).
+  free one). A row whose grammar rejected its token (engine finish ``rejected``) never reaches a
+  choice: the server answers with an error (:mod:`.app`).
 - Finish reasons: ``stop`` (a control id such as ``<|end|>``, a stop string, or the grammar
   complete), ``length`` (``max_tokens``), ``tool_calls``.
 """
@@ -30,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from codechat.chat.calls import CALL_MARKERS, FUNCTION_CALL_TOKEN, parse_reply_ids
+from codechat.chat.calls import CALL_MARKERS, FUNCTION_CALL_TOKEN, parse_reply_ids, partial_call
 from codechat.chat.openai_messages import tool_call
 from codechat.engine import Token
 from codechat.tokenizer import Tokenizer
@@ -168,6 +172,13 @@ class ChoiceStream:
         if reply.call is not None:
             self.tool_call = tool_call(reply.call, f"call_{secrets.token_hex(12)}")
             return self._send(before[self._sent:], lp, tool_call=self.tool_call, finish=self._finished("tool_calls"))
+        tail = self._text[self._call_at:]
+        tail = next((tail[len(m):] for m in CALL_MARKERS if tail.startswith(m)), tail)  # a marker spelled in text
+        cut = partial_call(tail) if finish == "length" else None
+        if cut is not None:
+            self.tool_call = {"id": f"call_{secrets.token_hex(12)}", "type": "function",
+                              "function": {"name": cut[0], "arguments": cut[1]}}
+            return self._send(before[self._sent:], lp, tool_call=self.tool_call, finish=self._finished("length"))
         self.unparsed = True  # the text without the <|function_call|> id (never decoded into _text)
         return self._send(self._text[self._sent:], lp, finish=self._finished(finish))
 
