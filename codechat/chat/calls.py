@@ -44,7 +44,8 @@ END_MARKERS: tuple[str, ...] = ("<|end|>", "<|endoftext|>")
 
 # ----------------------------------------------------------------------------- calls
 #: The kinds of :class:`ParseError`, in the order a call is read.
-PARSE_ERROR_REASONS: tuple[str, ...] = ("no_json", "bad_json", "no_name", "arguments_not_object", "trailing_text")
+PARSE_ERROR_REASONS: tuple[str, ...] = ("no_json", "bad_json", "no_name", "arguments_not_object", "trailing_text",
+                                        "length")
 
 
 class ParseError(ValueError):
@@ -55,7 +56,9 @@ class ParseError(ValueError):
             ``no_json`` (no JSON object where the call should start), ``bad_json`` (the object,
             or a JSON-string ``arguments``, is not valid JSON), ``no_name`` (no non-empty string
             ``name``), ``arguments_not_object`` (``arguments`` is not an object nor a JSON string
-            of one), ``trailing_text`` (text after the call where none is allowed).
+            of one), ``trailing_text`` (text after the call where none is allowed), ``length``
+            (the reply reached its token limit inside the call: cut, not malformed;
+            :func:`codechat.chat.repl.generate_reply` says so).
         message: one line for a person (or for the model, as a function response).
         position: character offset into ``text`` where reading failed (for a call given as a
             mapping, ``text`` is its JSON and ``position`` is 0).
@@ -393,7 +396,7 @@ def parse_assistant(tok: Tokenizer, ids: Sequence[int], *, strict: bool = False)
 
 __all__ = ["FUNCTION_CALL_TOKEN", "CALL_MARKERS", "TOOL_CHOICES", "END_MARKERS", "PARSE_ERROR_REASONS", "ParseError", "normalize_call",
            "format_call", "parse_call", "Reply", "parse_reply", "parse_reply_ids", "parse_assistant_text",
-           "parse_assistant"]
+           "parse_assistant", "partial_call"]
 
 
 _PARTIAL = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(.*)', re.DOTALL)

@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Callable, TextIO
 
 from codechat.chat.budget import render_for_completion_within
-from codechat.chat.calls import Reply, parse_reply_ids
+from codechat.chat.calls import ParseError, Reply, parse_reply_ids
 from codechat.chat.conversation import Conversation, Message, render_for_completion, reply_message
 from codechat.engine import Engine, Request, SamplingConfig
 from codechat.engine.grammar import Grammar
@@ -33,6 +33,10 @@ def generate_reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: Samp
 
     ``grammar`` (:func:`codechat.chat.strict.tool_grammar`): the reply follows it, token by token; it
     then ends when the grammar is complete (a call's JSON closed), with or without ``<|end|>``.
+    A call cut by ``cfg.max_new_tokens`` has the error ``length`` (not ``bad_json``).
+
+    Raises:
+        RuntimeError: the grammar rejected a sampled token (an engine bug; never a reply).
     """
     new = min(cfg.max_new_tokens, max(1, int(engine.max_len * REPLY_SHARE)))
     prompt = render_for_completion(tok, conv)
@@ -43,15 +47,24 @@ def generate_reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: Samp
                       f"{counts.turns_dropped} oldest turn(s) and {counts.prompt_tokens_cut} tokens left out]")
     cfg = replace(cfg, max_new_tokens=min(cfg.max_new_tokens, engine.max_len - len(prompt)))
     ids: list[int] = []
+    finish = None
     stream = tok.stream(skip_special=True)
     for ev in engine.stream(Request(prompt, cfg, seed=seed, stop_ids=[tok.end_id], grammar=grammar)):
-        t = ev.token
+        t, finish = ev.token, ev.finish
+        if finish == "rejected":
+            raise RuntimeError("the reply's grammar rejected a token sampled under its own mask: a bug in codechat's "
+                               "constrained decoding (please report it)")
         ids.append(t)
         if t == tok.end_id:
             break
         on_text(stream.push(t))
     on_text(stream.flush())
-    return parse_reply_ids(tok, ids)
+    reply = parse_reply_ids(tok, ids)
+    if finish == "length" and reply.error is not None:  # cut inside the call, not malformed
+        reply = replace(reply, error=ParseError(
+            "length", f"the reply reached its limit of {cfg.max_new_tokens} tokens inside the call",
+            len(reply.text), reply.text))
+    return reply
 
 
 def reply(engine: Engine, tok: Tokenizer, conv: Conversation, cfg: SamplingConfig, *, seed: int = 0,

@@ -19,6 +19,16 @@ scored for
 
 a turn that answers in text is scored for ``no_call``. Rates are over the turns of each kind.
 
+Every reply also has an ``outcome`` (:data:`OUTCOMES`), so that a call that was never begun, one
+cut short and one malformed are told apart: ``call`` (a call that parses), ``text`` (no call
+begun), ``cut_by_length`` (a call begun and cut by ``max_new_tokens``), ``does_not_parse`` (a
+call begun and ended, malformed), ``rejected`` (the grammar rejected a sampled token: an engine
+bug). Over the call turns, :func:`summarise` counts ``no_call`` (answered in text),
+``cut_by_length``, ``does_not_parse`` and ``rejected``, and gives ``finished_parse_rate`` and
+``finished_schema_valid_rate``: over the call turns whose reply began a call and ended it (cut
+ones aside), the share that parse and that validate — what a grammar promises (100% under
+``strict``).
+
 Splits: :func:`codechat.data.benchmarks.conversation_split`, a stated hash of each record (62 of
 the glaive sample's 300 conversations are held out); ``all`` is both parts. SFT on
 ``--data FILE@train`` never sees a held-out conversation.
@@ -54,6 +64,8 @@ from codechat.config.atomic import write_text
 from codechat.data.benchmarks import conversation_split
 
 SPLITS = ("heldout", "train", "all")
+#: How a reply ended (module docstring).
+OUTCOMES = ("call", "text", "cut_by_length", "does_not_parse", "rejected")
 #: ``strict`` modes: the free pass only, the strict pass only, both.
 STRICT_MODES = ("off", "on", "both")
 
@@ -137,17 +149,37 @@ def score_case(expected: Any, content: str, call: dict | None, tried_call: bool,
     return row
 
 
+def outcome(reply: Any, finish: str | None) -> str:
+    """The :data:`OUTCOMES` entry of a reply read by :func:`codechat.chat.calls.parse_reply_ids`
+    whose row ended with engine finish ``finish``."""
+    if finish == "rejected":
+        return "rejected"
+    if reply.call is not None:
+        return "call"
+    if reply.error is None:
+        return "text"
+    return "cut_by_length" if finish == "length" else "does_not_parse"
+
+
 def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Rates over call turns (parse, schema-valid, name, argument exact match) and text turns (no call)."""
+    """Rates over call turns (parse, schema-valid, name, argument exact match) and text turns (no
+    call); the call turns' outcome counts and the rates over their finished calls (module docstring)."""
     calls = [r for r in rows if r["kind"] == "call"]
     texts = [r for r in rows if r["kind"] == "text"]
+    finished = [r for r in calls if r.get("outcome") in ("call", "does_not_parse")]
 
     def rate(rs: Sequence[Mapping[str, Any]], key: str) -> float | None:
         return sum(bool(r[key]) for r in rs) / len(rs) if rs else None
+
+    def count(what: str) -> int:
+        return sum(r.get("outcome") == what for r in calls)
     return {"cases": len(rows), "call_turns": len(calls), "text_turns": len(texts),
             "parse_rate": rate(calls, "parsed"), "schema_valid_rate": rate(calls, "schema_valid"),
             "name_accuracy": rate(calls, "name_correct"), "arguments_exact_match": rate(calls, "arguments_exact"),
-            "no_call_accuracy": rate(texts, "no_call")}
+            "no_call_accuracy": rate(texts, "no_call"),
+            "no_call": count("text"), "cut_by_length": count("cut_by_length"),
+            "does_not_parse": count("does_not_parse"), "rejected": count("rejected"),
+            "finished_parse_rate": rate(finished, "parsed"), "finished_schema_valid_rate": rate(finished, "schema_valid")}
 
 
 def run_funcall_suite(engine: Any, tok: Any, *, path: str | Path, out_dir: str | Path, split: str = "heldout",
@@ -166,7 +198,7 @@ def run_funcall_suite(engine: Any, tok: Any, *, path: str | Path, out_dir: str |
         codechat.engine.grammar.GrammarUnavailable: a strict pass without the grammar library.
     """
     from codechat.chat.budget import render_for_completion_within
-    from codechat.chat.calls import FUNCTION_CALL_TOKEN, parse_assistant
+    from codechat.chat.calls import FUNCTION_CALL_TOKEN, parse_reply_ids
     from codechat.engine import Request, SamplingConfig
     from codechat.eval.suites import SAMPLER_VERSION, check_run_settings
     from codechat.tools import tool_from_schema
@@ -204,9 +236,11 @@ def run_funcall_suite(engine: Any, tok: Any, *, path: str | Path, out_dir: str |
                                for _, ids, _, _, (g, _) in jobs])
     rows = []
     for (c, _, key, s, (_, grammar_error)), [sample] in zip(jobs, outputs):
-        content, call = parse_assistant(tok, sample.token_ids)
+        reply = parse_reply_ids(tok, sample.token_ids)
+        content, call = reply.content, reply.call
         row = score_case(c["expected"], content, call, fc in sample.token_ids,
                          {t.name: t.parameters for t in loaded[key]})
+        row["outcome"] = outcome(reply, sample.finish)
         exp = c["expected"]
         rows.append({"id": c["id"], "strict": s, **row, "expected_call": exp.function_call,
                      "expected_content": exp.content, "content": content, "call": call,
@@ -259,7 +293,10 @@ def format_summary(r: Mapping[str, Any]) -> str:
     def rates(f: Mapping[str, Any]) -> str:
         return (f"parse {pct(f['parse_rate'])}, schema-valid {pct(f['schema_valid_rate'])}, right name "
                 f"{pct(f['name_accuracy'])}, arguments exact {pct(f['arguments_exact_match'])}; no call where none "
-                f"is due {pct(f['no_call_accuracy'])}")
+                f"is due {pct(f['no_call_accuracy'])}\n          of the call turns: {f['no_call']} no call, "
+                f"{f['cut_by_length']} cut by length, {f['does_not_parse']} do not parse, {f['rejected']} rejected; "
+                f"finished calls parse {pct(f['finished_parse_rate'])}, schema-valid "
+                f"{pct(f['finished_schema_valid_rate'])}")
     lines = [f"funcall ({r['split']}: {r['call_turns']} call turns, {r['text_turns']} text turns)"]
     if "parse_rate" in r:
         lines.append(f"  free:   {rates(r)}")

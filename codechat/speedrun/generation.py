@@ -17,7 +17,7 @@ from typing import Any
 from codechat.engine import Engine, EngineConfig, SamplingConfig
 from codechat.engine.completion import best_completion, sample_completions
 from codechat.speedrun.plan import SpeedrunPlan
-from codechat.speedrun.record import FUNCALL_KEYS
+from codechat.speedrun.record import FUNCALL_KEYS, FUNCALL_OUTCOMES
 from codechat.speedrun.report import parses_after_dropping_last_line
 
 
@@ -139,6 +139,7 @@ class GenerationStages:
                                 limit=self.p.funcall_eval_limit or None, model_id=str(self.run / "funcall"),
                                 strict="both" if strict else "off")
         print(format_summary(res))
-        return {**{k: res[k] for k in ("cases", "call_turns", "text_turns", *FUNCALL_KEYS)},
-                "strict": {k: res["strict"][k] for k in (*FUNCALL_KEYS, "grammar_errors")} if strict else None,
+        return {**{k: res[k] for k in ("cases", "call_turns", "text_turns", *FUNCALL_KEYS, *FUNCALL_OUTCOMES)},
+                "strict": {k: res["strict"][k] for k in (*FUNCALL_KEYS, *FUNCALL_OUTCOMES, "grammar_errors")}
+                if strict else None,
                 **({} if strict else {"strict_skipped": "the grammar extra (llguidance) is not installed"})}

@@ -15,7 +15,9 @@ The line (every key always present; ``None`` where the run had no such stage)::
     mbpp_after_rl   the same for the RL model, None when GRPO did not run (or without ``--mbpp``)
     funcall         parse_rate, schema_valid_rate, name_accuracy, arguments_exact_match, no_call_accuracy
                     (fractions) of the held-out function-calling evaluation (with ``--funcall-data``)
-    funcall_strict  the same five rates with every reply under the strict tool grammar (``--funcall-data``
+                    and of its call turns: no_call, cut_by_length, does_not_parse, rejected (counts),
+                    finished_parse_rate, finished_schema_valid_rate (over the calls begun and ended)
+    funcall_strict  the same with every reply under the strict tool grammar (``--funcall-data``
                     with the grammar extra installed; None otherwise)
     rl_ran          True when GRPO trained (not skipped), rl_steps its optimizer steps (0 when skipped)
     rl_tasks_kept   tasks the pass-rate filter kept, of rl_pool tasks in the pool (None when no filter ran)
@@ -36,6 +38,9 @@ from pathlib import Path
 from typing import Any
 
 FUNCALL_KEYS = ("parse_rate", "schema_valid_rate", "name_accuracy", "arguments_exact_match", "no_call_accuracy")
+#: How the call turns' replies ended, and the rates over finished calls (:func:`codechat.eval.funcall.summarise`).
+FUNCALL_OUTCOMES = ("no_call", "cut_by_length", "does_not_parse", "rejected", "finished_parse_rate",
+                    "finished_schema_valid_rate")
 
 
 def current_commit() -> str | None:
@@ -73,8 +78,10 @@ def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str
             "val_bpb": (m.get("pretrain") or {}).get("val_bpb_final"),
             "humaneval": _passk((m.get("eval") or {}).get("humaneval")),
             "humaneval_after_rl": _passk(rl.get("humaneval")) if rl_ran else None,
-            "mbpp": _passk(m.get("mbpp")), "funcall": {k: fc.get(k) for k in FUNCALL_KEYS} if fc else None,
-            "funcall_strict": {k: fc["strict"].get(k) for k in FUNCALL_KEYS} if fc and fc.get("strict") else None,
+            "mbpp": _passk(m.get("mbpp")),
+            "funcall": {k: fc.get(k) for k in (*FUNCALL_KEYS, *FUNCALL_OUTCOMES)} if fc else None,
+            "funcall_strict": {k: fc["strict"].get(k) for k in (*FUNCALL_KEYS, *FUNCALL_OUTCOMES)}
+            if fc and fc.get("strict") else None,
             "mbpp_after_rl": _passk(rl.get("mbpp")) if rl_ran else None,
             "rl_ran": rl_ran, "rl_steps": int(rl.get("steps") or 0) if rl_ran else 0,
             "rl_tasks_kept": (rl.get("filter") or {}).get("kept"), "rl_pool": (rl.get("pool") or {}).get("tasks"),

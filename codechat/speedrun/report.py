@@ -165,6 +165,14 @@ def markdown_table(rows: Sequence[tuple[str, Any]]) -> str:
 FINISHED = ("done", "skipped")
 
 
+def _outcomes(f: dict[str, Any]) -> str:
+    """How a function-calling pass's call turns ended, when not in a call (``-`` for a run made before they were counted)."""
+    if "cut_by_length" not in f:
+        return "-"
+    return (f"{f['no_call']} no call, {f['cut_by_length']} cut by length, {f['does_not_parse']} do not parse"
+            + (f", {f['rejected']} rejected tokens (a bug)" if f.get("rejected") else ""))
+
+
 def _section(m: dict[str, Any], stage: str) -> bool:
     """Whether ``stage`` has a section: it finished and ran (a stage the loop skipped without running it,
     ``not_run``, has only its reason, in the time table)."""
@@ -318,6 +326,11 @@ def speedrun_report(m: dict[str, Any]) -> str:
             ("call parses", both("parse_rate")), ("arguments valid against the schema", both("schema_valid_rate")),
             ("right function", both("name_accuracy")), ("arguments exactly right", both("arguments_exact_match")),
             ("no call where none is due", both("no_call_accuracy")),
+            ("call turns that did not end in a call", _outcomes(f) + (f" (strict {_outcomes(strict)})" if strict else "")),
+            ("finished calls that parse / are schema-valid",
+             f"{pct(f.get('finished_parse_rate'))} / {pct(f.get('finished_schema_valid_rate'))}"
+             + (f" (strict {pct(strict.get('finished_parse_rate'))} / {pct(strict.get('finished_schema_valid_rate'))})"
+                if strict else "")),
             ("strict decoding", f"every reply generated again under the tool grammar (tool_choice auto); "
                                 f"{strict['grammar_errors']} case(s) whose schemas did not compile generated free"
              if strict
