@@ -7,7 +7,12 @@ every row its own request with its own fixed seed, prompts of ``--prompt-len`` r
 - ``free``: unconstrained rows; each generates exactly ``--new-tokens`` tokens (no stop id);
 - ``one_schema``: every row under ``tool_grammar(gc, [get_weather], "required")`` (a glaive-style
   tool: a string with ``maxLength``, an enum, an integer with minimum / maximum);
-- ``eight_schemas``: ``--schemas`` (8) different tools, one grammar each, ``rows / schemas`` rows each.
+- ``eight_schemas``: ``--schemas`` (8) different tools, one grammar each, ``rows / schemas`` rows each;
+- ``free_like_one_schema``, ``free_like_eight_schemas``: free rows like the ``free`` arm's, but row
+  ``i``'s ``max_new_tokens`` is drawn (seeded) from the lengths of the rows that the constrained arm
+  of that name finished in its timed runs: the same work of prefills and short rows, without a
+  grammar. ``{arm}_vs_like_free`` compares each constrained arm with it (like with like: target
+  >= 0.7), ``{arm}_vs_free`` with the fixed-length ``free`` arm.
 
 A constrained row ends when its JSON call is complete, at a random length under random weights.
 The comparison keeps the batch full instead: each arm is a closed loop that starts ``--rows``
@@ -17,12 +22,13 @@ reaches that exactly when its batch finishes, like one ``generate`` call); the r
 are then cancelled, untimed. ``{arm}_tok_s`` = tokens that came back / wall time (prefills of the
 re-submitted rows included: a real tool-calling server pays them too; ``{arm}_rows_started`` and
 ``{arm}_mean_row_tokens`` say how many). Each arm runs once untimed (graph capture, compilation),
-then ``--repeats`` times; the median is reported, with ``one_schema_vs_free`` and
-``eight_schemas_vs_free`` (target >= 0.7). Every finished constrained row of every run is decoded
+then ``--repeats`` times; the median is reported, with ``one_schema_vs_like_free`` and
+``eight_schemas_vs_like_free`` (target >= 0.7) and the ratios against ``free``. Every finished constrained row of every run is decoded
 and checked: ``<|function_call|>`` then JSON that parses and validates against the call schema
 of its tools (jsonschema);
-``parse_failures`` counts the rest (finish ``length`` included) and the first few are printed: it
-must be 0.
+``parse_failures`` counts the rest (finish ``length`` and ``rejected`` included) and the first few
+are printed: it must be 0, as must ``rejected_rows`` (rows of any arm whose grammar rejected a
+token sampled under its own mask).
 
 The grammar needs a tokenizer: ``--tokenizer DIR`` loads one, else a byte-level BPE is trained on
 the standard library's ``.py`` files (``--tokenizer-bytes``, ~1-2 s) with the model's vocabulary
@@ -31,7 +37,7 @@ size (fewer ids when the text runs out of pairs: ids past the tokenizer are neve
 A/B of the free path (``--ab-commit``, default dc51aeb, the commit before constrained decoding):
 ``git archive COMMIT codechat`` is unpacked into a temporary directory, and two worker processes
 (this script with ``--ab-worker``) build the same model and engine, one with ``PYTHONPATH`` at that
-copy, one at this checkout; after their untimed warm-up the parent has them time the free arm in
+copy, one at this checkout (each followed by the caller's ``PYTHONPATH``); after their untimed warm-up the parent has them time the free arm in
 turn, ``--ab-rounds`` rounds, alternating which goes first; ``ab_free_vs_base`` = median tok/s of
 this checkout / median of the commit's (target: within 2%). Without git or without the commit in
 the repository, the A/B is skipped with a message (``--ab-commit ''`` skips it). The JSON
@@ -128,6 +134,9 @@ TOOLS: list[dict[str, Any]] = [
          "required": ["text", "target_language"], "additionalProperties": False}},
 ]
 ARMS = ("free", "one_schema", "eight_schemas")
+#: The like-for-like free arms: free rows whose ``max_new_tokens`` are drawn from the finished rows'
+#: lengths of the constrained arm they are named after (same prompts and seeds).
+LIKE = {"free_like_one_schema": "one_schema", "free_like_eight_schemas": "eight_schemas"}
 
 
 def stdlib_tokenizer(vocab_size: int, max_bytes: int) -> Any:
@@ -275,7 +284,9 @@ def ab_free(args: argparse.Namespace) -> dict[str, Any]:
                  "--cuda-graphs" if args.cuda_graphs else "--no-cuda-graphs",
                  "--compile" if args.compile else "--no-compile"]
         for side, path in (("base", tmp), ("this", str(root))):
-            env = {**os.environ, "PYTHONPATH": path}
+            # the side's checkout first, then the caller's path: packages a GPU machine gets through
+            # PYTHONPATH (carried wheels) stay importable in the worker
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (path, os.environ.get("PYTHONPATH")) if p)}
             script = Path(__file__).resolve().with_name("generate_throughput.py")  # its --ab-worker
             procs[side] = subprocess.Popen([sys.executable, str(script), *flags], env=env,
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -343,12 +354,24 @@ def constrained_main(args: argparse.Namespace) -> None:
     target = args.rows * new
     figures: dict[str, Any] = {}
     failures: list[dict[str, Any]] = []
-    checked = 0
-    for arm in ARMS:
+    observed: dict[str, list[int]] = {}  # constrained arm -> lengths of its rows finished in timed runs
+    checked = rejected = 0
+
+    def like(arm: str) -> Callable[[int], Request]:
+        lengths = observed[LIKE[arm]] or [new]
+        g = torch.Generator().manual_seed(args.seed + 1)
+        draws = [lengths[k] for k in torch.randint(0, len(lengths), (max(4 * target, 1),), generator=g).tolist()]
+        return lambda i: Request(prompts[i % args.rows], SamplingConfig(max_new_tokens=draws[i % len(draws)],
+                                                                        temperature=1.0, top_k=0, top_p=1.0),
+                                 seed=args.seed + i)
+    for arm in (*ARMS, *LIKE):
+        if arm in LIKE:
+            makers[arm] = like(arm)
         results = []
         for rep in range(args.repeats + 1):  # the first is the untimed warm-up
             r = closed_loop(engine, makers[arm], args.rows, target, device)
-            if arm != "free":
+            rejected += sum(smp.finish == "rejected" for _, smp in r["finished"])
+            if arm in LIKE.values():
                 for i, s in r["finished"]:
                     checked += 1
                     why = check_call(tok, s.token_ids, tools_of[arm](i)) if s.finish == "stop" else \
@@ -357,6 +380,8 @@ def constrained_main(args: argparse.Namespace) -> None:
                         failures.append({"arm": arm, "row": i, "finish": s.finish, "why": why})
             if rep:
                 results.append(r)
+                if arm in LIKE.values():
+                    observed.setdefault(arm, []).extend(len(smp.token_ids) for _, smp in r["finished"])
         tok_s = [r["tokens"] / r["seconds"] for r in results]
         med = results[tok_s.index(statistics.median_low(tok_s))]
         lens = [len(s.token_ids) for _, s in med["finished"]]
@@ -370,13 +395,17 @@ def constrained_main(args: argparse.Namespace) -> None:
         print(f"{arm}_tok_s: {figures[f'{arm}_tok_s']:,.1f} ({med['tokens']} tokens in {med['seconds']:.3f} s; "
               f"{med['started']} rows started, finished rows {figures[f'{arm}_mean_row_tokens']:.1f} tokens on "
               f"average, {figures[f'{arm}_max_row_tokens']} at most)")
-    for arm in ARMS[1:]:
+    for like_arm, arm in LIKE.items():
         figures[f"{arm}_vs_free"] = figures[f"{arm}_tok_s"] / figures["free_tok_s"]
-        ok = "ok" if figures[f"{arm}_vs_free"] >= 0.7 else "BELOW the 0.7x target"
-        print(f"{arm}_vs_free: {figures[f'{arm}_vs_free']:.3f}x ({ok})")
+        figures[f"{arm}_vs_like_free"] = figures[f"{arm}_tok_s"] / figures[f"{like_arm}_tok_s"]
+        ok = "ok" if figures[f"{arm}_vs_like_free"] >= 0.7 else "BELOW the 0.7x target"
+        print(f"{arm}_vs_like_free: {figures[f'{arm}_vs_like_free']:.3f}x ({ok}); {arm}_vs_free "
+              f"({new}-token rows): {figures[f'{arm}_vs_free']:.3f}x")
     figures["constrained_rows_checked"] = checked
     figures["parse_failures"] = len(failures)
-    print(f"parse_failures: {len(failures)} of {checked} finished constrained rows")
+    figures["rejected_rows"] = rejected
+    print(f"parse_failures: {len(failures)} of {checked} finished constrained rows; rows ended by a rejected "
+          f"token, every arm: {rejected}")
     for f in failures[:5]:
         print(f"  {f['arm']} row {f['row']} ({f['finish']}): {f['why'][:300]}")
     model_params, decode_steps = model.num_params(), engine.decode_steps
