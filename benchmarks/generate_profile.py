@@ -56,7 +56,7 @@ def main() -> None:
     engine.generate(reqs)
     torch.cuda.synchronize()
     step_ms = (time.perf_counter() - t) / args.new * 1e3
-    graph, _ = next(v for (size, _), v in engine.graphs.items() if size == b)
+    graph, _ = next(v for key, v in engine.graphs.items() if key[0] == b and key[-1] == "free")
     engine.active.zero_()  # replays below recompute the last step without moving any row on
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

@@ -20,17 +20,19 @@ Tokens come back as :class:`Token` events, in order per row, for streaming.
 
 Constrained rows (a :class:`Request` with a ``grammar``, :mod:`codechat.engine.grammar`): each token's
 mask depends on the token before it, so while any running row is constrained a step drains every
-launch first, then launches one decode step (one replay of a graph that reads the mask from a
-device buffer; free rows get an all-ones mask) and reads it back at once. Free rows then draw the
-same tokens as alone (the noise is counter-based, the mask changes nothing for them), one step a
-launch. Without a constrained row the fast path above is unchanged.
+launch first, then launches one decode step in two halves, as vLLM and SGLang do with their grammar
+backends: the forward pass (one graph) is launched, the host computes the rows' masks while the
+device runs it, copies the rows in use to a device buffer, and launches the masked sampling (a
+second graph; free rows get an all-ones mask); the step is read back at once. Free rows then draw
+the same tokens as alone (the noise is counter-based, the mask changes nothing for them), one step
+a launch. Without a constrained row the fast path above is unchanged.
 """
 from __future__ import annotations
 
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -113,9 +115,9 @@ class Engine:
         self._host_mask = torch.full((S, words(mc.vocab_size)), -1, dtype=torch.int32, pin_memory=cuda)
         self.cu_q = torch.arange(S + 1, dtype=torch.int32, device=dev)
         self.cu_k = self.cu_q * self.cache.positions
-        # (batch bucket, (filtered, sampled), masked) -> the captured decode steps and their outputs
-        self.graphs: dict[tuple[int, tuple[bool, bool], bool],
-                          tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        # (batch bucket, "forward") / (batch bucket, (filtered, sampled), "free" | "masked") -> a captured
+        # graph and its outputs: the free decode steps; a masked step's forward pass and its masked sampling
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._pool = None
         self._free = list(range(S))  # a heap: the lowest free slot first keeps batches small
         self._rows: list[_Row | None] = [None] * S
@@ -291,9 +293,6 @@ class Engine:
         if not rows:
             return None
         steps = 1 if masked else self.decode_steps
-        if masked:
-            fill_rows([(r.matcher, r.slot) for r in rows if r.matcher is not None], self._host_mask)
-            self.bitmask.copy_(self._host_mask, non_blocking=True)
         top = max(r.slot for r in rows) + 1
         b = next(k for k in self._buckets() if k >= top)
         key = tuple(r.slot for r in rows)
@@ -304,14 +303,32 @@ class Engine:
             self.active.copy_(self._h2d(mask, torch.bool))
             self._active_rows = key
         kind = _kind(rows)
-        if self.cuda and self.config.cuda_graphs:
-            if (b, kind, masked) not in self.graphs:
-                self.graphs[b, kind, masked] = self._capture(b, kind, masked)
-            graph, (tok, lps) = self.graphs[b, kind, masked]
+        graphs = self.cuda and self.config.cuda_graphs
+        max_used = None if self.cuda else max(r.launched + len(r.req.prompt) for r in rows)
+        if masked:  # the forward pass runs on the device while the host computes the masks
+            if graphs:
+                if (b, "forward") not in self.graphs:
+                    self.graphs[b, "forward"] = self._capture(b, lambda: (self._forward(b),))
+                graph, (logits,) = self.graphs[b, "forward"]
+                graph.replay()
+            else:
+                logits = self._forward(b, max_used)
+            fill_rows([(r.matcher, r.slot) for r in rows if r.matcher is not None], self._host_mask)
+            self.bitmask[:b].copy_(self._host_mask[:b], non_blocking=True)  # the rows in use only
+            if graphs:
+                if (b, kind, "masked") not in self.graphs:
+                    self.graphs[b, kind, "masked"] = self._capture(b, lambda: self._masked_sample(b, kind, logits))
+                graph, (tok, lps) = self.graphs[b, kind, "masked"]
+                graph.replay()
+            else:
+                tok, lps = self._masked_sample(b, kind, logits)
+        elif graphs:
+            if (b, kind, "free") not in self.graphs:
+                self.graphs[b, kind, "free"] = self._capture(b, lambda: self._decode_steps(b, kind))
+            graph, (tok, lps) = self.graphs[b, kind, "free"]
             graph.replay()
         else:
-            tok, lps = self._decode_steps(b, kind, None if self.cuda else max(r.launched + len(r.req.prompt) for r in rows),
-                                          masked)
+            tok, lps = self._decode_steps(b, kind, max_used)
         for r in rows:
             r.launched = min(r.launched + steps, r.req.sampling.max_new_tokens)
         return self._launch(rows, tok, lps, [r.slot for r in rows])
@@ -323,50 +340,69 @@ class Engine:
             k *= 2
         return out + [self.slots]
 
-    def _decode_steps(self, b: int, kind: tuple[bool, bool], max_used: int | None = None, masked: bool = False
+    def _forward(self, b: int, max_used: int | None = None) -> torch.Tensor:
+        """The (b, V) logits of slots ``0..b-1``'s next token (the forward pass writes their keys and
+        values). ``max_used`` (host) bounds the attended positions off CUDA."""
+        m = self.model
+        attend = m.decode_attend(self.cache, self.lengths[:b], self.cu_q[:b + 1], self.cu_k[:b + 1], max_used)
+        return m.logits(m.forward(self.tokens[:b], self.lengths[:b], attend))
+
+    def _advance(self, b: int, kind: tuple[bool, bool], logits: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample slots ``0..b-1``'s tokens from ``logits`` (``kind`` = the rows' ``(filtered,
+        sampled)``, :class:`RowParams`) and, for active rows with budget left, update their current
+        token, length, counter and budget. Returns (b,) tokens and the two (b,) log-probabilities."""
+        tok, lp, lp1 = sample(logits, self._params(slice(0, b), kind))
+        go = self.active[:b] & (self.budget[:b] > 0)
+        self.tokens[:b] = torch.where(go, tok, self.tokens[:b])
+        self.lengths[:b] += go
+        self.counter[:b] += go
+        self.budget[:b] -= go.long()
+        return tok, lp, lp1
+
+    def _decode_steps(self, b: int, kind: tuple[bool, bool], max_used: int | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``decode_steps`` decode steps of slots ``0..b-1`` (one when ``masked``), all on the device
-        (a CUDA graph captures them whole). Each: the forward pass (writing their keys and values),
-        with ``masked`` the logits of tokens ``self.bitmask`` forbids set to ``-inf``, sampling
-        (``kind`` = the rows' ``(filtered, sampled)``, :class:`RowParams`), and, for active rows
-        with budget left, the update of their current token, length, counter and budget.
-        ``max_used`` (host) bounds the first step's attended positions off CUDA. Returns the
-        (steps, b) tokens and the (steps, 2, b) log-probabilities."""
-        m, toks, lps = self.model, [], []
-        lengths = self.lengths[:b]
-        for i in range(1 if masked else self.decode_steps):
-            attend = m.decode_attend(self.cache, lengths, self.cu_q[:b + 1], self.cu_k[:b + 1],
-                                     None if max_used is None else max_used + i)
-            logits = m.logits(m.forward(self.tokens[:b], lengths, attend))
-            if masked:
-                logits = logits.masked_fill(~unpack(self.bitmask[:b], logits.size(-1)), float("-inf"))
-            tok, lp, lp1 = sample(logits, self._params(slice(0, b), kind))
-            go = self.active[:b] & (self.budget[:b] > 0)
-            self.tokens[:b] = torch.where(go, tok, self.tokens[:b])
-            lengths += go
-            self.counter[:b] += go
-            self.budget[:b] -= go.long()
+        """``decode_steps`` free decode steps of slots ``0..b-1``, all on the device (a CUDA graph
+        captures them whole): :meth:`_forward` then :meth:`_advance`, each step. ``max_used`` bounds
+        the first step's attended positions off CUDA. Returns the (steps, b) tokens and the
+        (steps, 2, b) log-probabilities."""
+        toks, lps = [], []
+        for i in range(self.decode_steps):
+            tok, lp, lp1 = self._advance(b, kind, self._forward(b, None if max_used is None else max_used + i))
             toks.append(tok)
             lps.append(torch.stack([lp, lp1]))
         return torch.stack(toks), torch.stack(lps)
 
-    def _capture(self, b: int, kind: tuple[bool, bool], masked: bool
-                 ) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]:
-        """A CUDA graph of :meth:`_decode_steps`. Warm-up runs (compilation, cuBLAS workspaces)
-        happen on a side stream and their state updates are undone, so capturing changes nothing."""
+    def _masked_sample(self, b: int, kind: tuple[bool, bool], logits: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The second half of a masked decode step: ``logits`` ((b, V), from :meth:`_forward`) of the
+        tokens ``self.bitmask`` forbids set to ``-inf``, then :meth:`_advance`. Returns (1, b) tokens
+        and (1, 2, b) log-probabilities."""
+        logits = logits.masked_fill(~unpack(self.bitmask[:b], logits.size(-1)), float("-inf"))
+        tok, lp, lp1 = self._advance(b, kind, logits)
+        return tok.unsqueeze(0), torch.stack([lp, lp1]).unsqueeze(0)
+
+    def _capture(self, b: int, fn: Callable[[], tuple[torch.Tensor, ...]]
+                 ) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
+        """A CUDA graph of ``fn`` (work on slots ``0..b-1``) and its output tensors. Warm-up runs
+        (compilation, cuBLAS workspaces) happen on a side stream and their state updates are undone,
+        so capturing changes nothing. The graphs share one memory pool; a masked step's two graphs
+        are captured, and always replayed, forward first."""
         kept = (self.tokens, self.lengths, self.counter, self.budget)
         state = [t[:b].clone() for t in kept]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._decode_steps(b, kind, masked=masked)
+                fn()
+                for t, saved in zip(kept, state):
+                    t[:b].copy_(saved)
         torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._decode_steps(b, kind, masked=masked)
+            out = fn()
         for t, saved in zip(kept, state):
             t[:b].copy_(saved)
         return graph, out
