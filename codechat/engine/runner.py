@@ -146,6 +146,31 @@ class KVCache:
         return 2 * sum(t.numel() * t.element_size() for t in self.k)
 
 
+def capture_graph(fn: Callable[[], tuple[torch.Tensor, ...]], kept: list[torch.Tensor], pool: tuple
+                  ) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
+    """A CUDA graph of ``fn`` and its output tensors, captured in memory ``pool``. Two warm-up runs
+    (compilation, cuBLAS workspaces) go first on a side stream; the tensors ``kept`` (state that
+    ``fn`` updates in place) are restored after each run and after the capture, so capturing
+    changes nothing."""
+    state = [t.clone() for t in kept]
+
+    def restore() -> None:
+        for t, saved in zip(kept, state):
+            t.copy_(saved)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+            restore()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    restore()
+    return graph, out
+
+
 def flash_available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Whether FlashAttention-2's variable-length kernel serves this device, dtype and head size."""
     return (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and head_dim % 8 == 0

@@ -38,7 +38,7 @@ import torch
 
 from ..model import GPT
 from .grammar import GrammarMatcher, fill_rows, unpack, words
-from .runner import InferenceModel, KVCache
+from .runner import InferenceModel, KVCache, capture_graph
 from .sampling import RowParams, row_seed, sample
 from .types import CPU_CACHE_BYTES, EngineConfig, Request, Sample, Token
 
@@ -384,28 +384,11 @@ class Engine:
 
     def _capture(self, b: int, fn: Callable[[], tuple[torch.Tensor, ...]]
                  ) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
-        """A CUDA graph of ``fn`` (work on slots ``0..b-1``) and its output tensors. Warm-up runs
-        (compilation, cuBLAS workspaces) happen on a side stream and their state updates are undone,
-        so capturing changes nothing. The graphs share one memory pool; a masked step's two graphs
-        are captured, and always replayed, forward first."""
-        kept = (self.tokens, self.lengths, self.counter, self.budget)
-        state = [t[:b].clone() for t in kept]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()
-                for t, saved in zip(kept, state):
-                    t[:b].copy_(saved)
-        torch.cuda.current_stream().wait_stream(side)
+        """:func:`capture_graph` of ``fn`` (work on slots ``0..b-1``) in the engine's one memory pool,
+        the rows' state restored. A masked step's two graphs are captured, and replayed, forward first."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = fn()
-        for t, saved in zip(kept, state):
-            t[:b].copy_(saved)
-        return graph, out
+        return capture_graph(fn, [t[:b] for t in (self.tokens, self.lengths, self.counter, self.budget)], self._pool)
 
     def _drain(self, keep: _Launch | None, also: _Launch | None = None) -> list[Token]:
         """Read back every pending launch but ``keep`` (and then ``also``, a launch not yet pending)."""
