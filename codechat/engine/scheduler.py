@@ -483,12 +483,12 @@ class Engine:
         h = m.forward(tokens, positions, m.prefill_attend(self.cache, seg_lens, cu, dest))
         logits = m.logits(h[h2d([c - 1 for c in cu_host[1:]], long)])[h2d(which, long)]
         constrained = [(j, r) for j, r in enumerate(rows) if r.req.grammar is not None]
-        if constrained:
-            mask = torch.full((len(rows), self.bitmask.size(1)), -1, dtype=torch.int32)
+        if constrained:  # the masks are computed while the device runs the prefill, and copied without a wait
+            mask = torch.full((len(rows), self.bitmask.size(1)), -1, dtype=torch.int32, pin_memory=self.cuda)
             for j, r in constrained:
                 r.matcher = r.req.grammar.matcher()
             fill_rows([(r.matcher, j) for j, r in constrained], mask)
-            logits = logits.masked_fill(~unpack(mask.to(self.device), logits.size(-1)),
+            logits = logits.masked_fill(~unpack(mask.to(self.device, non_blocking=True), logits.size(-1)),
                                         float("-inf"))
         slots = h2d([r.slot for r in rows], long)
         sc = [r.req.sampling for r in rows]
