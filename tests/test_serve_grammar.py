@@ -208,6 +208,11 @@ BAD = [  # (what, request fields, param, keyword)
          "type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}}}],
       "tool_choice": {"type": "function", "function": {"name": "g"}}},
      "tools[2].function.parameters.properties.x.$ref", "$ref"),
+    ("a strict tool requiring a property it does not declare (closed, never satisfiable)",
+     {"tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+         "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}}}],
+      "tool_choice": "required"},
+     "tools[0].function.parameters.required", "required"),
     ("unknown format in response_format",
      {"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {
          "type": "object", "properties": {"d": {"type": "string", "format": "stardate"}}}}}},
