@@ -7,6 +7,13 @@ never on which other requests share its batch, on the batch's order, or on how m
 before it joined. That is what lets a resumed evaluation or RL run redraw exactly the samples an
 uninterrupted one would have drawn (same device and software).
 
+Before temperature, OpenAI's adjustments apply to the logits of the rows that ask for them
+(:func:`adjust`): ``presence_penalty`` and ``frequency_penalty`` over the tokens the row has
+generated so far, ``mu[j] - c[j] * frequency_penalty - (c[j] > 0) * presence_penalty`` (OpenAI, "Text
+generation: parameter details"; ``c[j]`` how often token ``j`` was generated), then ``logit_bias``
+added per token id. ``top_logprobs`` are the most likely tokens under the same plain softmax as
+``logprob_t1`` (temperature 1, after a grammar's mask and these adjustments).
+
 A draw is the Gumbel-max trick: ``argmax(logits / T + g)`` with ``g = -log(-log(u))`` and ``u``
 uniform is an exact sample of ``softmax(logits / T)`` (Gumbel 1954; Maddison et al. 2014, "A*
 Sampling", §2). Filters follow Hugging Face's order: temperature, then top-k, then top-p
@@ -19,6 +26,11 @@ from dataclasses import dataclass
 import torch
 
 _M31 = (1 << 31) - 1
+#: Most ``logit_bias`` entries a row may carry (OpenAI documents no limit; 300 keeps the device
+#: table small: one (slots, 300) id and bias table).
+MAX_LOGIT_BIAS = 300
+#: Most ``top_logprobs`` (OpenAI's limit); the engine computes this many whenever a row asks for any.
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,14 @@ class SamplingConfig:
         top_k: keep the k most likely tokens; 0 keeps all.
         top_p: keep the smallest set of most likely tokens whose probability reaches top_p
             (the first token always stays); 1.0 keeps all.
+        presence_penalty: subtracted from the logit of every token generated at least once so
+            far, in [-2, 2] (module docstring; OpenAI's semantics).
+        frequency_penalty: subtracted once per time a token was generated so far, in [-2, 2].
+        logit_bias: ``(token id, bias)`` pairs (a dict is accepted), bias in [-100, 100] added to
+            that id's logit (-100 bans it in effect, 100 makes it all but certain); at most
+            :data:`MAX_LOGIT_BIAS` ids, each below the model's vocabulary (checked by the engine).
+        top_logprobs: 0, or how many of the most likely tokens (up to :data:`MAX_TOP_LOGPROBS`)
+            to return with their log-probabilities at each generated position.
 
     Raises:
         ValueError: a value out of range.
@@ -40,6 +60,10 @@ class SamplingConfig:
     temperature: float = 0.8
     top_k: int = 0
     top_p: float = 0.95
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -48,6 +72,23 @@ class SamplingConfig:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_k must be >= 0 and top_p in (0, 1], got {self.top_k}, {self.top_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2] (OpenAI's range), got {getattr(self, name)}")
+        bias = tuple((int(i), float(v)) for i, v in dict(self.logit_bias).items())
+        object.__setattr__(self, "logit_bias", bias)
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias has {len(bias)} entries; at most {MAX_LOGIT_BIAS}")
+        bad = next(((i, v) for i, v in bias if i < 0 or not -100.0 <= v <= 100.0), None)
+        if bad is not None:
+            raise ValueError(f"logit_bias {{{bad[0]}: {bad[1]}}}: ids are >= 0 and biases in [-100, 100]")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the presence or frequency penalty is in use."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 def _hash31(x: torch.Tensor) -> torch.Tensor:
@@ -101,6 +142,32 @@ class RowParams:
     counter: torch.Tensor
     filtered: bool = True
     sampled: bool = True
+
+
+def adjust(logits: torch.Tensor, counts: torch.Tensor | None, presence: torch.Tensor, frequency: torch.Tensor,
+           bias_ids: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """OpenAI's penalties and ``logit_bias`` applied to ``logits`` (B, V) float32 (module docstring).
+
+    Args:
+        counts: (B, V) float32, how often each token was generated so far per row; None: no penalties.
+        presence, frequency: (B,) float32 penalties (0 for a row without them).
+        bias_ids: (B, K) int64 ids and ``bias`` (B, K) float32 values (0 for unused entries); None: no bias.
+
+    Returns:
+        New (B, V) float32 logits (``-inf`` stays ``-inf``).
+    """
+    if counts is not None:
+        logits = logits - frequency.unsqueeze(1) * counts - presence.unsqueeze(1) * (counts > 0)
+    if bias_ids is not None:
+        logits = logits.scatter_add(1, bias_ids, bias)
+    return logits
+
+
+def top_logprobs(logits: torch.Tensor, k: int = MAX_TOP_LOGPROBS) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely tokens of each row of ``logits`` (B, V) under the plain softmax
+    (temperature 1): ``(ids (B, k) int64, log-probabilities (B, k) float32)``, best first."""
+    lp, ids = logits.log_softmax(dim=-1).topk(k, dim=-1)
+    return ids, lp
 
 
 def sample(logits: torch.Tensor, p: RowParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -30,6 +30,7 @@ a launch. Without a constrained row the fast path above is unchanged.
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -38,9 +39,17 @@ import torch
 
 from ..model import GPT
 from .grammar import GrammarMatcher, fill_rows, unpack, words
+from .options import LaunchKind, RowOptions, launch_kind
 from .runner import InferenceModel, KVCache, capture_graph
 from .sampling import RowParams, row_seed, sample
 from .types import CPU_CACHE_BYTES, EngineConfig, Request, Sample, Token
+
+def _stacked(steps: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    """The outputs of decode steps (each :meth:`Engine._advance`'s) stacked: (steps, B) tokens,
+    (steps, 2, B) log-probabilities, and with ``top_logprobs`` (steps, B, K) top ids and log-probs."""
+    out = (torch.stack([x[0] for x in steps]), torch.stack([torch.stack([x[1], x[2]]) for x in steps]))
+    return out + tuple(torch.stack([x[i] for x in steps]) for i in range(3, len(steps[0])))
+
 
 @dataclass
 class _Row:
@@ -59,14 +68,12 @@ class _Launch:
     index: list[int]  # rows[j]'s entry in the tensors below
     tokens: torch.Tensor  # (steps, B) int64, on the host once ``event`` completed
     lps: torch.Tensor  # (steps, 2, B) float32
+    top: tuple[torch.Tensor, ...]  # () or (steps, B, K) int64 ids and float32 log-probs (top_logprobs)
     event: torch.cuda.Event | None
 
 
-def _kind(rows: Sequence[_Row]) -> tuple[bool, bool]:
-    """``(filtered, sampled)`` of a launch (:class:`RowParams`): whether any sampled row uses top-k
-    or top-p (greedy rows filter nothing), whether any row samples at all."""
-    sampled = [r.req.sampling for r in rows if r.req.sampling.temperature > 0]
-    return any(c.top_k > 0 or c.top_p < 1.0 for c in sampled), bool(sampled)
+def _kind(rows: Sequence[_Row]) -> LaunchKind:
+    return launch_kind([r.req.sampling for r in rows])
 
 
 class Engine:
@@ -109,6 +116,7 @@ class Engine:
         self.budget = z(torch.long)  # tokens each slot's row may still generate
         self.temperature, self.top_p, self.top_k = z(torch.float32), torch.ones(S, device=dev), z(torch.long)
         self.active = torch.zeros(S, dtype=torch.bool, device=dev)
+        self.options = RowOptions(S, mc.vocab_size, dev)  # penalties, logit_bias, top_logprobs
         self.vocab_size = mc.vocab_size
         # allowed tokens of each slot's next position (grammar.py's bitmask; all ones for a free row)
         self.bitmask = torch.full((S, words(mc.vocab_size)), -1, dtype=torch.int32, device=dev)
@@ -140,8 +148,12 @@ class Engine:
         Raises:
             ValueError: prompt plus ``max_new_tokens`` is longer than the engine's ``max_len``
                 (shorten the prompt, lower ``max_new_tokens`` or raise ``EngineConfig.max_len``;
-                nothing is cut silently), or a grammar compiled for more ids than the model has.
+                nothing is cut silently), a grammar compiled for more ids than the model has, or a
+                ``logit_bias`` id past the vocabulary.
         """
+        bad = [i for i, _ in request.sampling.logit_bias if i >= self.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias names token id {bad[0]}, past the model's vocabulary of {self.vocab_size} ids")
         if request.grammar is not None and request.grammar.vocab_size > self.vocab_size:
             raise ValueError(f"the request's grammar was compiled for a tokenizer of {request.grammar.vocab_size} ids, "
                              f"the model has {self.vocab_size}: compile it with the model's own tokenizer")
@@ -263,28 +275,28 @@ class Engine:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _params(self, idx: torch.Tensor | slice, kind: tuple[bool, bool]) -> RowParams:
-        """The sampling settings of slots ``idx`` for rows of ``kind`` (:func:`_kind`)."""
+    def _params(self, idx: torch.Tensor | slice, kind: LaunchKind) -> RowParams:
+        """The sampling settings of slots ``idx`` for rows of ``kind``."""
         return RowParams(self.temperature[idx], self.top_k[idx], self.top_p[idx], self.seed[idx], self.counter[idx],
-                         filtered=kind[0], sampled=kind[1])
+                         filtered=kind.filtered, sampled=kind.sampled)
 
     def _h2d(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         """``values`` on the device without a host sync (pinned memory, asynchronous copy)."""
         t = torch.tensor(values, dtype=dtype)
         return t.pin_memory().to(self.device, non_blocking=True) if self.cuda else t
 
-    def _launch(self, rows: list[_Row], tok: torch.Tensor, lps: torch.Tensor, index: list[int]) -> _Launch:
-        """Queue the copy of a launch's results to the host: tokens (steps, n) and log-probabilities
-        (steps, 2, n) (:class:`Token`'s ``logprob``, ``logprob_t1``); row ``rows[j]`` is entry ``index[j]``."""
+    def _launch(self, rows: list[_Row], out: tuple[torch.Tensor, ...], index: list[int]) -> _Launch:
+        """Queue the copy of a launch's results ``out`` to the host: tokens (steps, n), log-probabilities
+        (steps, 2, n) (:class:`Token`'s ``logprob``, ``logprob_t1``) and, when a row asked for
+        ``top_logprobs``, the (steps, n, K) top ids and log-probs; row ``rows[j]`` is entry ``index[j]``."""
         if not self.cuda:
-            return _Launch(rows, index, tok, lps, None)
-        host_t = torch.empty(tok.shape, dtype=tok.dtype, pin_memory=True)
-        host_l = torch.empty(lps.shape, dtype=lps.dtype, pin_memory=True)
-        host_t.copy_(tok, non_blocking=True)
-        host_l.copy_(lps, non_blocking=True)
+            return _Launch(rows, index, out[0], out[1], tuple(out[2:]), None)
+        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in out]
+        for h, t in zip(host, out):
+            h.copy_(t, non_blocking=True)
         ev = torch.cuda.Event()
         ev.record()
-        return _Launch(rows, index, host_t, host_l, ev)
+        return _Launch(rows, index, host[0], host[1], tuple(host[2:]), ev)
 
     @torch.inference_mode()
     def _launch_decode(self, masked: bool = False) -> _Launch | None:
@@ -318,20 +330,20 @@ class Engine:
             if graphs:
                 if (b, kind, "masked") not in self.graphs:
                     self.graphs[b, kind, "masked"] = self._capture(b, lambda: self._masked_sample(b, kind, logits))
-                graph, (tok, lps) = self.graphs[b, kind, "masked"]
+                graph, out = self.graphs[b, kind, "masked"]
                 graph.replay()
             else:
-                tok, lps = self._masked_sample(b, kind, logits)
+                out = self._masked_sample(b, kind, logits)
         elif graphs:
             if (b, kind, "free") not in self.graphs:
                 self.graphs[b, kind, "free"] = self._capture(b, lambda: self._decode_steps(b, kind))
-            graph, (tok, lps) = self.graphs[b, kind, "free"]
+            graph, out = self.graphs[b, kind, "free"]
             graph.replay()
         else:
-            tok, lps = self._decode_steps(b, kind, max_used)
+            out = self._decode_steps(b, kind, max_used)
         for r in rows:
             r.launched = min(r.launched + steps, r.req.sampling.max_new_tokens)
-        return self._launch(rows, tok, lps, [r.slot for r in rows])
+        return self._launch(rows, out, [r.slot for r in rows])
 
     def _buckets(self) -> list[int]:
         out, k = [], 1
@@ -347,40 +359,37 @@ class Engine:
         attend = m.decode_attend(self.cache, self.lengths[:b], self.cu_q[:b + 1], self.cu_k[:b + 1], max_used)
         return m.logits(m.forward(self.tokens[:b], self.lengths[:b], attend))
 
-    def _advance(self, b: int, kind: tuple[bool, bool], logits: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sample slots ``0..b-1``'s tokens from ``logits`` (``kind`` = the rows' ``(filtered,
-        sampled)``, :class:`RowParams`) and, for active rows with budget left, update their current
-        token, length, counter and budget. Returns (b,) tokens and the two (b,) log-probabilities."""
+    def _advance(self, b: int, kind: LaunchKind, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Sample slots ``0..b-1``'s tokens from ``logits`` (after the options ``kind`` uses:
+        :class:`~.options.RowOptions`) and, for active rows with budget left, update their current
+        token, length, counter, budget and token counts. Returns (b,) tokens, the two (b,)
+        log-probabilities and, with ``top_logprobs``, the (b, K) top ids and log-probs."""
+        logits = self.options.apply(slice(0, b), logits, kind)
+        top = self.options.top(logits, kind)
         tok, lp, lp1 = sample(logits, self._params(slice(0, b), kind))
         go = self.active[:b] & (self.budget[:b] > 0)
+        self.options.count(slice(0, b), tok, go, kind)
         self.tokens[:b] = torch.where(go, tok, self.tokens[:b])
         self.lengths[:b] += go
         self.counter[:b] += go
         self.budget[:b] -= go.long()
-        return tok, lp, lp1
+        return (tok, lp, lp1, *top)
 
-    def _decode_steps(self, b: int, kind: tuple[bool, bool], max_used: int | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_steps(self, b: int, kind: LaunchKind, max_used: int | None = None) -> tuple[torch.Tensor, ...]:
         """``decode_steps`` free decode steps of slots ``0..b-1``, all on the device (a CUDA graph
         captures them whole): :meth:`_forward` then :meth:`_advance`, each step. ``max_used`` bounds
-        the first step's attended positions off CUDA. Returns the (steps, b) tokens and the
-        (steps, 2, b) log-probabilities."""
-        toks, lps = [], []
-        for i in range(self.decode_steps):
-            tok, lp, lp1 = self._advance(b, kind, self._forward(b, None if max_used is None else max_used + i))
-            toks.append(tok)
-            lps.append(torch.stack([lp, lp1]))
-        return torch.stack(toks), torch.stack(lps)
+        the first step's attended positions off CUDA. Returns the (steps, b) tokens, the
+        (steps, 2, b) log-probabilities and, with ``top_logprobs``, the (steps, b, K) top ids and log-probs."""
+        steps = [self._advance(b, kind, self._forward(b, None if max_used is None else max_used + i))
+                 for i in range(self.decode_steps)]
+        return _stacked(steps)
 
-    def _masked_sample(self, b: int, kind: tuple[bool, bool], logits: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _masked_sample(self, b: int, kind: LaunchKind, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The second half of a masked decode step: ``logits`` ((b, V), from :meth:`_forward`) of the
-        tokens ``self.bitmask`` forbids set to ``-inf``, then :meth:`_advance`. Returns (1, b) tokens
-        and (1, 2, b) log-probabilities."""
+        tokens ``self.bitmask`` forbids set to ``-inf``, then :meth:`_advance`; one step's outputs
+        shaped as :meth:`_decode_steps`'."""
         logits = logits.masked_fill(~unpack(self.bitmask[:b], logits.size(-1)), float("-inf"))
-        tok, lp, lp1 = self._advance(b, kind, logits)
-        return tok.unsqueeze(0), torch.stack([lp, lp1]).unsqueeze(0)
+        return _stacked([self._advance(b, kind, logits)])
 
     def _capture(self, b: int, fn: Callable[[], tuple[torch.Tensor, ...]]
                  ) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
@@ -398,7 +407,8 @@ class Engine:
         for launch in todo:
             if launch.event is not None:
                 launch.event.synchronize()
-            for toks, lps in zip(launch.tokens.tolist(), launch.lps.tolist()):  # step by step
+            tops = zip(*(t.tolist() for t in launch.top)) if launch.top else itertools.repeat(None)
+            for toks, lps, top in zip(launch.tokens.tolist(), launch.lps.tolist(), tops):  # step by step
                 for row, j in zip(launch.rows, launch.index):
                     if row.out.finish is not None:
                         continue  # stopped or cancelled: this token was computed after the fact
@@ -407,8 +417,12 @@ class Engine:
                     out.token_ids.append(t)
                     out.logprobs.append(lps[0][j])
                     out.logprobs_t1.append(lps[1][j])
+                    k = row.req.sampling.top_logprobs
+                    best = tuple(zip(top[0][j][:k], top[1][j][:k])) if k else None
+                    if k:
+                        out.top_logprobs.append(best)
                     finish = self._finish(row, t)
-                    events.append(Token(row.rid, row.sample, t, lps[0][j], lps[1][j], finish))
+                    events.append(Token(row.rid, row.sample, t, lps[0][j], lps[1][j], finish, best))
                     if finish:
                         self._release(row, finish)
         return events
@@ -497,10 +511,15 @@ class Engine:
         self.top_p[slots] = h2d([c.top_p for c in sc], torch.float32)
         self.seed[slots] = h2d([row_seed(r.req.seed, r.sample) for r in rows], long)
         self.counter[slots] = 0
-        tok, lp, lp1 = sample(logits, self._params(slots, _kind(rows)))
+        kind = _kind(rows)
+        self.options.admit(slots, sc, h2d)
+        logits = self.options.apply(slots, logits, kind)
+        top = self.options.top(logits, kind)
+        tok, lp, lp1 = sample(logits, self._params(slots, kind))
+        self.options.count(slots, tok, torch.ones_like(tok, dtype=torch.bool), kind)
         self.tokens[slots] = tok
         self.lengths[slots] = h2d([len(r.req.prompt) for r in rows], long)
         self.counter[slots] = 1
         self.budget[slots] = h2d([c.max_new_tokens - 1 for c in sc], long)
         self._active_rows = ()  # the active mask changes
-        return self._launch(rows, tok.unsqueeze(0), torch.stack([lp, lp1]).unsqueeze(0), list(range(len(rows))))
+        return self._launch(rows, _stacked([(tok, lp, lp1, *top)]), list(range(len(rows))))

@@ -116,7 +116,8 @@ class Request:
 class Token:
     """One generated token of row ``(request, sample)``: its id, its log-probability under the
     distribution it was drawn from (0 for greedy) and under temperature 1, and ``finish``
-    (:data:`FINISH_REASONS`) on a row's last token, else None."""
+    (:data:`FINISH_REASONS`) on a row's last token, else None; ``top``: with ``top_logprobs`` k,
+    the k most likely ``(id, log-probability)`` at this position under temperature 1, best first."""
 
     request: int
     sample: int
@@ -124,16 +125,19 @@ class Token:
     logprob: float
     logprob_t1: float
     finish: str | None
+    top: tuple[tuple[int, float], ...] | None = None
 
 
 @dataclass
 class Sample:
     """A row's whole output: ``token_ids`` (the stop id included), per-token ``logprobs`` and
     ``logprobs_t1`` (as in :class:`Token`), ``finish`` (one of :data:`FINISH_REASONS`, None
-    while running), and ``error``: why a ``rejected`` row was ("" otherwise)."""
+    while running), ``error``: why a ``rejected`` row was ("" otherwise), and ``top_logprobs``:
+    each position's :attr:`Token.top` (empty without ``top_logprobs``)."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     logprobs_t1: list[float] = field(default_factory=list)
     finish: str | None = None
     error: str = ""
+    top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
