@@ -16,7 +16,7 @@ import openai
 import pytest
 from conftest import http
 
-from codechat.chat.calls import format_call
+from codechat.chat.calls import FUNCTION_CALL_TOKEN, format_call
 from codechat.chat.conversation import Conversation, Message, render_for_completion
 from codechat.checkpoint import load_model
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
@@ -168,6 +168,30 @@ def test_logprobs_are_the_models_own_at_temperature_one(client, after_call, weat
     assert [e.logprob for e in entries] == pytest.approx(scored, abs=1e-4)
 
 
+def test_penalties_logit_bias_and_top_logprobs_reach_the_engine(client, after_call, weather, local):
+    """The options as the engine applies them (checked against the model's own logits in
+    tests/test_sampling_options.py): the server's reply equals the engine's, option by option."""
+    engine, tok = local
+    conv = Conversation((Message("user", USER["content"]),
+                         Message("assistant", "", {"name": "weather", "arguments": {"city": "Tokyo"}}),
+                         Message("function_response", '{"temp_c": 21}')), (weather["function"],))
+    banned = tok.encode("It")[0]
+    fc = tok.special_id(FUNCTION_CALL_TOKEN)
+    cfg = SamplingConfig(16, temperature=0.0, presence_penalty=0.5, frequency_penalty=1.5, logit_bias={banned: -100},
+                         top_logprobs=3)
+    [[ref]] = engine.generate([Request(render_for_completion(tok, conv), cfg, stop_ids=sorted(tok.special_ids - {fc}))])
+    r = client.chat.completions.create(model="codechat", messages=after_call, tools=[weather], logprobs=True,
+                                       top_logprobs=3, max_tokens=16, presence_penalty=0.5, frequency_penalty=1.5,
+                                       logit_bias={str(banned): -100}, **GREEDY)
+    entries = r.choices[0].logprobs.content
+    body = [t for t in ref.token_ids if t not in tok.special_ids]
+    assert r.choices[0].message.content == tok.decode(body) != "It is 21 C in Tokyo."  # the options changed it
+    assert [e.logprob for e in entries] == pytest.approx(ref.logprobs_t1[:len(entries)], abs=1e-4)
+    for e, top in zip(entries, ref.top_logprobs):
+        assert [(x.token, x.logprob) for x in e.top_logprobs] == [(tok.decode([t]), pytest.approx(v, abs=1e-4))
+                                                                    for t, v in top]
+
+
 def test_the_api_key_is_required_except_for_health(served, client):
     status, _, body = http("GET", served.url + "/v1/models")
     assert status == 401 and body["error"]["code"] == "invalid_api_key"
@@ -237,14 +261,16 @@ MALFORMED = [  # (what, body, status, param, code)
     ("tool_choice naming no tool", {**_ok(), "tools": [{"type": "function", "function": {"name": "f"}}],
                                     "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400,
      "tool_choice", "invalid_value"),
-    ("presence penalty", {**_ok(), "presence_penalty": 0.5}, 400, "presence_penalty", "unsupported_parameter"),
-    ("logit bias", {**_ok(), "logit_bias": {"5": 10}}, 400, "logit_bias", "unsupported_parameter"),
+    ("presence penalty out of range", {**_ok(), "presence_penalty": 2.5}, 400, "presence_penalty", "invalid_value"),
+    ("logit bias on no token", {**_ok(), "logit_bias": {"999999": 10}}, 400, "logit_bias.999999", "invalid_value"),
+    ("logit bias over 100", {**_ok(), "logit_bias": {"5": 101}}, 400, "logit_bias.5", "invalid_value"),
     ("unknown response format", {**_ok(), "response_format": {"type": "xml"}}, 400, "response_format",
      "invalid_value"),
     ("json_schema without a schema", {**_ok(), "response_format": {"type": "json_schema",
                                                                     "json_schema": {"name": "r"}}},
      400, "response_format.json_schema", "invalid_value"),
-    ("top logprobs", {**_ok(), "logprobs": True, "top_logprobs": 5}, 400, "top_logprobs", "unsupported_parameter"),
+    ("top logprobs without logprobs", {**_ok(), "top_logprobs": 5}, 400, "top_logprobs", "invalid_value"),
+    ("top logprobs over 20", {**_ok(), "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", "invalid_value"),
     ("nested too deep for a parser", b'{"model": "codechat", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400,
      None, "invalid_json"),
     ("a number too long for a parser", b'{"model": "codechat", "messages": [], "n": 1' + b"0" * 5000 + b"}", 400,

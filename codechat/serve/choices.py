@@ -116,6 +116,11 @@ class ChoiceStream:
         self.tokens = 0
         self.unparsed = False
 
+    def _entry(self, t: int, logprob: float) -> dict[str, Any]:
+        """OpenAI's ``{"token", "logprob", "bytes"}`` of token ``t`` (a special token's bytes empty)."""
+        return {"token": self.tok.decode([t]), "logprob": logprob,
+                "bytes": list(self.tok.token_bytes(t)) if t not in self.tok.special_ids else []}
+
     def _feed(self, t: int) -> None:
         self._ids.append(t)
         if t == self._fc:
@@ -137,9 +142,8 @@ class ChoiceStream:
         lp = None
         control = ev.finish == "stop" and ev.token in self._control  # else a grammar's last token, or none
         if self.logprobs is not None and not control:
-            lp = [{"token": self.tok.decode([ev.token]), "logprob": ev.logprob_t1,
-                   "bytes": list(self.tok.token_bytes(ev.token)) if ev.token not in self.tok.special_ids else [],
-                   "top_logprobs": []}]
+            lp = [{**self._entry(ev.token, ev.logprob_t1),
+                   "top_logprobs": [self._entry(t, x) for t, x in ev.top or ()]}]
         if control:  # it ends the reply and is not part of it
             return self._close("stop", lp)
         self._feed(ev.token)

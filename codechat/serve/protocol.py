@@ -28,11 +28,15 @@ server. Mapping of the history:
   ``none``. A grammar ends the reply when it is complete (finish reason ``stop``, or ``tool_calls``).
 - Sampling follows OpenAI's defaults: ``temperature`` 1 (0 is greedy; at most 2), ``top_p`` 1;
   ``n`` choices share one prefill; ``seed`` fixes every choice (a random one otherwise).
+- ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` with OpenAI's semantics
+  (:func:`sampling_options`; :mod:`codechat.engine.sampling`); ``logprobs`` true gives each token's
+  log-probability under temperature 1 (after a grammar's mask, penalties and biases) and
+  ``top_logprobs`` (0 to 20, with ``logprobs``) that many of the most likely tokens at each position.
 - Other fields are ignored (``user``, ``metadata``, ``store``, ``parallel_tool_calls``,
-  ``service_tier``, ...), as are zero penalties. Refused (400): what codechat cannot honour (non-zero
-  penalties, ``logit_bias``, ``top_logprobs`` > 0, a response format beside tools), a schema the
-  grammar library cannot compile (``param`` names its place: ``tools[0].function.parameters.properties.x``),
-  and a grammar without the library installed (``code="grammar_unavailable"``).
+  ``service_tier``, ...). Refused (400): what codechat cannot honour (the deprecated ``functions``,
+  a response format beside tools), a schema the grammar library cannot compile (``param`` names its
+  place: ``tools[0].function.parameters.properties.x``), and a grammar without the library
+  installed (``code="grammar_unavailable"``).
 """
 from __future__ import annotations
 
@@ -231,16 +235,38 @@ def _check_tree(body: Mapping[str, Any], max_depth: int) -> None:
 
 
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
-    for key in ("frequency_penalty", "presence_penalty"):
-        if body.get(key) not in (None, 0, 0.0):
-            raise bad(key, "is not supported by codechat serve (give 0 or leave it out)", "unsupported_parameter")
-    if body.get("logit_bias"):
-        raise bad("logit_bias", "is not supported by codechat serve", "unsupported_parameter")
-    if (body.get("top_logprobs") or 0) != 0:
-        raise bad("top_logprobs", "is not supported: codechat returns the chosen token's log-probability only "
-                                  "(logprobs: true)", "unsupported_parameter")
     if body.get("functions") is not None:
         raise bad("functions", "the deprecated functions field is not supported; send tools", "unsupported_parameter")
+
+
+def sampling_options(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
+    """OpenAI's ``presence_penalty`` and ``frequency_penalty`` (numbers in [-2, 2], default 0) and
+    ``logit_bias`` (an object mapping token ids, as strings, to biases in [-100, 100]; at most
+    :data:`~codechat.engine.sampling.MAX_LOGIT_BIAS` entries) as :class:`~codechat.engine.SamplingConfig`
+    keyword arguments.
+
+    Raises:
+        APIError: 400 naming the field: a value out of range, or a token id that is not an integer
+            below the model's ``vocab_size``.
+    """
+    from codechat.engine.sampling import MAX_LOGIT_BIAS
+    out: dict[str, Any] = {k: _number(body, k, 0.0, -2.0, 2.0) for k in ("presence_penalty", "frequency_penalty")}
+    raw = body.get("logit_bias")
+    if raw is None:
+        return out
+    if not isinstance(raw, Mapping):
+        raise bad("logit_bias", "must be an object mapping token ids to biases in [-100, 100]")
+    if len(raw) > MAX_LOGIT_BIAS:
+        raise bad("logit_bias", f"has {len(raw)} entries; at most {MAX_LOGIT_BIAS}")
+    bias = []
+    for key in raw:
+        if not (isinstance(key, str) and key.isdigit() and int(key) < vocab_size):
+            raise bad(f"logit_bias.{key}", f"is not a token id of this model (an integer in [0, {vocab_size}))")
+        v = raw[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            raise bad(f"logit_bias.{key}", f"must be a number in [-100, 100], got {json.dumps(v)[:40]}")
+        bias.append((int(key), float(v)))
+    return {**out, "logit_bias": tuple(bias)}
 
 
 # ----------------------------------------------------------------------------- the request
@@ -320,8 +346,12 @@ def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig
     seed = _int(body, "seed", -MAX_SEED - 1, MAX_SEED)
     stop_ids = tok.special_ids - ({tok.special_id(FUNCTION_CALL_TOKEN)} if choice != "none" else set())
     stop, logprobs = _stop(body, cfg), _bool(body, "logprobs")
+    top = _int(body, "top_logprobs", 0, 20) or 0
+    if top and not logprobs:
+        raise bad("top_logprobs", "needs logprobs: true")
+    options = sampling_options(body, grammars.vocab_size)
     grammar = reply_grammar(grammars, tools, choice, strict, fmt)  # last: compiling is the costly check
-    request = Request(prompt, SamplingConfig(new, temperature, 0, top_p), samples=n,
+    request = Request(prompt, SamplingConfig(new, temperature, 0, top_p, top_logprobs=top, **options), samples=n,
                       seed=secrets.randbits(31) if seed is None else seed, stop_ids=sorted(stop_ids), grammar=grammar)
     return ChatRequest(conv, request, stop, choice != "none", stream, include_usage, logprobs)
 
