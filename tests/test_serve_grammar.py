@@ -95,7 +95,7 @@ def client(server):
 
 def complete(client: openai.OpenAI, stream: bool, **kw) -> list[tuple[str | None, list, str]]:
     """Each choice's ``(content, [(tool name, arguments JSON)], finish_reason)``, read from the whole
-    answer or put together from the stream's chunks."""
+    answer or put together from the stream's chunks (a call's arguments joined from their pieces)."""
     if not stream:
         r = client.chat.completions.create(model="codechat", **kw)
         return [(c.message.content, [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []],
@@ -105,7 +105,11 @@ def complete(client: openai.OpenAI, stream: bool, **kw) -> list[tuple[str | None
         for c in ch.choices:
             p = parts.setdefault(c.index, ["", [], None])
             p[0] += c.delta.content or ""
-            p[1] += [(t.function.name, t.function.arguments) for t in c.delta.tool_calls or []]
+            for t in c.delta.tool_calls or []:  # a call's id and name once, then pieces of its arguments
+                if t.id is not None:
+                    p[1].append((t.function.name, t.function.arguments or ""))
+                else:
+                    p[1][-1] = (p[1][-1][0], p[1][-1][1] + t.function.arguments)
             p[2] = c.finish_reason or p[2]
     return [(p[0] or None if p[1] else p[0], p[1], p[2]) for _, p in sorted(parts.items())]
 
@@ -255,3 +259,17 @@ def test_without_llguidance_a_grammar_is_a_400_and_a_free_request_needs_none(tok
         parse_chat_request({**body, "tool_choice": "required"}, tok, 1024, ServeConfig(), grammars)
     assert (e.value.status, e.value.code, e.value.param) == (400, "grammar_unavailable", "tool_choice")
     assert "pip install 'codechat[grammar]'" in e.value.message
+
+
+def test_a_forced_call_streams_its_arguments_in_pieces_that_join_to_the_whole_answers(client):
+    kw = dict(model="codechat", messages=USER, tools=tools(strict=None), tool_choice="required", seed=4, **SAMPLE)
+    [whole] = client.chat.completions.create(**kw).choices
+    pieces, names = [], []
+    for ch in client.chat.completions.create(stream=True, **kw):
+        for t in ch.choices[0].delta.tool_calls or []:
+            names += [t.function.name] if t.function.name else []
+            pieces.append(t.function.arguments or "")
+    [call] = whole.message.tool_calls
+    assert names == [call.function.name] and len([p for p in pieces if p]) > 1
+    assert "".join(pieces) == call.function.arguments
+    assert_valid_calls([(call.function.name, call.function.arguments)])

@@ -189,7 +189,8 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
 
     def choices_of(req: ChatRequest) -> dict[int, ChoiceStream]:
         """One :class:`ChoiceStream` per sample index, in index order."""
-        return {i: ChoiceStream(tok, i, stop=req.stop, tools=req.tools, logprobs=req.logprobs)
+        return {i: ChoiceStream(tok, i, stop=req.stop, tools=req.tools, logprobs=req.logprobs,
+                                stream_calls=req.engine_request.grammar is not None)
                 for i in req.engine_request.samples}
 
     async def _deltas(job: Job, choices: dict[int, ChoiceStream]) -> AsyncIterator[list[Delta]]:
@@ -224,7 +225,7 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
         try:
             async for batch in _deltas(job, choices):
                 for delta in merge(batch):  # one chunk per choice per batch, not per token
-                    if delta.content or delta.tool_call or delta.finish or delta.logprobs:
+                    if delta.content or delta.tool_call or delta.arguments or delta.finish or delta.logprobs:
                         yield _sse(chunk(ids, delta))
         except APIError as e:
             yield _sse(e.body())

@@ -17,6 +17,9 @@ always equals the non-streamed one.
   parses) is sent as text — a spelled marker included, the ``<|function_call|>`` id not: no special
   token ever reaches ``content`` — with the finish reason the engine gave, and counted
   (:attr:`ChoiceStream.unparsed`).
+- Under a grammar (``stream_calls``) a call streams as OpenAI streams one: its ``id`` and ``name``
+  once its arguments begin, then pieces of ``arguments`` as they are written (closing braces held
+  back until the call ends), which join to the final ``arguments``: the text as written.
 - A call cut by ``max_tokens`` once its name is written comes back as OpenAI returns one: a
   ``tool_calls`` entry whose ``arguments`` are the JSON text so far, finish ``length``
   (:func:`codechat.chat.calls.partial_call`), never as call text in ``content``.
@@ -42,8 +45,10 @@ from codechat.tokenizer import Tokenizer
 
 @dataclass
 class Delta:
-    """What one choice adds: ``content`` text, a ``tool_call`` (OpenAI's ``tool_calls`` entry),
-    the ``finish`` reason on its last delta, and ``logprobs`` entries of the tokens it consumed
+    """What one choice adds: ``content`` text, a ``tool_call`` (OpenAI's ``tool_calls`` entry: the
+    whole call, or, for a call streamed as it is written, its ``id``, ``type`` and ``name`` with
+    ``arguments`` empty), ``arguments`` (a streamed call's next piece of arguments text), the
+    ``finish`` reason on its last delta, and ``logprobs`` entries of the tokens it consumed
     (OpenAI's ``{"token", "logprob", "bytes", "top_logprobs"}``) when they were asked for."""
 
     index: int
@@ -51,6 +56,7 @@ class Delta:
     tool_call: dict[str, Any] | None = None
     finish: str | None = None
     logprobs: list[dict[str, Any]] | None = None
+    arguments: str = ""
 
 
 def merge(deltas: Sequence[Delta]) -> list[Delta]:
@@ -61,9 +67,11 @@ def merge(deltas: Sequence[Delta]) -> list[Delta]:
     for d in deltas:
         m = out.get(d.index)
         if m is None:
-            out[d.index] = Delta(d.index, d.content, d.tool_call, d.finish, list(d.logprobs) if d.logprobs else None)
+            out[d.index] = Delta(d.index, d.content, d.tool_call, d.finish, list(d.logprobs) if d.logprobs else None,
+                                 d.arguments)
             continue
         m.content += d.content
+        m.arguments += d.arguments
         if d.logprobs:
             m.logprobs = (m.logprobs or []) + d.logprobs
         m.tool_call, m.finish = d.tool_call or m.tool_call, d.finish or m.finish
@@ -90,6 +98,10 @@ class ChoiceStream:
         stop: stop strings.
         tools: read a function call out of the reply (``<|function_call|>`` is then not a control id).
         logprobs: keep each token's log-probability (at temperature 1, after a grammar's mask).
+        stream_calls: send a call's arguments as they are written (a reply under a grammar, whose
+            call always parses): the call's ``id`` and ``name`` once its arguments begin, then
+            ``arguments`` pieces that join to its final ``arguments`` (the text as written), as
+            OpenAI streams calls. Otherwise a call comes whole in the last delta.
 
     Attributes:
         content: every content text sent so far; ``logprobs``: every token's entry so far (None
@@ -99,8 +111,9 @@ class ChoiceStream:
     """
 
     def __init__(self, tok: Tokenizer, index: int, *, stop: Sequence[str] = (), tools: bool = False,
-                 logprobs: bool = False) -> None:
-        self.tok, self.index, self.stop, self.tools = tok, index, tuple(stop), tools
+                 logprobs: bool = False, stream_calls: bool = False) -> None:
+        self.tok, self.index, self.stop, self.tools, self.stream_calls = tok, index, tuple(stop), tools, stream_calls
+        self._args_sent: int | None = None  # chars of a streamed call's arguments sent (None: header not sent)
         self._fc = tok.special_id(FUNCTION_CALL_TOKEN)
         self._control = tok.special_ids - ({self._fc} if tools else set())  # ids that end the reply
         self._decoder = tok.stream(skip_special=True)
@@ -158,7 +171,27 @@ class ChoiceStream:
         if ev.finish is not None:
             return self._close(ev.finish, lp)
         safe = self._call_at if self._call_at is not None else len(self._text) - _held(self._text, self._markers)
+        if self._call_at is not None and self.stream_calls:
+            cut = partial_call(self._call_text())
+            if cut is not None:  # held back: closing braces and space, which may be the call's own
+                return self._call_piece(cut, len(cut[1].rstrip(" \t\n}")), self._text[self._sent:safe], lp)
         return self._send(self._text[self._sent:safe], lp)
+
+    def _call_text(self) -> str:
+        """The text of the call so far (after ``<|function_call|>`` or a call marker spelled in text)."""
+        tail = self._text[self._call_at:]
+        return next((tail[len(m):] for m in CALL_MARKERS if tail.startswith(m)), tail)
+
+    def _call_piece(self, call: tuple[str, str], upto: int, text: str, lp: list | None, **kw: Any) -> Delta:
+        """A streamed call's next delta: its header the first time, then its arguments to ``upto``."""
+        header = None
+        if self._args_sent is None:
+            header = {"id": f"call_{secrets.token_hex(12)}", "type": "function",
+                      "function": {"name": call[0], "arguments": ""}}
+            self.tool_call, self._args_sent = header, 0
+        piece = call[1][self._args_sent:upto]
+        self._args_sent += len(piece)
+        return self._send(text, lp, tool_call=header, arguments=piece, **kw)
 
     def _send(self, text: str, lp: list | None, **kw: Any) -> Delta:
         self._sent += len(text)
@@ -173,12 +206,19 @@ class ChoiceStream:
             return self._send(self._text[self._sent:], lp, finish=self._finished(finish))
         reply = parse_reply_ids(self.tok, self._ids)
         before = self._text[:self._call_at]
+        written = partial_call(self._call_text())
+        if self._args_sent is not None and written is not None and (reply.call is not None or finish == "length"):
+            final = written[1]  # the arguments as written, which the streamed pieces join to
+            if reply.call is not None:
+                final = final.rstrip()[:-1].rstrip()  # less the call's own closing brace
+            piece, self._args_sent = final[self._args_sent:], len(final)
+            self.tool_call = {**self.tool_call, "function": {"name": written[0], "arguments": final}}
+            return self._send(before[self._sent:], lp, arguments=piece,
+                              finish=self._finished("tool_calls" if reply.call is not None else "length"))
         if reply.call is not None:
             self.tool_call = tool_call(reply.call, f"call_{secrets.token_hex(12)}")
             return self._send(before[self._sent:], lp, tool_call=self.tool_call, finish=self._finished("tool_calls"))
-        tail = self._text[self._call_at:]
-        tail = next((tail[len(m):] for m in CALL_MARKERS if tail.startswith(m)), tail)  # a marker spelled in text
-        cut = partial_call(tail) if finish == "length" else None
+        cut = written if finish == "length" else None
         if cut is not None:
             self.tool_call = {"id": f"call_{secrets.token_hex(12)}", "type": "function",
                               "function": {"name": cut[0], "arguments": cut[1]}}
@@ -237,8 +277,11 @@ def chunk(ids: CompletionIds, delta: Delta | None = None, *, role: int | None = 
     d: dict[str, Any] = {}
     if delta.content:
         d["content"] = delta.content
-    if delta.tool_call is not None:
-        d["tool_calls"] = [{"index": 0, **delta.tool_call}]
+    if delta.tool_call is not None or delta.arguments:
+        call: dict[str, Any] = {"index": 0, **(delta.tool_call or {})}
+        fn = call.get("function", {})
+        call["function"] = {**fn, "arguments": fn.get("arguments", "") + delta.arguments}
+        d["tool_calls"] = [call]
     lp = {"content": delta.logprobs, "refusal": None} if delta.logprobs else None
     return {**base, "choices": [{"index": delta.index, "delta": d, "logprobs": lp, "finish_reason": delta.finish}]}
 
