@@ -397,7 +397,10 @@ class Engine:
         the rows' state restored. A masked step's two graphs are captured, and replayed, forward first."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        return capture_graph(fn, [t[:b] for t in (self.tokens, self.lengths, self.counter, self.budget)], self._pool)
+        kept = [t[:b] for t in (self.tokens, self.lengths, self.counter, self.budget)]
+        if self.options.counts is not None:  # a penalized warm-up counts its tokens too
+            kept.append(self.options.counts[:b])
+        return capture_graph(fn, kept, self._pool)
 
     def _drain(self, keep: _Launch | None, also: _Launch | None = None) -> list[Token]:
         """Read back every pending launch but ``keep`` (and then ``also``, a launch not yet pending)."""
