@@ -324,7 +324,7 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
 def _cmd_sample(args: argparse.Namespace) -> int:
     from .checkpoint import load_model
     from codechat.config.device import resolve_device
-    from .engine import Engine, EngineConfig, Request, SamplingConfig
+    from .engine import Engine, EngineConfig, Request
     device = resolve_device(args.device or "auto")
     model, tok, _ = load_model(args.model, device)
     engine = Engine(model, EngineConfig(slots=1))
@@ -333,7 +333,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     room = engine.max_len - len(prompt)
     if room < 1:
         raise SystemExit(f"error: the prompt ({len(prompt)} tokens) fills the model's context of {engine.max_len}")
-    cfg = SamplingConfig(min(args.max_new_tokens, room), args.temperature, args.top_k, args.top_p)
+    cfg = _sampling_config(args, min(args.max_new_tokens, room))
     seed = _seed(args.seed)
     for i in range(args.num_samples):
         if args.num_samples > 1:
@@ -350,8 +350,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 
 def _add_sampling(p: argparse.ArgumentParser, *, max_new_tokens: int, temperature: float) -> None:
-    """``--max-new-tokens``, ``--temperature``, ``--top-k`` and ``--top-p`` of ``sample`` and ``chat``,
-    with their defaults in the help."""
+    """``--max-new-tokens``, ``--temperature``, ``--top-k``, ``--top-p``, the penalties and
+    ``--logit-bias`` of ``sample`` and ``chat``, with their defaults in the help."""
     p.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
                    help="tokens generated at most (default %(default)s; the model's context caps it)")
     p.add_argument("--temperature", type=float, default=temperature,
@@ -359,6 +359,27 @@ def _add_sampling(p: argparse.ArgumentParser, *, max_new_tokens: int, temperatur
     p.add_argument("--top-k", type=int, default=0,
                    help="sample among the k likeliest tokens (default %(default)s: off)")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default %(default)s; 1: off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="OpenAI's presence penalty in [-2, 2]: subtracted from every token already generated (default 0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="OpenAI's frequency penalty in [-2, 2]: subtracted once per time a token was generated (default 0)")
+    p.add_argument("--logit-bias", type=_logit_bias, default=(), metavar="ID:BIAS,...",
+                   help="biases in [-100, 100] added to token ids' logits, e.g. 50256:-100 (bans it in effect)")
+
+
+def _logit_bias(text: str) -> tuple[tuple[int, float], ...]:
+    try:
+        return tuple((int(i), float(b)) for i, b in (pair.split(":") for pair in text.split(",") if pair))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ID:BIAS pairs separated by commas, got {text!r}") from None
+
+
+def _sampling_config(args: argparse.Namespace, max_new_tokens: int):
+    """The :class:`~codechat.engine.SamplingConfig` of :func:`_add_sampling`'s options."""
+    from .engine import SamplingConfig
+    return SamplingConfig(max_new_tokens, args.temperature, args.top_k, args.top_p,
+                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                          logit_bias=args.logit_bias)
 
 
 def _seed(seed: int | None) -> int:
@@ -385,10 +406,10 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from codechat.chat.repl import repl, reply
     from .checkpoint import load_model
     from codechat.config.device import resolve_device
-    from .engine import Engine, EngineConfig, SamplingConfig
+    from .engine import Engine, EngineConfig
     model, tok, _ = load_model(args.model, resolve_device(args.device or "auto"))
     engine = Engine(model, EngineConfig(slots=1))
-    cfg = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    cfg = _sampling_config(args, args.max_new_tokens)
     if args.prompt is None:
         repl(engine, tok, cfg, system=args.system, seed=_seed(args.seed))
         return 0
