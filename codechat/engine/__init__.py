@@ -8,6 +8,8 @@
 - :mod:`.scheduler`: :class:`Engine`, continuous batching of :class:`Request` s with CUDA graphs;
 - :mod:`.grammar`: constraints (JSON schema, regex, Lark) compiled against the tokenizer, and the
   per-row token masks a constrained :class:`Request` is sampled under;
+- :mod:`.scoring`: teacher-forced log-probabilities of a known sequence (:meth:`Engine.score`, a
+  prompt's tokens with their top-k for the server's ``echo``), in one pass that takes no cache slot;
 - :mod:`.completion`: code completion with a base model (where it ends, the best of n by mean log-probability).
 """
 from .sampling import SamplingConfig

@@ -261,17 +261,8 @@ class Engine:
         """
         if not prompt or not completion:
             raise ValueError(f"need a non-empty prompt and completion, got {len(prompt)} and {len(completion)} tokens")
-        ids = list(prompt) + list(completion)
-        if len(ids) > self.max_len:
-            raise ValueError(f"prompt + completion of {len(ids)} tokens is over the engine's context of {self.max_len}")
-        dev, n = self.device, len(ids)
-        none = torch.zeros(0, dtype=torch.long, device=dev)
-        cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
-        m = self.model
-        h = m.forward(torch.tensor(ids, device=dev), torch.arange(n, device=dev),
-                      m.prefill_attend(self.cache, [n], cu, (none, none, none)))
-        lp = m.logits(h[len(prompt) - 1:-1]).log_softmax(-1)
-        return lp.gather(1, torch.tensor(completion, device=dev).unsqueeze(1)).squeeze(1).tolist()
+        from .scoring import forced_logprobs  # the pass shared with the server's prompt log-probabilities
+        return forced_logprobs(self, list(prompt) + list(completion), len(prompt))[0].tolist()
 
     # -- internals ----------------------------------------------------------------------------
 
