@@ -6,10 +6,15 @@ The engine is not thread-safe, so only this thread touches it. Async request han
 through ``loop.call_soon_threadsafe``. Every request shares the engine's running batch: it joins as
 soon as a cache slot frees and leaves when its rows finish, whatever else runs.
 
+Work that uses the engine without a cache slot (a teacher-forced pass: :mod:`codechat.engine.scoring`)
+goes through :meth:`EngineWorker.call`: the function runs on the engine thread between two steps and
+its result comes back as a future of the caller's loop.
+
 The queue is bounded by sample rows: at most ``slots + queue_size`` rows (a request of ``n``
-choices is ``n`` rows) are accepted and unfinished at once; :meth:`EngineWorker.submit` refuses
-more with :class:`QueueFull` (the server answers 429). A cancelled job (a client that went away,
-or a choice that met a stop string) frees its slots at the next step.
+choices is ``n`` rows, a call one) are accepted and unfinished at once; :meth:`EngineWorker.submit`
+and :meth:`EngineWorker.call` refuse more with :class:`QueueFull` (the server answers 429). A
+cancelled job (a client that went away, or a choice that met a stop string) frees its slots at the
+next step; a call whose future was cancelled before its turn does not run.
 """
 from __future__ import annotations
 
@@ -19,11 +24,13 @@ import sys
 import threading
 import traceback
 from collections import defaultdict
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from codechat.engine import Engine, Request, Token
 
 from .errors import APIError
+
+T = TypeVar("T")
 
 
 class QueueFull(Exception):
@@ -129,6 +136,22 @@ class EngineWorker:
         self._commands.put(("add", job, None))
         return job
 
+    def call(self, fn: Callable[[Engine], T]) -> asyncio.Future[T]:
+        """Run ``fn(engine)`` on the engine thread between two steps (one row while it waits and
+        runs); call from a coroutine, whose loop's future gets the result, or ``fn``'s exception.
+
+        Raises:
+            QueueFull: no room for one more row.
+        """
+        with self._lock:
+            if self._rows + 1 > self.capacity:
+                raise QueueFull(self._rows, self.capacity)
+            self._rows += 1
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._commands.put(("call", (fn, future, loop), None))
+        return future
+
     # -- the engine thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -157,6 +180,8 @@ class EngineWorker:
                 return False
             if kind == "add":
                 self._add(job)
+            elif kind == "call":
+                self._call(*job)
             elif job.rid in self._jobs:
                 self.engine.cancel(job.rid, sample)
                 self._check_done(job.rid)
@@ -173,6 +198,23 @@ class EngineWorker:
             job._put(APIError(400, str(e), param="messages", code="context_length_exceeded"))
             return
         self._jobs[job.rid] = job
+
+    def _call(self, fn: Callable[[Engine], Any], future: asyncio.Future, loop: asyncio.AbstractEventLoop) -> None:
+        """Run a :meth:`call` (unless its caller left) and hand its outcome to the caller's loop."""
+        try:
+            if future.cancelled():
+                return
+            try:
+                result, error = fn(self.engine), None
+            except Exception as e:  # the caller's to answer (a ValueError is the request's fault)
+                result, error = None, e
+            try:
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            except RuntimeError:  # the loop is closed: nobody is listening
+                pass
+        finally:
+            with self._lock:
+                self._rows -= 1
 
     def _step(self) -> None:
         """One engine step; every job's tokens (and the end of the jobs it finished) reach each event
@@ -223,6 +265,15 @@ class EngineWorker:
             self._release(job)
             job._put(error)
         self._jobs.clear()
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    """On a caller's loop: the outcome of its :meth:`EngineWorker.call`, unless it stopped waiting."""
+    if not future.done():
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
 
 
 def _deliver(items: list[tuple[Job, list[Token] | None]]) -> None:
