@@ -239,6 +239,53 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
         raise bad("functions", "the deprecated functions field is not supported; send tools", "unsupported_parameter")
 
 
+# ----------------------------------------------------------------------------- shared by the APIs
+def check_body(body: Any, cfg: ServeConfig) -> Mapping[str, Any]:
+    """``body`` as a request: a JSON object naming the served model, nested at most ``cfg.max_depth``
+    deep, its strings Unicode text (:func:`_check_tree`).
+
+    Raises:
+        APIError: 400 (``invalid_json`` for a body that is not an object; ``param`` names the field),
+            404 for a model other than ``cfg.model_name``.
+    """
+    if not isinstance(body, Mapping):
+        raise bad(None, f"the request body must be a JSON object, got {type(body).__name__}", "invalid_json")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise bad("model", f"must be a string: the model id {cfg.model_name!r}")
+    if model != cfg.model_name:
+        raise APIError(404, f"The model {model!r} does not exist; this server serves {cfg.model_name!r}",
+                       param="model", code="model_not_found")
+    _check_tree(body, cfg.max_depth)
+    return body
+
+
+def read_stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """``(stream, include_usage)``: ``stream`` and its ``stream_options.include_usage``.
+
+    Raises:
+        APIError: 400 for a value that is not a boolean, or ``stream_options`` without ``stream: true``.
+    """
+    stream = _bool(body, "stream")
+    opts = body.get("stream_options")
+    if opts is not None and (not stream or not isinstance(opts, Mapping)):
+        raise bad("stream_options", "is an object, allowed only with stream: true")
+    return stream, _bool(opts, "include_usage", "stream_options.include_usage") if opts else False
+
+
+def read_sampling(body: Mapping[str, Any]) -> tuple[float, float, int]:
+    """``(temperature, top_p, seed)``: OpenAI's defaults 1 and 1, and a random seed when none is given.
+
+    Raises:
+        APIError: 400 for a value out of OpenAI's range (``temperature`` in [0, 2], ``top_p`` in
+            (0, 1], ``seed`` an int64).
+    """
+    temperature = _number(body, "temperature", DEFAULT_TEMPERATURE, 0.0, MAX_TEMPERATURE)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
+    seed = _int(body, "seed", -MAX_SEED - 1, MAX_SEED)
+    return temperature, top_p, secrets.randbits(31) if seed is None else seed
+
+
 def sampling_options(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
     """OpenAI's ``presence_penalty`` and ``frequency_penalty`` (numbers in [-2, 2], default 0) and
     ``logit_bias`` (an object mapping token ids, as strings, to biases in [-100, 100]; at most
@@ -288,15 +335,7 @@ def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig
             that does not compile or a grammar without llguidance (:func:`.constraints.reply_grammar`),
             404 for a model other than ``cfg.model_name``.
     """
-    if not isinstance(body, Mapping):
-        raise bad(None, f"the request body must be a JSON object, got {type(body).__name__}", "invalid_json")
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise bad("model", f"must be a string: the model id {cfg.model_name!r}")
-    if model != cfg.model_name:
-        raise APIError(404, f"The model {model!r} does not exist; this server serves {cfg.model_name!r}",
-                       param="model", code="model_not_found")
-    _check_tree(body, cfg.max_depth)
+    body = check_body(body, cfg)
     _refuse_unsupported(body)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
@@ -316,11 +355,7 @@ def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig
     conv = Conversation(messages, tools if choice != "none" else None)
     prompt = render_for_completion(tok, conv)
 
-    stream = _bool(body, "stream")
-    opts = body.get("stream_options")
-    if opts is not None and (not stream or not isinstance(opts, Mapping)):
-        raise bad("stream_options", "is an object, allowed only with stream: true")
-    include_usage = _bool(opts, "include_usage") if opts else False
+    stream, include_usage = read_stream(body)
     n = _int(body, "n", 1, cfg.max_n) or 1
     asked = [(k, v) for k in ("max_tokens", "max_completion_tokens") if (v := _int(body, k, 1, MAX_SEED)) is not None]
     if len({v for _, v in asked}) > 1:
@@ -341,9 +376,7 @@ def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig
             raise APIError(400, f"This model's maximum context length is {max_len} tokens, and the messages take "
                                 f"{len(prompt)}: shorten them", param="messages", code="context_length_exceeded")
         new = min(room, cap)
-    temperature = _number(body, "temperature", DEFAULT_TEMPERATURE, 0.0, MAX_TEMPERATURE)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
-    seed = _int(body, "seed", -MAX_SEED - 1, MAX_SEED)
+    temperature, top_p, seed = read_sampling(body)
     stop_ids = tok.special_ids - ({tok.special_id(FUNCTION_CALL_TOKEN)} if choice != "none" else set())
     stop, logprobs = _stop(body, cfg), _bool(body, "logprobs")
     top = _int(body, "top_logprobs", 0, 20) or 0
@@ -352,8 +385,9 @@ def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig
     options = sampling_options(body, grammars.vocab_size)
     grammar = reply_grammar(grammars, tools, choice, strict, fmt)  # last: compiling is the costly check
     request = Request(prompt, SamplingConfig(new, temperature, 0, top_p, top_logprobs=top, **options), samples=n,
-                      seed=secrets.randbits(31) if seed is None else seed, stop_ids=sorted(stop_ids), grammar=grammar)
+                      seed=seed, stop_ids=sorted(stop_ids), grammar=grammar)
     return ChatRequest(conv, request, stop, choice != "none", stream, include_usage, logprobs)
 
 
-__all__ = ["APIError", "ChatRequest", "bad", "parse_chat_request"]
+__all__ = ["APIError", "ChatRequest", "bad", "check_body", "parse_chat_request", "read_sampling", "read_stream",
+           "sampling_options"]
