@@ -5,14 +5,17 @@
 - :mod:`.constraints`: the grammar of a reply (``tool_choice``, strict tools, ``response_format``),
   compiled by the server's one lazily built grammar compiler;
 - :mod:`.protocol`: OpenAI's chat-completions request read into a conversation, a prompt and an
-  engine request (its grammar included);
+  engine request (its grammar included), and the field readers the APIs share;
 - :mod:`.choices`: one choice built token by token (stop strings, function calls ->
   ``tool_calls``) and the ``chat.completion`` / ``chat.completion.chunk`` objects;
-- :mod:`.worker`: the thread that owns and steps the engine, with a bounded queue;
+- :mod:`.worker`: the thread that owns and steps the engine (and runs its teacher-forced passes),
+  with a bounded queue;
+- :mod:`.completions`: OpenAI's legacy completions (``/v1/completions``): prompts as text or token
+  ids, ``echo``, the legacy ``logprobs`` object, ``text_completion`` objects and chunks;
 - :mod:`.app`: the FastAPI app (:func:`~.app.create_app`); ``static/``: the chat page;
 - :mod:`.cli`: ``codechat serve``.
 
-Imports point one way: config, errors <- constraints <- protocol <- choices, worker <- app <- cli. Only :mod:`.app`
-imports fastapi, and only when ``codechat serve`` runs (the serve extra:
+Imports point one way: config, errors <- constraints <- protocol <- choices, worker <- completions <-
+app <- cli. Only :mod:`.app` imports fastapi, and only when ``codechat serve`` runs (the serve extra:
 ``pip install 'codechat[serve]'``); nothing outside this package imports it.
 """

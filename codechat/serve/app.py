@@ -5,6 +5,10 @@ Routes (:func:`create_app`):
 - ``POST /v1/chat/completions``: OpenAI's chat completions (:mod:`.protocol` reads the request,
   :mod:`.choices` builds the answer); ``stream: true`` answers with server-sent events, one
   ``chat.completion.chunk`` per ``data:`` line, ending with ``data: [DONE]``.
+- ``POST /v1/completions``: OpenAI's legacy completions, plain text continued (:mod:`.completions`:
+  prompts as text or token ids, ``echo``, legacy ``logprobs`` with the prompt's own from a
+  teacher-forced pass on the engine thread); ``stream: true`` answers with ``text_completion``
+  chunks, ending with ``data: [DONE]``.
 - ``GET /v1/models`` and ``GET /v1/models/{id}``: the one served model.
 - ``GET /health``: ``{"status": "ok", "model", "running", "waiting", "in_flight", "capacity",
   "slots", "max_len"}`` (:meth:`.worker.EngineWorker.stats`) and ``unparsed_calls`` (choices since
@@ -45,6 +49,7 @@ from starlette.requests import ClientDisconnect
 from codechat.tokenizer import Tokenizer
 
 from .choices import ChoiceStream, CompletionIds, Delta, chunk, completion, merge, usage
+from .completions import TextCompletion, parse_completion_request
 from .config import ServeConfig
 from .constraints import Grammars
 from .errors import APIError, bad
@@ -92,7 +97,18 @@ async def _read_json(request: Request, limit: int) -> Any:
                   "invalid_json") from None
 
 
-async def _cancel_on_disconnect(request: Request, job: Job) -> None:
+def _queue_full(e: QueueFull, retry_after_s: int) -> APIError:
+    """The 429 of a request whose rows do not fit beside those in flight."""
+    return APIError(429, f"{e}; retry after {retry_after_s} s", type="rate_limit_error", code="queue_full",
+                    headers={"Retry-After": str(retry_after_s)})
+
+
+def _event_stream(events: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _cancel_on_disconnect(request: Request, job: Job | TextCompletion) -> None:
     """Wait for the client to go away (its body is read: the next message is the disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -172,12 +188,10 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
         try:
             job = worker.submit(req.engine_request)
         except QueueFull as e:
-            raise APIError(429, f"{e}; retry after {config.retry_after_s} s", type="rate_limit_error",
-                           code="queue_full", headers={"Retry-After": str(config.retry_after_s)}) from None
+            raise _queue_full(e, config.retry_after_s) from None
         ids = CompletionIds(config.model_name)
         if req.stream:
-            return StreamingResponse(_stream(job, req, ids), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _event_stream(_stream(job, req, ids))
         watch = asyncio.ensure_future(_cancel_on_disconnect(request, job))
         try:
             choices = choices_of(req)
@@ -186,6 +200,27 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
         finally:
             watch.cancel()
         return JSONResponse(completion(ids, list(choices.values()), req.prompt_tokens))
+
+    @app.post("/v1/completions")
+    async def text_completions(request: Request) -> Response:
+        authorize(request)
+        body = await _read_json(request, config.max_body_bytes)
+        req = await run_in_threadpool(parse_completion_request, body, tok, max_len, worker.engine.vocab_size, config)
+        if req.rows > worker.capacity:  # it would never fit: not a reason to retry
+            raise bad("n", f"{req.rows} rows (n per prompt, and one per prompt scored) are more than this server "
+                           f"holds at once ({worker.capacity}: --slots plus --queue-size)")
+        run = TextCompletion(req, tok, config.model_name)
+        try:
+            run.start(worker)
+        except QueueFull as e:
+            raise _queue_full(e, config.retry_after_s) from None
+        if req.stream:
+            return _event_stream(_sse(obj) async for obj in run.chunks())
+        watch = asyncio.ensure_future(_cancel_on_disconnect(request, run))
+        try:
+            return JSONResponse(await run.whole())
+        finally:
+            watch.cancel()
 
     def choices_of(req: ChatRequest) -> dict[int, ChoiceStream]:
         """One :class:`ChoiceStream` per sample index, in index order."""
