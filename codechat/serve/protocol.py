@@ -307,7 +307,7 @@ def sampling_options(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]
         raise bad("logit_bias", f"has {len(raw)} entries; at most {MAX_LOGIT_BIAS}")
     bias = []
     for key in raw:
-        if not (isinstance(key, str) and key.isdigit() and int(key) < vocab_size):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < vocab_size):  # "²".isdigit()
             raise bad(f"logit_bias.{key}", f"is not a token id of this model (an integer in [0, {vocab_size}))")
         v = raw[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
