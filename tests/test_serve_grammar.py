@@ -13,6 +13,7 @@ that opens a call goes on with noise (a call that does not parse: sent as text, 
 ends well within ``max_tokens``."""
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from typing import Literal
@@ -61,9 +62,8 @@ class Answer(BaseModel):
     tags: list[Literal["x", "y"]] = Field(max_length=2)
 
 
-@pytest.fixture(scope="module")
-def server(tok):
-    """The base URL of a server over the random model of the module docstring (8 slots)."""
+def random_model(tok):
+    """The random model of the module docstring (seed 0, 1024 positions)."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(vocab_size=tok.vocab_size, n_layer=2, n_embd=64, n_head=4, n_kv_head=2,
                                     max_seq_len=1024))
@@ -72,10 +72,17 @@ def server(tok):
         model.lm_head.weight[:, 0] = 0.0
         model.lm_head.weight[tok.special_id(FUNCTION_CALL_TOKEN), 0] = 0.5  # logit 4: ~2.6% a step
         model.lm_head.weight[tok.end_id, 0] = 0.4  # logit 3.2: ~1.2%
-    worker = EngineWorker(Engine(model.eval(), EngineConfig(slots=8)), queue_size=8).start()
+    return model.eval()
+
+
+@contextlib.contextmanager
+def serving(tok, api_key: str | None = None):
+    """The base URL of a server (uvicorn on 127.0.0.1 in a thread) over :func:`random_model` (8 slots),
+    requiring ``api_key`` when given; stopped on exit."""
+    worker = EngineWorker(Engine(random_model(tok), EngineConfig(slots=8)), queue_size=8).start()
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(worker, tok, ServeConfig(max_n=8)), host="127.0.0.1", port=port,
-                                        log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(create_app(worker, tok, ServeConfig(max_n=8), api_key=api_key),
+                                        host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -86,6 +93,13 @@ def server(tok):
         srv.should_exit = True
         thread.join(10)
         worker.close()
+
+
+@pytest.fixture(scope="module")
+def server(tok):
+    """The base URL of a server over the random model of the module docstring (8 slots)."""
+    with serving(tok) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,11 @@ Routes (:func:`create_app`):
   prompts as text or token ids, ``echo``, legacy ``logprobs`` with the prompt's own from a
   teacher-forced pass on the engine thread); ``stream: true`` answers with ``text_completion``
   chunks, ending with ``data: [DONE]``.
+- ``POST /v1/responses``: OpenAI's Responses API on the same engine, grammars and choices
+  (:mod:`.responses` reads the request and builds the ``response`` object); ``stream: true`` answers
+  with its typed events (``event: TYPE`` and ``data:`` lines), from ``response.created`` to
+  ``response.completed`` or ``response.incomplete``. Stateless: ``previous_response_id``, ``store:
+  true`` and the like are 400s.
 - ``GET /v1/models`` and ``GET /v1/models/{id}``: the one served model.
 - ``GET /health``: ``{"status": "ok", "model", "running", "waiting", "in_flight", "capacity",
   "slots", "max_len"}`` (:meth:`.worker.EngineWorker.stats`) and ``unparsed_calls`` (choices since
@@ -46,6 +51,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from codechat.engine import Request as EngineRequest
 from codechat.tokenizer import Tokenizer
 
 from .choices import ChoiceStream, CompletionIds, Delta, chunk, completion, merge, usage
@@ -54,18 +60,26 @@ from .config import ServeConfig
 from .constraints import Grammars
 from .errors import APIError, bad
 from .protocol import ChatRequest, parse_chat_request
+from .responses import ResponseBuilder, parse_responses_request
 from .worker import EngineWorker, Job, QueueFull
 
 STATIC = Path(__file__).with_name("static")
 log = logging.getLogger("codechat.serve")
 
 
+def _event_stream(events: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
 def _error(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
-def _sse(obj: dict[str, Any] | str) -> bytes:
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+def _sse(obj: dict[str, Any] | str, event: str | None = None) -> bytes:
+    """One server-sent event: ``data:`` the object as JSON (or the string), after ``event:`` when named."""
+    named = f"event: {event}\n" if event else ""
+    return f"{named}data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
 
 async def _read_json(request: Request, limit: int) -> Any:
@@ -101,11 +115,6 @@ def _queue_full(e: QueueFull, retry_after_s: int) -> APIError:
     """The 429 of a request whose rows do not fit beside those in flight."""
     return APIError(429, f"{e}; retry after {retry_after_s} s", type="rate_limit_error", code="queue_full",
                     headers={"Retry-After": str(retry_after_s)})
-
-
-def _event_stream(events: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _cancel_on_disconnect(request: Request, job: Job | TextCompletion) -> None:
@@ -185,10 +194,7 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
         if req.n > worker.capacity:  # it would never fit: not a reason to retry
             raise bad("n", f"{req.n} choices are more rows than this server holds at once ({worker.capacity}: "
                            "--slots plus --queue-size)")
-        try:
-            job = worker.submit(req.engine_request)
-        except QueueFull as e:
-            raise _queue_full(e, config.retry_after_s) from None
+        job = submit(req.engine_request)
         ids = CompletionIds(config.model_name)
         if req.stream:
             return _event_stream(_stream(job, req, ids))
@@ -221,6 +227,32 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
             return JSONResponse(await run.whole())
         finally:
             watch.cancel()
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        authorize(request)
+        body = await _read_json(request, config.max_body_bytes)
+        req = await run_in_threadpool(parse_responses_request, body, tok, max_len, config, grammars)
+        job = submit(req.engine_request)
+        choice, out = ChoiceStream(tok, 0, tools=req.tools), ResponseBuilder(req, config.model_name)
+        if req.stream:
+            return _event_stream(_response_stream(job, choice, out))
+        watch = asyncio.ensure_future(_cancel_on_disconnect(request, job))
+        try:
+            async for batch in _deltas(job, {0: choice}):
+                for delta in batch:
+                    out.push(delta)
+        finally:
+            watch.cancel()
+        out.closed(choice)
+        return JSONResponse(out.final)
+
+    def submit(engine_request: EngineRequest) -> Job:
+        """Queue a request on the engine thread; a full queue is a 429 with ``Retry-After``."""
+        try:
+            return worker.submit(engine_request)
+        except QueueFull as e:
+            raise _queue_full(e, config.retry_after_s) from None
 
     def choices_of(req: ChatRequest) -> dict[int, ChoiceStream]:
         """One :class:`ChoiceStream` per sample index, in index order."""
@@ -268,6 +300,22 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
         if req.include_usage:
             yield _sse(chunk(ids, usage_of=usage(req.prompt_tokens, list(choices.values()))))
         yield _sse("[DONE]")
+
+    async def _response_stream(job: Job, choice: ChoiceStream, out: ResponseBuilder) -> AsyncIterator[bytes]:
+        """The Responses API's typed events of one reply (:class:`.responses.ResponseBuilder`)."""
+        for ev in out.opened():
+            yield _sse(ev, ev["type"])
+        try:
+            async for batch in _deltas(job, {0: choice}):
+                for delta in merge(batch):  # one text delta per engine step, not per token
+                    for ev in out.push(delta):
+                        yield _sse(ev, ev["type"])
+        except APIError as e:
+            last = out.failed(e)
+        else:
+            last = out.closed(choice)
+        for ev in last:
+            yield _sse(ev, ev["type"])
 
     @app.api_route("/", methods=["GET", "HEAD"])  # HEAD: what uptime checks and link previews send
     async def index() -> FileResponse:

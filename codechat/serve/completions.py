@@ -55,7 +55,7 @@ from codechat.tokenizer import Tokenizer
 from .choices import ChoiceStream, CompletionIds, Delta, merge
 from .config import ServeConfig
 from .errors import APIError, bad
-from .protocol import MAX_SEED, _bool, _int, _stop, check_body, read_sampling, read_stream, sampling_options
+from .protocol import MAX_SEED, _int, _stop, check_body, read_bool, read_sampling, read_stream, sampling_options
 from .worker import EngineWorker, Job
 
 DEFAULT_MAX_TOKENS = 16  #: OpenAI's default ``max_tokens`` for completions
@@ -190,7 +190,7 @@ def parse_completion_request(body: Any, tok: Tokenizer, max_len: int, vocab_size
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise bad("user", "must be a string")
-    echo, vocab = _bool(body, "echo"), min(vocab_size, tok.vocab_size)
+    echo, vocab = read_bool(body, "echo"), min(vocab_size, tok.vocab_size)
     prompts = _prompts(body, tok, vocab)
     n = _int(body, "n", 1, cfg.max_n) or 1
     best_of = _int(body, "best_of", 1, MAX_SEED)

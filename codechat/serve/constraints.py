@@ -15,16 +15,22 @@
 
 The :class:`~codechat.engine.grammar.GrammarCompiler` is built at the first request that needs a
 grammar (:class:`Grammars`), so a server whose clients never ask for one never loads llguidance.
+The Responses API asks the same with other spellings (:data:`RESPONSES`: flat ``tools[k]``, the format
+in ``text.format`` with its ``schema`` beside its ``type``); its requests are read into chat's terms and
+errors name their places in its own body (:class:`Shape`).
+
 Errors are :class:`~.protocol.APIError` 400s: a schema that does not compile names its place in the
 request body as ``param`` (``tools[0].function.parameters.properties.when``,
-``response_format.json_schema.schema.$defs``) and the keyword at fault in the message; without
-llguidance, ``code="grammar_unavailable"``.
+``response_format.json_schema.schema.$defs``; for the Responses API ``tools[0].parameters...``,
+``text.format.schema...``) and the keyword at fault in the message; without llguidance,
+``code="grammar_unavailable"``.
 """
 from __future__ import annotations
 
 import re
 import threading
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from codechat.chat.strict import response_format_grammar, tool_grammar
@@ -67,14 +73,61 @@ class Grammars:
             return self._gc
 
 
-def body_path(path: str) -> str:
-    """A :class:`~codechat.engine.grammar.GrammarError` path (``$.tools[2].parameters.properties.x``)
-    as the place in the request body (``tools[2].function.parameters.properties.x``)."""
-    return re.sub(r"^tools\[(\d+)\]\.parameters", r"tools[\1].function.parameters", path.removeprefix("$").lstrip("."))
+@dataclass(frozen=True)
+class Shape:
+    """How one of OpenAI's APIs spells, in its request body, what a reply is built from; errors name
+    these places.
+
+    Attributes:
+        prompt: the field holding the history (``messages``; the Responses API's ``input``).
+        format: the reply format's field (``response_format``; ``text.format``).
+        flat: a tool is ``tools[k]`` itself and the format holds its ``schema`` beside its ``type``
+            (the Responses API); else a tool is ``tools[k].function`` and the schema is under
+            ``json_schema`` (chat completions).
+    """
+
+    prompt: str
+    format: str
+    flat: bool
+
+    def tool(self, k: int) -> str:
+        """The place of tool ``k``'s function schema (``name``, ``parameters``, ``strict``)."""
+        return f"tools[{k}]" if self.flat else f"tools[{k}].function"
+
+    @property
+    def schema(self) -> str:
+        """The place of the format's JSON schema."""
+        return f"{self.format}.schema" if self.flat else f"{self.format}.json_schema.schema"
+
+    @property
+    def tool_spelling(self) -> str:
+        """A function tool as this API spells it (for messages)."""
+        return ('{"type": "function", "name": ..., "parameters": {...}}' if self.flat
+                else '{"type": "function", "function": {"name": ..., "parameters": {...}}}')
+
+    @property
+    def choice_spelling(self) -> str:
+        """A ``tool_choice`` naming a tool as this API spells it (for messages)."""
+        return '{"type": "function", "name": ...}' if self.flat else '{"type": "function", "function": {"name": ...}}'
+
+
+CHAT = Shape("messages", "response_format", flat=False)  #: ``POST /v1/chat/completions``
+RESPONSES = Shape("input", "text.format", flat=True)  #: ``POST /v1/responses``
+
+
+def body_path(path: str, shape: Shape = CHAT) -> str:
+    """A :class:`~codechat.engine.grammar.GrammarError` path (``$.tools[2].parameters.properties.x``,
+    ``$.response_format.json_schema.schema.x``: chat's spelling) as the place in the request body
+    (``tools[2].function.parameters.properties.x``; ``tools[2].parameters.properties.x`` in
+    :data:`RESPONSES`)."""
+    path = path.removeprefix("$").lstrip(".")
+    path = re.sub(r"^tools\[(\d+)\]\.parameters", lambda m: f"{shape.tool(int(m[1]))}.parameters", path)
+    return re.sub(r"^response_format\.json_schema\.schema", shape.schema, path)
 
 
 def reply_grammar(grammars: Grammars, tools: Sequence[Mapping[str, Any]], choice: str | Mapping[str, Any],
-                  strict: Collection[str], response_format: Mapping[str, Any] | None) -> Grammar | None:
+                  strict: Collection[str], response_format: Mapping[str, Any] | None, shape: Shape = CHAT
+                  ) -> Grammar | None:
     """The grammar of the reply (module docstring), or None when it is free.
 
     Args:
@@ -83,22 +136,23 @@ def reply_grammar(grammars: Grammars, tools: Sequence[Mapping[str, Any]], choice
         choice: ``none``, ``auto``, ``required`` or the named tool's entry of ``tools``.
         strict: the names of the tools with ``"strict": true`` (any constrains ``auto``; their schemas
             must be honoured, :func:`codechat.chat.strict.arguments_schema`).
-        response_format: the checked ``response_format`` of type ``json_object`` or ``json_schema``;
-            None for text.
+        response_format: the checked ``response_format`` of type ``json_object`` or ``json_schema``
+            (chat's spelling, whatever the API); None for text.
+        shape: the API whose body errors name places in.
 
     Raises:
-        APIError: 400 for a response format beside tools (``param="response_format"``), a schema that
+        APIError: 400 for a response format beside tools (``param`` the format's field), a schema that
             does not compile (``param`` its place in the body), or no llguidance.
     """
     fmt = response_format
     if fmt is not None and choice != "none":
         name = choice["name"] if isinstance(choice, Mapping) else choice
-        raise bad("response_format", f"{fmt['type']!r} with tools (tool_choice {name!r}) is not supported: a reply "
-                                     "follows either the tools' grammar or the response format; send tool_choice "
-                                     "\"none\" to answer in the format", "unsupported_parameter")
+        raise bad(shape.format, f"{fmt['type']!r} with tools (tool_choice {name!r}) is not supported: a reply "
+                                "follows either the tools' grammar or the response format; send tool_choice "
+                                "\"none\" to answer in the format", "unsupported_parameter")
     try:
         if fmt is not None:
-            return response_format_grammar(grammars.compiler("response_format"), fmt)
+            return response_format_grammar(grammars.compiler(shape.format), fmt)
         if isinstance(choice, Mapping):  # the one tool alone ("required" of it: its name may be "auto")
             k = next(i for i, t in enumerate(tools) if t["name"] == choice["name"])
             try:
@@ -110,8 +164,8 @@ def reply_grammar(grammars: Grammars, tools: Sequence[Mapping[str, Any]], choice
                                 choice, strict)
     except GrammarError as e:
         kw = f" (keyword {e.keyword!r})" if e.keyword else ""
-        raise bad(body_path(e.path), f"cannot be honoured as a constraint{kw}: {e.message}") from None
+        raise bad(body_path(e.path, shape), f"cannot be honoured as a constraint{kw}: {e.message}") from None
     return None
 
 
-__all__ = ["Grammars", "body_path", "reply_grammar"]
+__all__ = ["CHAT", "RESPONSES", "Grammars", "Shape", "body_path", "reply_grammar"]

@@ -1,5 +1,11 @@
 """OpenAI's chat-completions request, read into codechat's terms (errors: :class:`~.errors.APIError`).
 
+What every API reads the same way — the body's model and shape (:func:`check_body`), ``tools``
+(:func:`read_tools`), ``tool_choice`` (:func:`read_tool_choice`), the reply's format
+(:func:`read_format`), and the prompt, sampling, length and grammar of the reply (:func:`read_reply`) —
+is read here for the Responses API too (:mod:`.responses`), given its spelling
+(:class:`.constraints.Shape`: flat tools, ``text.format``, ``input``).
+
 :func:`parse_chat_request` checks a decoded request body field by field and returns a
 :class:`ChatRequest`: the conversation (:class:`codechat.chat.conversation.Conversation`, tools in the system
 turn through :func:`codechat.chat.conversation.system_text`), its prompt ids, the engine
@@ -48,13 +54,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from codechat.chat.calls import FUNCTION_CALL_TOKEN
-from codechat.chat.conversation import Conversation, lone_surrogate, render_for_completion
+from codechat.chat.conversation import Conversation, Message, lone_surrogate, render_for_completion
 from codechat.chat.openai_messages import MessageError, from_openai
 from codechat.engine import Request, SamplingConfig
+from codechat.engine.sampling import MAX_TOP_LOGPROBS
 from codechat.tokenizer import Tokenizer
 
 from .config import ServeConfig
-from .constraints import Grammars, reply_grammar
+from .constraints import CHAT, Grammars, Shape, reply_grammar
 from .errors import APIError, bad
 
 MAX_TEMPERATURE = 2.0  #: OpenAI's upper bound on ``temperature``
@@ -120,7 +127,12 @@ def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
     return v
 
 
-def _bool(body: Mapping[str, Any], key: str, param: str | None = None) -> bool:
+def read_bool(body: Mapping[str, Any], key: str, param: str | None = None) -> bool:
+    """``body[key]``: true, false, or absent / null (false).
+
+    Raises:
+        APIError: 400 naming ``param`` (default ``key``) for another value.
+    """
     v = body.get(key)
     if v is not None and not isinstance(v, bool):
         raise bad(param or key, f"must be true or false, got {json.dumps(v)[:40]}")
@@ -139,38 +151,54 @@ def _stop(body: Mapping[str, Any], cfg: ServeConfig) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _tools(body: Mapping[str, Any], cfg: ServeConfig) -> tuple[tuple[dict[str, Any], ...], frozenset[str]]:
+def read_tools(body: Mapping[str, Any], cfg: ServeConfig, shape: Shape = CHAT
+               ) -> tuple[tuple[dict[str, Any], ...], frozenset[str]]:
     """The ``tools``, checked (:func:`codechat.tools.tool_from_schema`), as ``{"name", "description",
     "parameters"}`` in the client's spelling (the schemas are rendered as given, as in SFT data), and
-    the names of those that say ``"strict": true``."""
+    the names of those that say ``"strict": true``. ``shape`` says where a tool's function schema is
+    (chat's ``tools[k].function``, the Responses API's ``tools[k]``).
+
+    Raises:
+        APIError: 400 naming the field: not a list, over ``cfg.max_tools``, a tool that is not a
+            function tool or whose schema is not one, two tools of one name, ``strict`` not a boolean.
+    """
     from codechat.tools import ToolError, tool_from_schema
     raw = body.get("tools")
     if raw is None:
         return (), frozenset()
     if not isinstance(raw, list):
-        raise bad("tools", "must be a list of {\"type\": \"function\", \"function\": {...}}")
+        raise bad("tools", f"must be a list of {shape.tool_spelling}")
     if len(raw) > cfg.max_tools:
         raise bad("tools", f"{len(raw)} tools; at most {cfg.max_tools}")
     out, names, strict = [], set(), set()
     for k, t in enumerate(raw):
-        if not (isinstance(t, Mapping) and t.get("type") == "function" and isinstance(t.get("function"), Mapping)):
-            raise bad(f"tools[{k}]", "must be {\"type\": \"function\", \"function\": {\"name\", \"parameters\"}}")
+        fn = t.get("function") if isinstance(t, Mapping) and not shape.flat else t
+        if not (isinstance(t, Mapping) and t.get("type") == "function" and isinstance(fn, Mapping)):
+            raise bad(f"tools[{k}]", f"must be {shape.tool_spelling} (function tools only)")
+        schema = {key: fn[key] for key in ("name", "description", "parameters") if key in fn}
         try:
-            tool = tool_from_schema(t, f"tools[{k}]")
+            tool = tool_from_schema(schema, f"tools[{k}]")
         except ToolError as e:
             raise bad(f"tools[{k}]", str(e).removeprefix(f"tools[{k}]").lstrip(": ")) from None
         if tool.name in names:
             raise bad(f"tools[{k}]", f"a second tool named {tool.name!r}")
         names.add(tool.name)
-        fn = t["function"]
-        out.append({key: fn[key] for key in ("name", "description", "parameters") if key in fn})
-        if _bool(fn, "strict", f"tools[{k}].function.strict"):
+        out.append(schema)
+        if read_bool(fn, "strict", f"{shape.tool(k)}.strict"):
             strict.add(tool.name)
     return tuple(out), frozenset(strict)
 
 
-def _tool_choice(body: Mapping[str, Any], tools: tuple[dict[str, Any], ...]) -> str | dict[str, Any]:
-    """``"none"``, ``"auto"``, ``"required"`` or the named tool's schema."""
+def read_tool_choice(body: Mapping[str, Any], tools: tuple[dict[str, Any], ...], shape: Shape = CHAT
+                     ) -> str | dict[str, Any]:
+    """``"none"``, ``"auto"``, ``"required"`` or the named tool's schema (a name is chat's
+    ``{"type": "function", "function": {"name": N}}``, the Responses API's ``{"type": "function",
+    "name": N}``).
+
+    Raises:
+        APIError: 400 (``param="tool_choice"``): another value, ``auto`` or ``required`` without tools,
+            a name not among the tools.
+    """
     v = body.get("tool_choice")
     if v is None:
         return "auto" if tools else "none"
@@ -178,32 +206,41 @@ def _tool_choice(body: Mapping[str, Any], tools: tuple[dict[str, Any], ...]) -> 
         if v != "none" and not tools:
             raise bad("tool_choice", f"{v!r} needs tools")
         return v
-    name = v.get("function", {}).get("name") if isinstance(v, Mapping) and isinstance(v.get("function"), Mapping) \
-        else None
+    named = (v if shape.flat else v.get("function")) if isinstance(v, Mapping) else None
+    name = named.get("name") if isinstance(named, Mapping) and v.get("type", "function") == "function" else None
     if not isinstance(name, str):
-        raise bad("tool_choice", "must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+        raise bad("tool_choice", f"must be none, auto, required or {shape.choice_spelling}")
     match = [t for t in tools if t["name"] == name]
     if not match:
         raise bad("tool_choice", f"names {name!r}, which is not among the tools")
     return match[0]
 
 
-def _response_format(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """``response_format`` when it asks for JSON (``json_object`` or ``json_schema``); None for ``text``
-    or none given. The schema itself is checked when it is compiled (:mod:`.constraints`)."""
-    v = body.get("response_format")
+def read_format(v: Any, shape: Shape = CHAT) -> Mapping[str, Any] | None:
+    """The reply's format (``v``: chat's ``response_format``, the Responses API's ``text.format``) when it
+    asks for JSON, in chat's spelling (``{"type": "json_object"}`` or ``{"type": "json_schema",
+    "json_schema": {"name", "schema", "strict"?}}``: what :func:`.constraints.reply_grammar` takes); None
+    for ``text`` or none given. The schema itself is checked when it is compiled (:mod:`.constraints`).
+
+    Raises:
+        APIError: 400 naming the field: another type, a ``json_schema`` without a schema object,
+            ``strict`` not a boolean.
+    """
     if v is None:
         return None
     kinds = ("text", "json_object", "json_schema")
     if not isinstance(v, Mapping) or v.get("type") not in kinds:
-        raise bad("response_format", f"must be {{\"type\": T}} with T one of {', '.join(kinds)}, got "
-                                     f"{json.dumps(v)[:60]}")
+        raise bad(shape.format, f"must be {{\"type\": T}} with T one of {', '.join(kinds)}, got "
+                                f"{json.dumps(v)[:60]}")
     if v["type"] == "json_schema":
-        spec = v.get("json_schema")
+        spec = v if shape.flat else v.get("json_schema")
+        where = shape.format if shape.flat else f"{shape.format}.json_schema"
         if not isinstance(spec, Mapping) or not isinstance(spec.get("schema"), Mapping):
-            raise bad("response_format.json_schema", "must be {\"name\": ..., \"schema\": {...}, \"strict\": "
-                                                     "true} with a schema object")
-        _bool(spec, "strict", "response_format.json_schema.strict")
+            raise bad(where, "must be {\"name\": ..., \"schema\": {...}, \"strict\": true} with a schema object")
+        read_bool(spec, "strict", f"{where}.strict")
+        if shape.flat:
+            return {"type": "json_schema", "json_schema": {k: spec[k] for k in ("name", "description", "schema",
+                                                                               "strict") if k in spec}}
     return None if v["type"] == "text" else v
 
 
@@ -266,11 +303,11 @@ def read_stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
     Raises:
         APIError: 400 for a value that is not a boolean, or ``stream_options`` without ``stream: true``.
     """
-    stream = _bool(body, "stream")
+    stream = read_bool(body, "stream")
     opts = body.get("stream_options")
     if opts is not None and (not stream or not isinstance(opts, Mapping)):
         raise bad("stream_options", "is an object, allowed only with stream: true")
-    return stream, _bool(opts, "include_usage", "stream_options.include_usage") if opts else False
+    return stream, read_bool(opts, "include_usage", "stream_options.include_usage") if opts else False
 
 
 def read_sampling(body: Mapping[str, Any]) -> tuple[float, float, int]:
@@ -316,6 +353,88 @@ def sampling_options(body: Mapping[str, Any], vocab_size: int) -> dict[str, Any]
     return {**out, "logit_bias": tuple(bias)}
 
 
+def _budget(body: Mapping[str, Any], keys: tuple[str, ...], prompt: int, max_len: int, cfg: ServeConfig,
+            shape: Shape) -> int:
+    """New tokens of the reply: the one asked for under ``keys`` (the same value when several are
+    given), else what the context leaves after the ``prompt`` ids, capped by ``cfg.max_tokens``.
+
+    Raises:
+        APIError: 400 naming the key: not an integer >= 1, two different values, over
+            ``cfg.max_tokens``; ``context_length_exceeded`` (``param`` the history's field) when the
+            prompt and the reply do not fit ``max_len``.
+    """
+    asked = [(k, v) for k in keys if (v := _int(body, k, 1, MAX_SEED)) is not None]
+    if len({v for _, v in asked}) > 1:
+        raise bad(keys[-1], f"differs from {keys[0]}; give one of them")
+    if asked and asked[0][1] > cfg.max_tokens > 0:
+        raise bad(asked[0][0], f"{asked[0][1]} is over this server's limit of {cfg.max_tokens} (--max-tokens)")
+    room, where = max_len - prompt, shape.prompt
+    if asked:
+        key, new = asked[0]
+        if new > room:
+            raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, you requested "
+                                f"{prompt + new} tokens ({prompt} in the {where}, {new} in the completion). "
+                                f"Please reduce the length of the {where} or {key}.",
+                           param=where, code="context_length_exceeded")
+        return new
+    if room < 1:
+        raise APIError(400, f"This model's maximum context length is {max_len} tokens, and the {where} take "
+                            f"{prompt}: shorten them", param=where, code="context_length_exceeded")
+    return min(room, cfg.max_tokens or max_len)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a request asks of its reply, read the same way whatever the API (:func:`read_reply`).
+
+    Attributes:
+        conversation: the history, tools declared when ``tool_choice`` allows.
+        engine_request: the prompt ids and everything the engine generates the reply under.
+        tools: whether a function call is read out of the reply (``tool_choice`` not ``none``).
+    """
+
+    conversation: Conversation
+    engine_request: Request
+    tools: bool
+
+
+def read_reply(body: Mapping[str, Any], messages: tuple[Message, ...], tok: Tokenizer, max_len: int, cfg: ServeConfig,
+               grammars: Grammars, *, fmt: Mapping[str, Any] | None, limit_keys: tuple[str, ...],
+               shape: Shape = CHAT, n: int = 1, top_logprobs: int = 0) -> Reply:
+    """The prompt and the engine request of ``messages`` under ``body``'s ``tools``, ``tool_choice``,
+    ``temperature``, ``top_p``, ``seed``, penalties, ``logit_bias`` (:func:`sampling_options`) and
+    reply length (module docstring).
+
+    Args:
+        body: the checked body (:func:`check_body`).
+        messages: the history, not ending with the assistant's turn.
+        tok, max_len, cfg, grammars: as :func:`parse_chat_request`'s.
+        fmt: the reply's format (:func:`read_format`).
+        limit_keys: the fields that may give the reply's length (chat's ``max_tokens`` and
+            ``max_completion_tokens``; the Responses API's ``max_output_tokens``).
+        shape: the API's spelling of tools and the format (errors name its places).
+        n: samples.
+        top_logprobs: the most likely tokens returned at each position (0: none).
+
+    Raises:
+        APIError: 400 for a malformed field (:func:`read_tools`, :func:`read_tool_choice`,
+            :func:`_budget`, the sampling fields), a reply that does not fit the context, or a grammar
+            that cannot be built (:func:`.constraints.reply_grammar`).
+    """
+    tools, strict = read_tools(body, cfg, shape)
+    choice = read_tool_choice(body, tools, shape)
+    conv = Conversation(messages, tools if choice != "none" else None)
+    prompt = render_for_completion(tok, conv)
+    new = _budget(body, limit_keys, len(prompt), max_len, cfg, shape)
+    temperature, top_p, seed = read_sampling(body)
+    options = sampling_options(body, grammars.vocab_size)
+    stop_ids = tok.special_ids - ({tok.special_id(FUNCTION_CALL_TOKEN)} if choice != "none" else set())
+    grammar = reply_grammar(grammars, tools, choice, strict, fmt, shape)  # last: compiling is the costly check
+    request = Request(prompt, SamplingConfig(new, temperature, 0, top_p, top_logprobs=top_logprobs, **options),
+                      samples=n, seed=seed, stop_ids=sorted(stop_ids), grammar=grammar)
+    return Reply(conv, request, choice != "none")
+
+
 # ----------------------------------------------------------------------------- the request
 def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig, grammars: Grammars
                        ) -> ChatRequest:
@@ -349,45 +468,17 @@ def parse_chat_request(body: Any, tok: Tokenizer, max_len: int, cfg: ServeConfig
     if messages[-1].role == "assistant":
         raise bad(f"messages[{len(raw) - 1}].role", "the last message is the assistant's; end with a user or tool "
                                                     "message to get the next assistant turn")
-    tools, strict = _tools(body, cfg)
-    choice = _tool_choice(body, tools)
-    fmt = _response_format(body)
-    conv = Conversation(messages, tools if choice != "none" else None)
-    prompt = render_for_completion(tok, conv)
-
+    fmt = read_format(body.get("response_format"))
     stream, include_usage = read_stream(body)
     n = _int(body, "n", 1, cfg.max_n) or 1
-    asked = [(k, v) for k in ("max_tokens", "max_completion_tokens") if (v := _int(body, k, 1, MAX_SEED)) is not None]
-    if len({v for _, v in asked}) > 1:
-        raise bad("max_completion_tokens", "differs from max_tokens; give one of them")
-    cap = cfg.max_tokens or max_len
-    if asked and asked[0][1] > cfg.max_tokens > 0:
-        raise bad(asked[0][0], f"{asked[0][1]} is over this server's limit of {cfg.max_tokens} (--max-tokens)")
-    room = max_len - len(prompt)
-    if asked:
-        key, new = asked[0]
-        if new > room:
-            raise APIError(400, f"This model's maximum context length is {max_len} tokens. However, you requested "
-                                f"{len(prompt) + new} tokens ({len(prompt)} in the messages, {new} in the completion). "
-                                f"Please reduce the length of the messages or {key}.",
-                           param="messages", code="context_length_exceeded")
-    else:
-        if room < 1:
-            raise APIError(400, f"This model's maximum context length is {max_len} tokens, and the messages take "
-                                f"{len(prompt)}: shorten them", param="messages", code="context_length_exceeded")
-        new = min(room, cap)
-    temperature, top_p, seed = read_sampling(body)
-    stop_ids = tok.special_ids - ({tok.special_id(FUNCTION_CALL_TOKEN)} if choice != "none" else set())
-    stop, logprobs = _stop(body, cfg), _bool(body, "logprobs")
-    top = _int(body, "top_logprobs", 0, 20) or 0
+    stop, logprobs = _stop(body, cfg), read_bool(body, "logprobs")
+    top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
     if top and not logprobs:
         raise bad("top_logprobs", "needs logprobs: true")
-    options = sampling_options(body, grammars.vocab_size)
-    grammar = reply_grammar(grammars, tools, choice, strict, fmt)  # last: compiling is the costly check
-    request = Request(prompt, SamplingConfig(new, temperature, 0, top_p, top_logprobs=top, **options), samples=n,
-                      seed=seed, stop_ids=sorted(stop_ids), grammar=grammar)
-    return ChatRequest(conv, request, stop, choice != "none", stream, include_usage, logprobs)
+    reply = read_reply(body, messages, tok, max_len, cfg, grammars, fmt=fmt,
+                       limit_keys=("max_tokens", "max_completion_tokens"), n=n, top_logprobs=top)
+    return ChatRequest(reply.conversation, reply.engine_request, stop, reply.tools, stream, include_usage, logprobs)
 
 
-__all__ = ["APIError", "ChatRequest", "bad", "check_body", "parse_chat_request", "read_sampling", "read_stream",
-           "sampling_options"]
+__all__ = ["APIError", "ChatRequest", "Reply", "bad", "check_body", "parse_chat_request", "read_bool", "read_format",
+           "read_reply", "read_sampling", "read_stream", "read_tool_choice", "read_tools", "sampling_options"]
