@@ -234,7 +234,8 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
         body = await _read_json(request, config.max_body_bytes)
         req = await run_in_threadpool(parse_responses_request, body, tok, max_len, config, grammars)
         job = submit(req.engine_request)
-        choice, out = ChoiceStream(tok, 0, tools=req.tools), ResponseBuilder(req, config.model_name)
+        choice = ChoiceStream(tok, 0, tools=req.tools, stream_calls=req.engine_request.grammar is not None)
+        out = ResponseBuilder(req, config.model_name)
         if req.stream:
             return _event_stream(_response_stream(job, choice, out))
         watch = asyncio.ensure_future(_cancel_on_disconnect(request, job))

@@ -46,8 +46,9 @@ A stream (``stream: true``) is ``event: TYPE`` / ``data: {...}`` pairs, each eve
 a ``sequence_number`` from 0: ``response.created``, ``response.in_progress``; for text
 ``response.output_item.added``, ``response.content_part.added``, ``response.output_text.delta`` (one per
 engine step with text), then ``response.output_text.done``, ``response.content_part.done``,
-``response.output_item.done``; for a call (once the reply is over: it is read whole)
-``response.output_item.added``, ``response.function_call_arguments.delta`` (the whole arguments),
+``response.output_item.done``; for a call
+``response.output_item.added``, ``response.function_call_arguments.delta`` (pieces as they are
+written under a grammar, else the whole arguments at once),
 ``response.function_call_arguments.done``, ``response.output_item.done``; last ``response.completed``
 or ``response.incomplete`` holding the whole response — the same object a request without ``stream``
 gets, as both are built from the same deltas. An engine failure after the events began ends the stream
@@ -214,7 +215,8 @@ class ResponseBuilder:
         self.output: list[dict[str, Any]] = []
         self.final: dict[str, Any] | None = None
         self._seq = 0
-        self._message: dict[str, Any] | None = None  # the open message item
+        self._message: dict[str, Any] | None = None  # the message item
+        self._call: dict[str, Any] | None = None  # the function call item
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         ev = {"type": kind, "sequence_number": self._seq, **fields}
@@ -243,38 +245,56 @@ class ResponseBuilder:
                                    output_index=len(self.output) - 1, content_index=0, part=dict(part))]
 
     def push(self, delta: Delta) -> list[dict[str, Any]]:
-        """The events of ``delta``'s text (the call and the end are read by :meth:`closed`)."""
-        if not delta.content:
+        """The events of ``delta``: its text, and a call streamed as it is written (its item opened at
+        the call's header, then its arguments pieces); the end is read by :meth:`closed`."""
+        events = []
+        if delta.content:
+            events += self._open_message() if self._message is None else []
+            self._message["content"][0]["text"] += delta.content
+            events.append(self._event("response.output_text.delta", item_id=self._message["id"],
+                                      output_index=len(self.output) - 1, content_index=0, delta=delta.content,
+                                      logprobs=[]))
+        if delta.tool_call is not None and delta.finish is None:  # a streamed call begins
+            events += self._close_message(cut=False) + self._open_call(delta.tool_call)
+        if delta.arguments and self._call is not None:
+            self._call["arguments"] += delta.arguments
+            events.append(self._event("response.function_call_arguments.delta", item_id=self._call["id"],
+                                      output_index=self.output.index(self._call), delta=delta.arguments))
+        return events
+
+    def _close_message(self, cut: bool) -> list[dict[str, Any]]:
+        """The events that close the open message item (none when there is none)."""
+        if self._message is None or self._message["status"] != "in_progress":
             return []
-        events = self._open_message() if self._message is None else []
-        self._message["content"][0]["text"] += delta.content
-        return events + [self._event("response.output_text.delta", item_id=self._message["id"],
-                                     output_index=len(self.output) - 1, content_index=0, delta=delta.content,
-                                     logprobs=[])]
+        item, at = self._message, self.output.index(self._message)
+        item["status"] = "incomplete" if cut else "completed"
+        part = item["content"][0]
+        return [self._event("response.output_text.done", item_id=item["id"], output_index=at,
+                            content_index=0, text=part["text"], logprobs=[]),
+                self._event("response.content_part.done", item_id=item["id"], output_index=at,
+                            content_index=0, part=dict(part)),
+                self._event("response.output_item.done", output_index=at, item=copy.deepcopy(item))]
+
+    def _open_call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
+        self._call = {"id": _id("fc"), "type": "function_call", "status": "in_progress", "call_id": call["id"],
+                      "name": call["function"]["name"], "arguments": ""}
+        self.output.append(self._call)
+        return [self._event("response.output_item.added", output_index=len(self.output) - 1, item=dict(self._call))]
 
     def closed(self, choice: ChoiceStream) -> list[dict[str, Any]]:
         """The events that close the response once ``choice`` closed: the message item's, the call's,
         and ``response.completed`` or ``response.incomplete``; sets :attr:`final`."""
         cut = choice.finish == "length"
         events = self._open_message() if self._message is None and choice.tool_call is None else []
-        if self._message is not None:
-            item, at = self._message, self.output.index(self._message)
-            item["status"] = "incomplete" if cut and choice.tool_call is None else "completed"
-            part = item["content"][0]
-            events += [self._event("response.output_text.done", item_id=item["id"], output_index=at,
-                                   content_index=0, text=part["text"], logprobs=[]),
-                       self._event("response.content_part.done", item_id=item["id"], output_index=at,
-                                   content_index=0, part=dict(part)),
-                       self._event("response.output_item.done", output_index=at, item=copy.deepcopy(item))]
+        events += self._close_message(cut and choice.tool_call is None)
         if choice.tool_call is not None:
             fn = choice.tool_call["function"]
-            item = {"id": _id("fc"), "type": "function_call", "status": "in_progress",
-                    "call_id": choice.tool_call["id"], "name": fn["name"], "arguments": ""}
-            self.output.append(item)
-            at = len(self.output) - 1
-            events += [self._event("response.output_item.added", output_index=at, item=dict(item)),
-                       self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=at,
-                                   delta=fn["arguments"])]
+            if self._call is None:  # a call that came whole: its arguments in one delta
+                events += self._open_call(choice.tool_call)
+                self._call["arguments"] = fn["arguments"]
+                events.append(self._event("response.function_call_arguments.delta", item_id=self._call["id"],
+                                          output_index=len(self.output) - 1, delta=fn["arguments"]))
+            item, at = self._call, self.output.index(self._call)
             item.update(arguments=fn["arguments"], status="incomplete" if cut else "completed")
             events += [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=at,
                                    name=fn["name"], arguments=fn["arguments"]),
