@@ -199,6 +199,10 @@ class Engine:
             events = self._drain(keep=None)  # every token in: the next masks depend on them
             launched = self._launch_decode(masked=True)
             events += self._drain(keep=None, also=launched)
+            # a prefill costs the host milliseconds whatever its size, and a masked step makes one token:
+            # new rows wait until an eighth of the slots is free (or none runs), then join in one prefill
+            if len(self._free) < max(1, self.slots // 8) and any(r is not None for r in self._rows):
+                return events
         else:
             events = self._drain(keep=self._launch_decode())
         self._admit()
