@@ -25,7 +25,10 @@ backends: the forward pass (one graph) is launched, the host computes the rows' 
 device runs it, copies the rows in use to a device buffer, and launches the masked sampling (a
 second graph; free rows get an all-ones mask); the step is read back at once. Free rows then draw
 the same tokens as alone (the noise is counter-based, the mask changes nothing for them), one step
-a launch. Without a constrained row the fast path above is unchanged.
+a launch. New rows then join only once an eighth of the slots is free (or no row runs), in one
+prefill: a prefill costs the host milliseconds whatever its size, and a masked step makes one token
+(``benchmarks/RESULTS.md``, constrained decoding: 1.65-1.85x on ``d20``). Without a constrained row
+the fast path above is unchanged.
 """
 from __future__ import annotations
 
@@ -123,7 +126,7 @@ class Engine:
         self._host_mask = torch.full((S, words(mc.vocab_size)), -1, dtype=torch.int32, pin_memory=cuda)
         self.cu_q = torch.arange(S + 1, dtype=torch.int32, device=dev)
         self.cu_k = self.cu_q * self.cache.positions
-        # (batch bucket, "forward") / (batch bucket, (filtered, sampled), "free" | "masked") -> a captured
+        # (batch bucket, "forward") / (batch bucket, LaunchKind, "free" | "masked") -> a captured
         # graph and its outputs: the free decode steps; a masked step's forward pass and its masked sampling
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._pool = None
