@@ -10,7 +10,10 @@ every request generates exactly ``--new-tokens`` tokens. Each of C clients (the 
 one after another: a user turn of ``--prompt-chars`` characters of stdlib source (a different slice
 per request), greedy, ``max_tokens`` = ``--new-tokens``. The C clients are spread over
 ``--client-procs`` spawned processes (each an event loop of its share), so that parsing the
-server's JSON in the client is not what limits the rate; their CPU use is reported.
+server's JSON in the client is not what limits the rate; their CPU use is reported. The server
+runs on ``--server-cores`` of this process's cores and the client processes on the others
+(``sched_setaffinity``, as ``taskset`` would; Linux), so neither takes the other's cores; the
+split is printed and kept in ``--out`` (``server_cores``, ``client_cores``).
 
     PYTHONPATH=. python benchmarks/serve_load.py --preset d20 --device cuda [--out $OUT/serve.json]
     PYTHONPATH=. python benchmarks/serve_load.py --preset tiny --vocab-size 2048 --device cpu --quick
@@ -95,12 +98,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: Path, args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
+def core_split(server_cores: int) -> tuple[list[int], list[int]]:
+    """``(server's cores, clients' cores)``: the first ``server_cores`` of this process's allowed
+    cores and the rest; two empty lists where the platform cannot pin processes (not Linux) or too
+    few cores are left for the clients (nothing pinned then)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return [], []
+    cores = sorted(os.sched_getaffinity(0))
+    if not 1 <= server_cores < len(cores):
+        return [], []
+    return cores[:server_cores], cores[server_cores:]
+
+
+def _ranges(cores: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    out, start = [], None
+    for i, c in enumerate(cores):
+        start = c if start is None else start
+        if i + 1 == len(cores) or cores[i + 1] != c + 1:
+            out.append(f"{start}-{c}" if c > start else f"{c}")
+            start = None
+    return ",".join(out) or "all (not pinned)"
+
+
+def start_server(model: Path, args: argparse.Namespace, log: Path, cores: list[int]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "codechat", "serve", "--model", str(model), "--port", str(port),
            "--device", args.device, "--slots", str(args.slots), "--queue-size", str(4 * max(args.concurrency)),
            "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=pin)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -152,10 +179,13 @@ async def _client_requests(url: str, texts: list[list[str]], new: int, stream: b
     return out
 
 
-def _client_process(url: str, texts: list[list[str]], new: int, stream: bool, start, results) -> None:
-    """A client process (spawned): says it is ready on ``results``, waits for ``start``, runs its
-    clients, puts its figures, its CPU seconds and its first-send / last-finish times
-    (CLOCK_MONOTONIC, which every process of the machine shares) on ``results``."""
+def _client_process(url: str, texts: list[list[str]], new: int, stream: bool, start, results,
+                    cores: list[int]) -> None:
+    """A client process (spawned, pinned to ``cores`` when given): says it is ready on ``results``,
+    waits for ``start``, runs its clients, puts its figures, its CPU seconds and its first-send /
+    last-finish times (CLOCK_MONOTONIC, which every process of the machine shares) on ``results``."""
+    if cores:
+        os.sched_setaffinity(0, cores)
     import openai  # noqa: F401  (imported before the start: not timed)
     results.put("ready")
     start.wait()
@@ -174,16 +204,17 @@ def _cpu_s(pid: int) -> float:
 
 
 def one_round(url: str, messages: list[str], clients: int, per_client: int, new: int, stream: bool, procs: int,
-              server_pid: int) -> dict:
+              server_pid: int, cores: list[int] = ()) -> dict:
     """``clients`` concurrent clients, ``per_client`` requests each, spread over ``procs`` client
-    processes (so that the clients' own JSON and SSE parsing is not what limits the rate); the
-    round's figures (module docstring), timed from the first send to the last answer."""
+    processes on ``cores`` (so that the clients' own JSON and SSE parsing is not what limits the
+    rate); the round's figures (module docstring), timed from the first send to the last answer."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     procs = max(1, min(procs, clients))
     texts = [[messages[(k * per_client + r) % len(messages)] for r in range(per_client)] for k in range(clients)]
     start, results = ctx.Event(), ctx.Queue()
-    workers = [ctx.Process(target=_client_process, args=(url, texts[i::procs], new, stream, start, results))
+    workers = [ctx.Process(target=_client_process, args=(url, texts[i::procs], new, stream, start, results,
+                                                         list(cores)))
                for i in range(procs)]
     for w in workers:
         w.start()
@@ -257,6 +288,9 @@ def main() -> None:
                     help="rounds to run: stream (SSE), whole (non-streaming), or both (default stream,whole)")
     ap.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                     help="client processes the clients of a round are spread over (default: half the CPUs)")
+    ap.add_argument("--server-cores", type=int, default=0,
+                    help="cores the server is pinned to, the client processes getting the others (default 0: "
+                         "the CPUs less --client-procs; nothing is pinned when no core would be left)")
     ap.add_argument("--quick", action="store_true", help="CPU smoke check: 1 request a client, 16 new tokens, "
                                                          "300-character prompts")
     ap.add_argument("--seed", type=int, default=0)
@@ -281,16 +315,20 @@ def main() -> None:
           f"{args.prompt_chars}-character prompts, modes {args.modes}, clients over {args.client_procs} processes",
           flush=True)
     messages = prompts(max(args.concurrency) * args.requests, args.prompt_chars)
-    proc, url = start_server(model_dir, args, work / "server.log")
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    server_cores, client_cores = core_split(args.server_cores or allowed - args.client_procs)
+    print(f"# cores: server {_ranges(server_cores)}, clients {_ranges(client_cores)}", flush=True)
+    proc, url = start_server(model_dir, args, work / "server.log", server_cores)
     figures: dict[str, float] = {}
     rounds = [(mode, c) for mode in args.modes for c in args.concurrency]
     try:
-        one_round(url, messages, max(args.concurrency), 1, args.new_tokens, True, args.client_procs, proc.pid)  # warm-up
+        one_round(url, messages, max(args.concurrency), 1, args.new_tokens, True, args.client_procs, proc.pid,
+                  client_cores)  # warm-up
         for mode, c in rounds:
             stream = mode == "stream"
             name = f"serve_c{c}" if stream else f"serve_whole_c{c}"
             for k, v in one_round(url, messages, c, args.requests, args.new_tokens, stream, args.client_procs,
-                                  proc.pid).items():
+                                  proc.pid, client_cores).items():
                 figures[f"{name}_{k}"] = v
                 print(f"{name}_{k} {v:.4g}", flush=True)
     finally:
@@ -305,7 +343,8 @@ def main() -> None:
                 print(f"{name}_vs_engine {figures[f'{name}_vs_engine']:.3f}")
     if args.out:
         Path(args.out).write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()},
-                                              "model": str(model_dir), "figures": figures}, indent=2))
+                                              "model": str(model_dir), "server_cores": server_cores,
+                                              "client_cores": client_cores, "figures": figures}, indent=2))
 
 
 if __name__ == "__main__":
