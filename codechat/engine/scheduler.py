@@ -35,48 +35,18 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import torch
 
 from ..model import GPT
-from .grammar import GrammarMatcher, fill_rows, unpack, words
-from .options import LaunchKind, RowOptions, launch_kind
+from .grammar import fill_rows, unpack, words
+from .options import LaunchKind, RowOptions
+from .rows import Launch, Row, row_kind, stacked
 from .runner import InferenceModel, KVCache, capture_graph
 from .sampling import RowParams, row_seed, sample
 from .types import CPU_CACHE_BYTES, EngineConfig, Request, Sample, Token
 
-def _stacked(steps: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
-    """The outputs of decode steps (each :meth:`Engine._advance`'s) stacked: (steps, B) tokens,
-    (steps, 2, B) log-probabilities, and with ``top_logprobs`` (steps, B, K) top ids and log-probs."""
-    out = (torch.stack([x[0] for x in steps]), torch.stack([torch.stack([x[1], x[2]]) for x in steps]))
-    return out + tuple(torch.stack([x[i] for x in steps]) for i in range(3, len(steps[0])))
-
-
-@dataclass
-class _Row:
-    rid: int
-    sample: int
-    req: Request
-    slot: int = -1
-    launched: int = 0  # tokens whose computation has been launched
-    out: Sample = field(default_factory=Sample)
-    matcher: GrammarMatcher | None = None  # the row's place in its request's grammar
-
-
-@dataclass
-class _Launch:
-    rows: list[_Row]
-    index: list[int]  # rows[j]'s entry in the tensors below
-    tokens: torch.Tensor  # (steps, B) int64, on the host once ``event`` completed
-    lps: torch.Tensor  # (steps, 2, B) float32
-    top: tuple[torch.Tensor, ...]  # () or (steps, B, K) int64 ids and float32 log-probs (top_logprobs)
-    event: torch.cuda.Event | None
-
-
-def _kind(rows: Sequence[_Row]) -> LaunchKind:
-    return launch_kind([r.req.sampling for r in rows])
 
 
 class Engine:
@@ -131,9 +101,9 @@ class Engine:
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._pool = None
         self._free = list(range(S))  # a heap: the lowest free slot first keeps batches small
-        self._rows: list[_Row | None] = [None] * S
+        self._rows: list[Row | None] = [None] * S
         self._waiting: list[tuple[int, Request, list[int]]] = []
-        self._pending: list[_Launch] = []
+        self._pending: list[Launch] = []
         self._outputs: dict[int, dict[int, Sample]] = {}
         self._open: dict[int, int] = {}  # request id -> rows not yet finished
         self._next_id = 0
@@ -283,21 +253,21 @@ class Engine:
         t = torch.tensor(values, dtype=dtype)
         return t.pin_memory().to(self.device, non_blocking=True) if self.cuda else t
 
-    def _launch(self, rows: list[_Row], out: tuple[torch.Tensor, ...], index: list[int]) -> _Launch:
+    def _launch(self, rows: list[Row], out: tuple[torch.Tensor, ...], index: list[int]) -> Launch:
         """Queue the copy of a launch's results ``out`` to the host: tokens (steps, n), log-probabilities
         (steps, 2, n) (:class:`Token`'s ``logprob``, ``logprob_t1``) and, when a row asked for
         ``top_logprobs``, the (steps, n, K) top ids and log-probs; row ``rows[j]`` is entry ``index[j]``."""
         if not self.cuda:
-            return _Launch(rows, index, out[0], out[1], tuple(out[2:]), None)
+            return Launch(rows, index, out[0], out[1], tuple(out[2:]), None)
         host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in out]
         for h, t in zip(host, out):
             h.copy_(t, non_blocking=True)
         ev = torch.cuda.Event()
         ev.record()
-        return _Launch(rows, index, host[0], host[1], tuple(host[2:]), ev)
+        return Launch(rows, index, host[0], host[1], tuple(host[2:]), ev)
 
     @torch.inference_mode()
-    def _launch_decode(self, masked: bool = False) -> _Launch | None:
+    def _launch_decode(self, masked: bool = False) -> Launch | None:
         """Launch the decode steps of every running row (one step, under the grammars' masks, when ``masked``)."""
         rows = [r for r in self._rows if r is not None and r.out.finish is None and r.launched < r.req.sampling.max_new_tokens]
         if not rows:
@@ -312,7 +282,7 @@ class Engine:
                 mask[k] = True
             self.active.copy_(self._h2d(mask, torch.bool))
             self._active_rows = key
-        kind = _kind(rows)
+        kind = row_kind(rows)
         graphs = self.cuda and self.config.cuda_graphs
         max_used = None if self.cuda else max(r.launched + len(r.req.prompt) for r in rows)
         if masked:  # the forward pass runs on the device while the host computes the masks
@@ -380,14 +350,14 @@ class Engine:
         (steps, 2, b) log-probabilities and, with ``top_logprobs``, the (steps, b, K) top ids and log-probs."""
         steps = [self._advance(b, kind, self._forward(b, None if max_used is None else max_used + i))
                  for i in range(self.decode_steps)]
-        return _stacked(steps)
+        return stacked(steps)
 
     def _masked_sample(self, b: int, kind: LaunchKind, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The second half of a masked decode step: ``logits`` ((b, V), from :meth:`_forward`) of the
         tokens ``self.bitmask`` forbids set to ``-inf``, then :meth:`_advance`; one step's outputs
         shaped as :meth:`_decode_steps`'."""
         logits = logits.masked_fill(~unpack(self.bitmask[:b], logits.size(-1)), float("-inf"))
-        return _stacked([self._advance(b, kind, logits)])
+        return stacked([self._advance(b, kind, logits)])
 
     def _capture(self, b: int, fn: Callable[[], tuple[torch.Tensor, ...]]
                  ) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
@@ -400,7 +370,7 @@ class Engine:
             kept.append(self.options.counts[:b])
         return capture_graph(fn, kept, self._pool)
 
-    def _drain(self, keep: _Launch | None, also: _Launch | None = None) -> list[Token]:
+    def _drain(self, keep: Launch | None, also: Launch | None = None) -> list[Token]:
         """Read back every pending launch but ``keep`` (and then ``also``, a launch not yet pending)."""
         events: list[Token] = []
         todo = [x for x in self._pending if x is not keep] + ([also] if also is not None else [])
@@ -429,7 +399,7 @@ class Engine:
         return events
 
     @staticmethod
-    def _finish(row: _Row, t: int) -> str | None:
+    def _finish(row: Row, t: int) -> str | None:
         """How row ``row`` ends with its new token ``t`` (None: it goes on). Under a grammar: ``stop``
         once the grammar is complete, ``rejected`` (``Sample.error`` says why) when the grammar did
         not allow ``t`` — which its mask should have made impossible: an engine bug, never passed
@@ -442,7 +412,7 @@ class Engine:
             return "stop"
         return "length" if len(row.out.token_ids) >= row.req.sampling.max_new_tokens else None
 
-    def _release(self, row: _Row, finish: str) -> None:
+    def _release(self, row: Row, finish: str) -> None:
         row.out.finish = finish
         if row.matcher is not None:
             self._host_mask[row.slot] = -1  # the slot's next row may be free
@@ -474,7 +444,7 @@ class Engine:
         if groups:
             self._pending.append(self._prefill(groups))
 
-    def _prefill(self, groups: list) -> _Launch:
+    def _prefill(self, groups: list) -> Launch:
         seg_lens = [len(req.prompt) for _, req, _ in groups]
         cu_host = [0]
         for n in seg_lens:
@@ -482,7 +452,7 @@ class Engine:
         src, dslot, dpos, rows, which = [], [], [], [], []
         for g, ((rid, req, pairs), n) in enumerate(zip(groups, seg_lens)):
             for s, slot in pairs:
-                row = _Row(rid, s, req, slot, launched=1, out=self._outputs[rid][s])
+                row = Row(rid, s, req, slot, launched=1, out=self._outputs[rid][s])
                 self._rows[slot] = row
                 rows.append(row)
                 which.append(g)
@@ -512,7 +482,7 @@ class Engine:
         self.top_p[slots] = h2d([c.top_p for c in sc], torch.float32)
         self.seed[slots] = h2d([row_seed(r.req.seed, r.sample) for r in rows], long)
         self.counter[slots] = 0
-        kind = _kind(rows)
+        kind = row_kind(rows)
         self.options.admit(slots, sc, h2d)
         logits = self.options.apply(slots, logits, kind)
         top = self.options.top(logits, kind)
@@ -523,4 +493,4 @@ class Engine:
         self.counter[slots] = 1
         self.budget[slots] = h2d([c.max_new_tokens - 1 for c in sc], long)
         self._active_rows = ()  # the active mask changes
-        return self._launch(rows, _stacked([(tok, lp, lp1, *top)]), list(range(len(rows))))
+        return self._launch(rows, stacked([(tok, lp, lp1, *top)]), list(range(len(rows))))
