@@ -19,6 +19,7 @@ seconds on 2 cores):
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import socket
 import subprocess
@@ -226,6 +227,36 @@ def hide_module(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
             raise ImportError(name)
         return real(name, *args, **kwargs)
     monkeypatch.setattr(builtins, "__import__", guarded)
+
+
+@contextlib.contextmanager
+def serve_in_thread(model: Any, tok: Tokenizer, *, slots: int, queue_size: int, config: Any = None,
+                    api_key: str | None = None):
+    """The base URL of ``codechat serve``'s app over ``model`` (uvicorn on 127.0.0.1 in a thread of
+    this process, an engine of ``slots`` slots and ``queue_size`` waiting rows, ``config`` a
+    ``ServeConfig``, requiring ``api_key`` when given); stopped on exit."""
+    import threading
+
+    import uvicorn
+
+    from codechat.engine import Engine, EngineConfig
+    from codechat.serve.app import create_app
+    from codechat.serve.config import ServeConfig
+    from codechat.serve.worker import EngineWorker
+    worker = EngineWorker(Engine(model, EngineConfig(slots=slots)), queue_size=queue_size).start()
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(create_app(worker, tok, config or ServeConfig(), api_key=api_key),
+                                        host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url)
+        yield url
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+        worker.close()
 
 
 def free_port() -> int:

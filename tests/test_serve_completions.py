@@ -8,22 +8,17 @@ The model's special ids have logit 0, below the best of ~2000 random ones: greed
 on their own, so texts run to ``max_tokens``."""
 from __future__ import annotations
 
-import threading
 
 import openai
 import pytest
 import torch
-import uvicorn
-from conftest import free_port, http, wait_healthy
+from conftest import http, serve_in_thread
 
 from codechat.config.stages import ModelConfig
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.engine import scoring
 from codechat.model import build_model
-from codechat.serve.app import create_app
 from codechat.serve.completions import token_text
-from codechat.serve.config import ServeConfig
-from codechat.serve.worker import EngineWorker
 
 PROMPT = "def add(a, b):\n    return"
 OTHER = "import os\nclass Path:"
@@ -42,20 +37,8 @@ def model(tok):
 @pytest.fixture(scope="module")
 def server(model, tok):
     """The served URL: 4 slots and 16 waiting rows."""
-    worker = EngineWorker(Engine(model, EngineConfig(slots=4)), queue_size=16).start()
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(worker, tok, ServeConfig()), host="127.0.0.1", port=port,
-                                        log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url)
+    with serve_in_thread(model, tok, slots=4, queue_size=16) as url:
         yield url
-    finally:
-        srv.should_exit = True
-        thread.join(10)
-        worker.close()
 
 
 @pytest.fixture(scope="module")

@@ -13,29 +13,23 @@ that opens a call goes on with noise (a call that does not parse: sent as text, 
 ends well within ``max_tokens``."""
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 from typing import Literal
 
 import jsonschema
 import openai
 import pytest
 import torch
-import uvicorn
-from conftest import free_port, http, wait_healthy
+from conftest import http, serve_in_thread
 from pydantic import BaseModel, Field
 
 from codechat.chat.calls import FUNCTION_CALL_TOKEN
 from codechat.config.stages import ModelConfig
-from codechat.engine import Engine, EngineConfig
 from codechat.model import build_model
 from codechat.serve import constraints
-from codechat.serve.app import create_app
 from codechat.serve.config import ServeConfig
 from codechat.serve.errors import APIError
 from codechat.serve.protocol import parse_chat_request
-from codechat.serve.worker import EngineWorker
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]},
@@ -75,24 +69,10 @@ def random_model(tok):
     return model.eval()
 
 
-@contextlib.contextmanager
 def serving(tok, api_key: str | None = None):
-    """The base URL of a server (uvicorn on 127.0.0.1 in a thread) over :func:`random_model` (8 slots),
-    requiring ``api_key`` when given; stopped on exit."""
-    worker = EngineWorker(Engine(random_model(tok), EngineConfig(slots=8)), queue_size=8).start()
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(worker, tok, ServeConfig(max_n=8), api_key=api_key),
-                                        host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url)
-        yield url
-    finally:
-        srv.should_exit = True
-        thread.join(10)
-        worker.close()
+    """The base URL of a server over :func:`random_model` (8 slots), requiring ``api_key`` when given
+    (:func:`conftest.serve_in_thread`); stopped on exit."""
+    return serve_in_thread(random_model(tok), tok, slots=8, queue_size=8, config=ServeConfig(max_n=8), api_key=api_key)
 
 
 @pytest.fixture(scope="module")
