@@ -182,7 +182,7 @@ class ChoiceStream:
         tail = self._text[self._call_at:]
         return next((tail[len(m):] for m in CALL_MARKERS if tail.startswith(m)), tail)
 
-    def _call_piece(self, call: tuple[str, str], upto: int, text: str, lp: list | None, **kw: Any) -> Delta:
+    def _call_piece(self, call: tuple[str, str], upto: int, text: str, lp: list | None) -> Delta:
         """A streamed call's next delta: its header the first time, then its arguments to ``upto``."""
         header = None
         if self._args_sent is None:
@@ -191,7 +191,7 @@ class ChoiceStream:
             self.tool_call, self._args_sent = header, 0
         piece = call[1][self._args_sent:upto]
         self._args_sent += len(piece)
-        return self._send(text, lp, tool_call=header, arguments=piece, **kw)
+        return self._send(text, lp, tool_call=header, arguments=piece)
 
     def _send(self, text: str, lp: list | None, **kw: Any) -> Delta:
         self._sent += len(text)
