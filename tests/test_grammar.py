@@ -18,7 +18,8 @@ from codechat.chat.calls import parse_reply_ids
 from codechat.chat.strict import call_schema, response_format_grammar, tool_grammar
 from codechat.config.stages import preset
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
-from codechat.engine.grammar import GrammarCompiler, GrammarError, GrammarUnavailable
+from codechat.engine import grammar as grammar_mod
+from codechat.engine.grammar import GrammarCompiler, GrammarError, GrammarUnavailable, fill_rows, words
 from codechat.model import GPT, build_model
 from conftest import hide_module
 
@@ -143,6 +144,34 @@ def test_free_rows_beside_constrained_rows_draw_what_they_draw_alone(temperature
     assert [[s.token_ids for s in r] for r in mixed] == [[s.token_ids for s in r] for r in alone]
     flat = lambda rs: [lp for r in rs for s in r for lp in s.logprobs_t1]  # noqa: E731
     assert flat(mixed) == pytest.approx(flat(alone), abs=1e-5)
+
+
+@pytest.mark.parametrize("wider", [0, 3], ids=["model as wide as the tokenizer", "model logits wider"])
+def test_parallel_masks_equal_one_matcher_after_another(wider, tok, gc, monkeypatch):
+    """llguidance's executor (forced here, whatever the CPU count) writes the masks the serial path
+    writes, rows in any order and stale words cleared, also into a buffer wider than the tokenizer."""
+    rng = torch.Generator().manual_seed(0)
+    grammars = [tool_grammar(gc, TOOLS, "required")] + [gc.json_schema(s) for s in SCHEMAS.values()]
+    matchers = [grammars[i % len(grammars)].matcher() for i in range(12)]
+    for step, m in enumerate(matchers):  # walk each to a different place
+        for _ in range(step % 5):
+            buf = torch.zeros(1, words(gc.vocab_size), dtype=torch.int32)
+            m.fill(buf[0])
+            allowed = grammar_mod.unpack(buf, gc.vocab_size)[0].nonzero().flatten()
+            if m.done or not allowed.numel():
+                break
+            m.consume(int(allowed[torch.randint(allowed.numel(), (1,), generator=rng)]))
+    rows = [(m, 2 * i + 1) for i, m in enumerate(matchers) if not m.done][::-1]
+    shape = (2 * len(matchers) + 1, words(gc.vocab_size) + wider)
+    serial = torch.full(shape, -1, dtype=torch.int32)
+    monkeypatch.setattr(grammar_mod, "EXECUTOR_MIN_CPUS", 10 ** 6)
+    fill_rows(rows, serial)
+    parallel = torch.full(shape, -1, dtype=torch.int32)
+    monkeypatch.setattr(grammar_mod, "EXECUTOR_MIN_CPUS", 1)
+    fill_rows(rows, parallel)
+    assert len(rows) >= 8 and torch.equal(parallel, serial)
+    assert (serial[[i for _, i in rows], words(gc.vocab_size):] == 0).all()
+    assert (serial[0] == -1).all(), "rows not asked for are left alone"
 
 
 def test_logprobs_are_taken_after_the_mask(tok, engine, gc):

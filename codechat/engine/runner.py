@@ -323,15 +323,17 @@ class InferenceModel:
 
     # -- attention over the slot cache ------------------------------------------------------------
 
-    def prefill_attend(self, cache: KVCache, seg_lens: list[int], cu: torch.Tensor, dest: tuple[torch.Tensor, ...]
-                       ) -> Callable:
+    def prefill_attend(self, cache: KVCache, seg_lens: list[int] | None, cu: torch.Tensor,
+                       dest: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor], max_len: int = 0) -> Callable:
         """``attend`` for packed prompts: segment ``j`` is tokens ``cu[j]:cu[j+1]`` (causal within
-        itself); ``dest = (src, slot, pos)`` (M,) int64 copies token ``src`` to ``(slot, pos)``."""
+        itself); ``dest = (src, slot, pos)`` (M,) int64 copies token ``src`` to ``(slot, pos)`` (``src``
+        None: token ``i`` to entry ``i``). ``seg_lens`` None (a captured prefill: no host values)
+        needs FlashAttention, with ``max_len`` bounding the segments' lengths."""
         src, slot, pos = dest
-        max_len = max(seg_lens)
+        max_len = max_len or max(seg_lens or [0])
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            ks, vs = k[src], v[src]
+            ks, vs = (k, v) if src is None else (k[src], v[src])
             if self.fp8:
                 ks = decode_kernels.fp8_quantize(ks, self.k_scale[layer])
                 vs = decode_kernels.fp8_quantize(vs, self.v_scale[layer])
@@ -339,6 +341,8 @@ class InferenceModel:
             cache.v[layer].index_put_((slot, pos), vs)
             if self.flash:
                 return _flash(q, k, v, cu, cu, max_len, max_len, True)
+            if seg_lens is None:
+                raise ValueError("a prefill without host segment lengths needs FlashAttention's varlen kernel")
             out, start = [], 0
             for n in seg_lens:
                 qs, ks, vs = (t[start:start + n].transpose(0, 1).unsqueeze(0) for t in (q, k, v))

@@ -26,9 +26,10 @@ device runs it, copies the rows in use to a device buffer, and launches the mask
 second graph; free rows get an all-ones mask); the step is read back at once. Free rows then draw
 the same tokens as alone (the noise is counter-based, the mask changes nothing for them), one step
 a launch. New rows then join only once an eighth of the slots is free (or no row runs), in one
-prefill: a prefill costs the host milliseconds whatever its size, and a masked step makes one token
-(``benchmarks/RESULTS.md``, constrained decoding: 1.65-1.85x on ``d20``). Without a constrained row
-the fast path above is unchanged.
+prefill: a prefill has a fixed host cost, and a masked step makes one token (``benchmarks/RESULTS.md``,
+constrained decoding: 1.65-1.85x on ``d20`` when a prefill cost 10-20 ms of host time; on CUDA it is
+now one graph replay up to 4,096 tokens, :mod:`.prefill`). Without a constrained row the fast path
+above is unchanged.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from ..model import GPT
 from .grammar import fill_rows, unpack, words
 from .options import LaunchKind, RowOptions
 from .rows import Launch, Row, row_kind, stacked
+from .prefill import Prefill
 from .runner import InferenceModel, KVCache, capture_graph
 from .sampling import RowParams, row_seed, sample
 from .types import CPU_CACHE_BYTES, EngineConfig, Request, Sample, Token
@@ -100,6 +102,8 @@ class Engine:
         # graph and its outputs: the free decode steps; a masked step's forward pass and its masked sampling
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._pool = None
+        self._prefill_run = Prefill(self.model, self.cache, cuda and c.cuda_graphs, lambda fn: self._capture(0, fn),
+                                    self._h2d)
         self._free = list(range(S))  # a heap: the lowest free slot first keeps batches small
         self._rows: list[Row | None] = [None] * S
         self._waiting: list[tuple[int, Request, list[int]]] = []
@@ -172,7 +176,7 @@ class Engine:
             events = self._drain(keep=None)  # every token in: the next masks depend on them
             launched = self._launch_decode(masked=True)
             events += self._drain(keep=None, also=launched)
-            # a prefill costs the host milliseconds whatever its size, and a masked step makes one token:
+            # a prefill has a fixed host cost, and a masked step makes one token:
             # new rows wait until an eighth of the slots is free (or none runs), then join in one prefill
             if len(self._free) < max(1, self.slots // 8) and any(r is not None for r in self._rows):
                 return events
@@ -445,28 +449,16 @@ class Engine:
             self._pending.append(self._prefill(groups))
 
     def _prefill(self, groups: list) -> Launch:
-        seg_lens = [len(req.prompt) for _, req, _ in groups]
-        cu_host = [0]
-        for n in seg_lens:
-            cu_host.append(cu_host[-1] + n)
-        src, dslot, dpos, rows, which = [], [], [], [], []
-        for g, ((rid, req, pairs), n) in enumerate(zip(groups, seg_lens)):
+        rows, which = [], []
+        for g, (rid, req, pairs) in enumerate(groups):
             for s, slot in pairs:
                 row = Row(rid, s, req, slot, launched=1, out=self._outputs[rid][s])
                 self._rows[slot] = row
                 rows.append(row)
                 which.append(g)
-                src.extend(range(cu_host[g], cu_host[g] + n))
-                dslot.extend([slot] * n)
-                dpos.extend(range(n))
         h2d, long = self._h2d, torch.long
-        tokens = h2d([t for _, req, _ in groups for t in req.prompt], long)
-        positions = h2d([i for n in seg_lens for i in range(n)], long)
-        cu = h2d(cu_host, torch.int32)
-        dest = (h2d(src, long), h2d(dslot, long), h2d(dpos, long))
-        m = self.model
-        h = m.forward(tokens, positions, m.prefill_attend(self.cache, seg_lens, cu, dest))
-        logits = m.logits(h[h2d([c - 1 for c in cu_host[1:]], long)])[h2d(which, long)]
+        h = self._prefill_run([req.prompt for _, req, _ in groups], [[slot for _, slot in pairs] for _, _, pairs in groups])
+        logits = self.model.logits(h)[h2d(which, long)]
         constrained = [(j, r) for j, r in enumerate(rows) if r.req.grammar is not None]
         if constrained:  # the masks are computed while the device runs the prefill, and copied without a wait
             mask = torch.full((len(rows), self.bitmask.size(1)), -1, dtype=torch.int32, pin_memory=self.cuda)
