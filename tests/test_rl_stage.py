@@ -268,7 +268,7 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     from codechat.speedrun.run import Speedrun
     tasks = write_tasks(tmp_path / "tasks.jsonl")
     p = replace(plan(torch.device("cpu"), "tiny", 2.0), rl_tasks=f"tasks:{tasks}", rl_tokens=16, rl_prompts_per_step=4,
-                rl_min_tasks=4, rl_filter_share=1.0, eval_limit=1, eval_tokens=16)
+                rl_min_tasks=2, rl_heldout_tasks=2, rl_filter_share=1.0, eval_limit=1, eval_tokens=16)
     run = tmp_path / "run"
     shutil.copytree(policy, run / "sft")
     s = Speedrun(p, run, torch.device("cpu"), "cpu", 0, resume=False)
@@ -280,6 +280,11 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     f = out["filter"]  # every task sampled (three batches of 4, well within 20 s), those with rates in (0, 1) kept
     assert f["pool"] == f["sampled"] == 10 and 4 <= f["kept"] == len(f["kept_ids"]) <= 10 and "counts" not in f
     assert out["pool"]["tasks"] == 10 and out["pool"]["decontaminated"] == []
+    h = out["heldout"]  # two kept tasks never trained on, scored on sft/ and rl/ with the same seeds
+    assert h == json.loads((run / "rl" / "heldout.json").read_text())
+    assert h["before"]["tasks"] == h["after"]["tasks"] == 2 and h["before"]["samples"] == p.rl_filter_samples
+    assert set(h["before"]["solved"]) == set(h["after"]["solved"]) <= set(f["kept_ids"])
+    assert all(0 <= x[k] <= 1 for x in (h["before"], h["after"]) for k in ("pass@1",))
     he = out["humaneval"]  # HumanEval scored again, on the RL checkpoint
     assert he["stage"] == "rl" and he["problems"] == 1 and (run / "eval" / "humaneval-rl" / "results.json").is_file()
     assert 0 <= out["reward_first"] <= 1 and len(out["curve"]) == out["steps"] and (run / "rl_reward.png").is_file()
@@ -288,6 +293,9 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     s.m["stages"]["eval"]["status"] = "done"
     report = speedrun_report(s.m)
     assert "## RL (GRPO)" in report and f"{out['steps']} (stopped: budget)" in report
+    assert out["settings"]["group_size"] == p.rl_group_size and out["settings"]["tasks_per_step"] == 4
+    assert "| held-out slice of the kept tasks (2, never trained on): pass@1 before -> after |" in report
+    assert f"| GRPO settings | groups of {p.rl_group_size}, 4 tasks a step, adamw at lr 1e-05, KL weight 0," in report
     assert f"**{f['kept']} kept**" in report and "![RL reward curve](rl_reward.png)" in report
     assert "| HumanEval | pass@1 |" in report and "before RL (`sft/`)" in report
     assert "## HumanEval after RL" in report and "`rl/`, chat mode" in report
@@ -353,3 +361,14 @@ def test_codechat_rl_filters_its_pool_with_the_policy_and_skips_when_too_few_rem
     assert "GRPO needs at least 32 (rl.min_tasks), so RL is skipped" in err
     assert not (tmp_path / "few" / "metrics.jsonl").exists()
     assert issubclass(TooFewTasks, ConfigError)
+
+
+def test_the_held_out_slice_is_a_seeded_draw_that_leaves_min_tasks_to_train_on():
+    from codechat.train.rl_heldout import split_heldout
+    tasks = [f"t{i}" for i in range(40)]
+    train, held = split_heldout(tasks, 8, 30, seed=3)
+    assert len(held) == 8 and len(train) == 32 and not set(train) & set(held) and set(train) | set(held) == set(tasks)
+    assert train == [t for t in tasks if t in train]  # the training tasks keep their order
+    assert (train, held) == split_heldout(tasks, 8, 30, seed=3) and held != split_heldout(tasks, 8, 30, seed=4)[1]
+    assert split_heldout(tasks, 8, 35, seed=3)[1].__len__() == 5  # min_train wins
+    assert split_heldout(tasks, 8, 40, seed=3) == (tasks, []) and split_heldout(tasks, 0, 2, seed=3) == (tasks, [])

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 BUDGET_MIN = 2.5  # the CPU plan's floors for every stage (CPU_MIN_S), mid-training, MBPP and function calling included
-SMALL = ["--time-budget-min", str(BUDGET_MIN), "--max-files", "150", "--eval-limit", "2", "--device", "cpu",
+SMALL = ["--time-budget-min", str(BUDGET_MIN), "--max-files", "150", "--eval-limit", "2", "--device", "cpu", "--rl", "on",
          "--checkpoint-every-s", "1"]
 BEFORE_SFT = ("tokenizer", "data", "pretrain", "baseline", "samples")
 CASES_B = Path(__file__).parent / "fixtures" / "cases_b"

@@ -5,15 +5,17 @@ one point visibly, and its legend names only the curves drawn."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from codechat.config.stages import ConfigError
-from codechat.speedrun.plan import plan
+from codechat.speedrun.plan import GPU_SHARES, plan
 from codechat.speedrun.report import loss_curves, plot_loss, speedrun_report
 from codechat.speedrun.run import Speedrun
 
+MBPP_FIXTURE = Path(__file__).parent / "fixtures" / "cases_b" / "mbpp" / "mbpp.jsonl"
 REASON = ("3 of 37 sampled pool tasks (37 in the pool) have a pass rate in [0, 1] and neither 0 nor 1 (34 never "
           "solved, 0 always solved; pool pass@1 1.01%); GRPO needs at least 32 (rl.min_tasks), so RL is skipped")
 
@@ -173,3 +175,22 @@ def test_mid_training_takes_its_share_from_pretraining_and_bad_shares_are_refuse
                              ({"mid_data": "x.jsonl"}, "--mid-data needs it")):
         with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace(")", r"\)")):
             plan(cpu, "tiny", 10.0, **kwargs)
+
+
+def test_rl_auto_plans_grpo_only_where_its_pool_can_keep_enough_tasks_and_gives_its_share_to_pretraining():
+    from codechat.speedrun.plan import with_rl
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")  # planning only: nothing runs on the device
+    g = plan(gpu, None, 9.0, mbpp=str(MBPP_FIXTURE))
+    on = with_rl(g, "auto", gpu)
+    assert on.rl and "rl" in on.stages and on.shares == g.shares and "--mbpp or --tasks" in on.rl_reason
+    off = with_rl(plan(gpu, None, 9.0), "auto", gpu)  # the corpus's doctests alone
+    assert not off.rl and "rl" not in off.stages and "doctests alone" in off.rl_reason
+    assert off.shares["pretrain"] == pytest.approx(plan(gpu, None, 9.0).shares["pretrain"] + GPU_SHARES["rl"])
+    assert sum(off.shares.values()) == pytest.approx(1.0) and off.training_s(540) > plan(gpu, None, 9.0).training_s(540)
+    assert not with_rl(plan(cpu, "tiny", 12.0), "auto", cpu).rl and with_rl(plan(cpu, "tiny", 12.0), "on", cpu).rl
+    forced = with_rl(g, "off", gpu)
+    assert not forced.rl and forced.rl_reason == "--rl off" and "mbpp" in forced.stages
+    mid = with_rl(plan(gpu, None, 9.0, mid_share=0.2), "off", gpu)  # mid-training keeps its part of the gain
+    assert mid.shares["mid"] / (mid.shares["mid"] + mid.shares["pretrain"]) == pytest.approx(0.2)
+    with pytest.raises(ConfigError, match="--rl must be one of auto, on, off"):
+        with_rl(g, "maybe", gpu)

@@ -40,6 +40,10 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                                                    "joined by +), beside the standard library's doctests and, with "
                                                    "--mbpp, MBPP's train split; the pool is decontaminated and "
                                                    "filtered by the SFT model's pass rate before GRPO")
+    p.add_argument("--rl", choices=["auto", "on", "off"], default="auto",
+                   help="the RL stage (GRPO on the pool's tasks that the SFT model sometimes solves): auto (default) "
+                        "runs it on a GPU when the pool holds more than the corpus's doctests (--mbpp or --tasks), "
+                        "never on a CPU; a stage that does not run takes no time from pretraining")
     p.add_argument("--data", metavar="SPEC", help="more chat-SFT sources, a mixture spec SOURCE[#FORMAT][:WEIGHT],... "
                                                   "(weight: copies per epoch), e.g. code_alpaca_2k.json:1")
     p.add_argument("--mid-share", type=float, default=0.0, metavar="F",
@@ -74,7 +78,7 @@ def _run(args: argparse.Namespace, overrides: dict[str, str]) -> int:
                      device=args.device or "auto", max_files=args.max_files, eval_limit=args.eval_limit,
                      checkpoint_every_s=args.checkpoint_every_s, resume=args.resume,
                      funcall_data=args.funcall_data or "", mbpp=args.mbpp or "", sft_data=args.data or "",
-                     mid_share=args.mid_share, mid_data=args.mid_data or "", tasks=args.tasks or "",
+                     mid_share=args.mid_share, mid_data=args.mid_data or "", tasks=args.tasks or "", rl=args.rl,
                      pretrain_overrides={k[len("pretrain."):]: v for k, v in overrides.items()},
                      record=args.record or "", command=shlex.join(["codechat", *args.argv]))
     except SpeedrunFailed as e:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from codechat.config.stages import ConfigError, PretrainConfig, load, pretrain_recipe
+from codechat.train.task_pool import POOL_SEPARATOR
 
 #: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``). On a GPU
 #: the compression baselines and the SFT pairs' mining (CPU work) run in background processes started
@@ -195,6 +196,10 @@ class SpeedrunPlan:
     # uses [0.05, 0.95]: with 8 samples the same tasks as [0, 1]); GRPO runs when at least
     # rl_min_tasks are kept, else the stage is skipped saying how many were. Tiered reward, groups of 8.
     rl_tasks: str = "doctest"
+    # Whether the plan has the RL stage (--rl, resolved by with_rl), and why: a stage that is not run
+    # takes no time from pretraining.
+    rl: bool = True
+    rl_reason: str = ""
     rl_group_size: int = 8
     rl_prompts_per_step: int = 8
     rl_tokens: int = 256  # max new tokens per rollout
@@ -202,6 +207,9 @@ class SpeedrunPlan:
     rl_filter_min: float = 0.0
     rl_filter_max: float = 1.0
     rl_min_tasks: int = 32
+    # Kept tasks GRPO never trains on, scored on sft/ and rl/ (codechat.train.rl_heldout): at most this
+    # many, leaving rl_min_tasks to train on. 32 tasks x 8 samples: pass@1's interval is ~+-8 points at 30%.
+    rl_heldout_tasks: int = 32
     rl_filter_share: float = 0.2  # of the RL stage's grant the filter may sample for
     rl_train_share: float = 0.4  # of the grant spent training; the rest scores HumanEval (and MBPP) on rl/
     # Rows the RL engine decodes at once (0: rl_prompts_per_step x rl_group_size, one GRPO step's): the
@@ -239,7 +247,7 @@ class SpeedrunPlan:
         at = STAGES.index("pretrain") + 1
         rl = STAGES.index("rl")
         return (STAGES[:at] + (MID_STAGES if self.mid_share else ()) + STAGES[at:rl] + (MBPP_STAGES if self.mbpp else ())
-                + STAGES[rl:] + (FUNCALL_STAGES if self.funcall_data else ()))
+                + (STAGES[rl:] if self.rl else ()) + (FUNCALL_STAGES if self.funcall_data else ()))
 
     def __post_init__(self) -> None:
         if set(self.shares) != set(self.stages) or abs(sum(self.shares.values()) - 1) > 1e-6 or \
@@ -336,6 +344,47 @@ def with_mid(p: SpeedrunPlan, mid_share: float, mid_data: str = "") -> SpeedrunP
     pre = p.shares["pretrain"]
     return replace(p, mid_share=mid_share, mid_data=mid_data,
                    shares={**p.shares, "pretrain": pre * (1 - mid_share), "mid": pre * mid_share})
+
+
+#: ``--rl`` choices: ``on``, ``off``, or ``auto`` (:func:`with_rl`'s rule).
+RL_CHOICES = ("auto", "on", "off")
+
+
+def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
+    """``p`` with or without the RL stage: ``--rl on``, ``off``, or ``auto``. Without it, RL's share
+    goes to pretraining (mid-training's part of it included) and ``rl_reason`` says why.
+
+    ``auto`` runs RL on a GPU when the pool holds more than the corpus's doctests (``--mbpp``'s train
+    split or ``--tasks``), else not. Evidence (``benchmarks/RESULTS.md``): the doctests mined from a GPU
+    run's whole corpus are ~31 tasks, fewer than ``rl_min_tasks`` (32) before the filter even runs; with
+    MBPP's train split the filter kept 86 and 192 of 358 tasks on an H100 (2026-12-05, 1952296; 11 on an
+    H200 at ed0ed6f, 2026-12-04, before that commit's SFT changes). On a CPU the tiny model's filter
+    kept fewer than 32 tasks in every run (``tests/test_speedrun.py``), and the stage took 72 s of a
+    busy 2-core machine's 12-minute budget doing so (issue 44).
+
+    Raises:
+        ConfigError: a ``choice`` not in :data:`RL_CHOICES`.
+    """
+    if choice not in RL_CHOICES:
+        raise ConfigError(f"--rl must be one of {', '.join(RL_CHOICES)}, got {choice!r}")
+    if choice == "auto":
+        on = device.type == "cuda" and any(s != "doctest" for s in p.rl_tasks.split(POOL_SEPARATOR))
+        why = ("--rl auto: on a GPU with a pool beyond the corpus's doctests (--mbpp or --tasks)" if on else
+               "--rl auto: off on a CPU (the tiny model's pass-rate filter keeps too few tasks)"
+               if device.type != "cuda" else
+               "--rl auto: off, the pool would be the corpus's doctests alone (~31 tasks, fewer than the 32 GRPO "
+               "needs); add --mbpp FILE or --tasks SPEC, or --rl on")
+    else:
+        on, why = choice == "on", f"--rl {choice}"
+    if on:
+        return replace(p, rl=True, rl_reason=why)
+    shares = {k: v for k, v in p.shares.items() if k != "rl"}
+    gain = p.shares.get("rl", 0.0)
+    if p.mid_share:  # mid-training keeps its part of pretraining's time
+        shares["mid"] += gain * p.mid_share
+        gain *= 1 - p.mid_share
+    shares["pretrain"] += gain
+    return replace(p, rl=False, rl_reason=why, shares=shares)
 
 
 def plan(device: torch.device, preset: str | None, time_budget_min: float | None, max_files: int = 0,

@@ -311,6 +311,9 @@ def speedrun_report(m: dict[str, Any]) -> str:
         lines += _code_eval_section(m["mbpp"], "MBPP (test split)")
     if _section(m, "rl"):
         lines += _rl_section(m)
+    elif m.get("plan", {}).get("rl") is False:
+        lines += ["## RL (GRPO)", "", f"Not planned ({m['plan'].get('rl_reason') or '--rl off'}): its share of the "
+                  "budget went to pretraining.", ""]
     if _section(m, "funcall_eval"):
         f, t = m["funcall_eval"], m.get("funcall", {})
 
@@ -385,6 +388,13 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
         rows.append(("skipped", r["reason"]))
     else:
         curve = r.get("curve") or []
+        if g := r.get("settings"):
+            rows.append(("GRPO settings", f"groups of {g['group_size']}, {g['tasks_per_step']} tasks a step, "
+                                          f"{g['optimizer']} at lr {g['lr']:g}, KL weight {g['kl_beta']:g}, "
+                                          f"{g['reward']} reward, temperature {g['temperature']:g}, at most "
+                                          f"{g['max_new_tokens']} new tokens, ratio clipped to [1 - "
+                                          f"{g['clip_eps'][0]:g}, 1 + {g['clip_eps'][1]:g}], {g['loss_norm']}-level "
+                                          f"loss, advantages scaled by {g['advantage_scale']}"))
         rows += [("steps", f"{r['steps']} (stopped: {r['stopped']})"),
                  ("time", f"GRPO budget {r['train_budget_s']:.0f} s; the stage: planned {st['planned_s']:.0f} s, "
                           f"granted {st.get('granted_s', 0):.0f} s, GRPO done after {r['train_wall_s']:.0f} s"),
@@ -392,6 +402,13 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
                  ("groups without signal (frac_reward_zero_std): first step -> last",
                   f"{curve[0]['frac_reward_zero_std']:.2f} -> {curve[-1]['frac_reward_zero_std']:.2f}" if curve else "-"),
                  ("rollouts passing every test, last step", f"{r['pass_rate_last']:.1%}")]
+        if h := r.get("heldout"):
+            def p1(x: dict[str, Any]) -> str:
+                ci = x.get("pass@1_ci95")
+                return f"{x['pass@1']:.1%}" + (f" [{ci[0]:.1%}, {ci[1]:.1%}]" if ci else "")
+            rows.append((f"held-out slice of the kept tasks ({h['before']['tasks']}, never trained on): pass@1 "
+                         f"before -> after", f"{p1(h['before'])} -> {p1(h['after'])} ({h['before']['samples']} samples "
+                                             "a task, the same seeds)"))
         rows += [("stopped because", r["message"])] if r.get("message") else []
     lines = ["## RL (GRPO)", markdown_table(rows), ""]
     if not r["skipped"] and r.get("curve"):

@@ -73,7 +73,8 @@ class RLStage:
                         prompts_per_step=p.rl_prompts_per_step, max_new_tokens=p.rl_tokens,
                         judge_workers=p.judge_workers, judge_timeout_s=p.eval_timeout_s,
                         filter_samples=p.rl_filter_samples, filter_min=p.rl_filter_min, filter_max=p.rl_filter_max,
-                        min_tasks=p.rl_min_tasks, filter_deadline_s=filter_s, engine_slots=p.rl_engine_slots),
+                        min_tasks=p.rl_min_tasks, filter_deadline_s=filter_s, engine_slots=p.rl_engine_slots,
+                        heldout_tasks=p.rl_heldout_tasks),
             train=TrainConfig(max_steps=0, time_budget_s=train_s, micro_batch_size=8, log_every=1, eval_every=10**9,
                               save_every=10**9, save_every_s=p.checkpoint_every_s),
             run=RunConfig(out=str(out_dir), seed=self.seed, device=self.device_arg, resume=self.resume))
@@ -97,13 +98,18 @@ class RLStage:
         if p.mbpp:
             after["mbpp"] = self._score(f"mbpp:{p.mbpp}", "MBPP", tag, n=p.mbpp_n, max_new_tokens=p.mbpp_tokens,
                                         limit=p.eval_limit or None, stage="rl")
-        return {"skipped": False, "tasks": tasks, "steps": out["step"], "stopped": out["stopped"],
+        r, o = cfg.rl, cfg.optim
+        settings = {"group_size": r.group_size, "tasks_per_step": r.prompts_per_step, "lr": o.lr, "optimizer": o.name,
+                    "kl_beta": r.beta, "reward": r.reward, "temperature": r.temperature,
+                    "max_new_tokens": r.max_new_tokens, "clip_eps": [r.clip_eps, r.clip_eps_high],
+                    "loss_norm": r.loss_norm, "advantage_scale": r.advantage_scale}
+        return {"skipped": False, "tasks": tasks, "settings": settings, "steps": out["step"], "stopped": out["stopped"],
                 "message": out["message"], "train_budget_s": train_s, "filter_budget_s": filter_s,
                 "train_wall_s": trained_s, **self._rl_pool(out_dir),
                 "curve": curve,
                 "reward_first": rows[0]["reward_mean"] if rows else None,
                 "reward_last": rows[-1]["reward_mean"] if rows else None,
-                "pass_rate_last": rows[-1]["pass_rate"] if rows else None, **after}
+                "pass_rate_last": rows[-1]["pass_rate"] if rows else None, "heldout": out.get("heldout"), **after}
 
     @staticmethod
     def _rl_pool(out_dir: Path) -> dict[str, Any]:

@@ -56,7 +56,7 @@ from codechat.data.corpus import benchmark_decontaminator, build_corpus, load_in
 from codechat.data.sources import iter_split_texts
 from codechat.data.windows import eval_windows, spread_order
 from codechat.speedrun.generation import GenerationStages
-from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan
+from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan, with_rl
 from codechat.speedrun.record import append_record, current_commit, record_line
 from codechat.speedrun.report import plot_loss, plot_throughput, read_metrics, speedrun_report, validation_baselines
 from codechat.speedrun.rl_stage import RLStage
@@ -106,7 +106,7 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
             self.p = p = replace(p, **{k: v for k, v in self.m["plan"].items()
                                        if k in ("time_budget_min", "shares", "min_s", "eval_limit", "funcall_data",
                                                 "mbpp", "sft_data", "pretrain_overrides", "mid_share", "mid_data",
-                                                "rl_tasks")})
+                                                "rl_tasks", "rl", "rl_reason")})
         else:
             if path.is_file():
                 raise ConfigError(f"{run} already holds a speedrun (metrics.json): add --resume to continue it, "
@@ -123,7 +123,7 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
                       "plan": {k: v for k, v in asdict(p).items() if k in
                                ("time_budget_min", "shares", "min_s", "eval_limit", "max_files", "compile", "sources",
                                 "funcall_data", "mbpp", "sft_data", "pretrain_overrides", "mid_share",
-                                "mid_data", "rl_tasks")},
+                                "mid_data", "rl_tasks", "rl", "rl_reason")},
                       "stages": {s: {"status": "pending", "planned_s": t} for s, t in p.planned_s().items()}}
         # the preset's recipe under --pretrain.* (checked here, before any stage runs)
         self.base = p.pretrain_base()
@@ -275,7 +275,8 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
     def _print_plan(self) -> None:
         st = self.m["stages"]
         print(f"speedrun {self.p.preset} on {self.dev}: {self.p.time_budget_min:g} min in all, planned as "
-              + ", ".join(f"{s} {st[s]['planned_s']:.0f} s" for s in self.p.stages))
+              + ", ".join(f"{s} {st[s]['planned_s']:.0f} s" for s in self.p.stages)
+              + f"; RL {'on' if self.p.rl else 'off'} ({self.p.rl_reason})")
 
     def _write(self) -> None:
         """``metrics.json`` and ``report.md`` as they stand (both written atomically)."""
@@ -402,7 +403,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
                  seed: int | None = None, device: str = "auto", max_files: int = 0,
                  eval_limit: int | None = None, checkpoint_every_s: float | None = None,
                  resume: bool = False, funcall_data: str = "", mbpp: str = "", sft_data: str = "",
-                 mid_share: float = 0.0, mid_data: str = "", tasks: str = "",
+                 mid_share: float = 0.0, mid_data: str = "", tasks: str = "", rl: str = "auto",
                  pretrain_overrides: dict[str, str] | None = None, record: str = "",
                  command: str = "codechat speedrun") -> dict[str, Any]:
     """Run every stage into ``out`` (``report.md``, ``metrics.json`` after each); returns the metrics.
@@ -410,6 +411,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
     ``pretrain_overrides`` are dotted settings of the pretraining recipe (``{"optim.name": "muon"}``,
     :attr:`SpeedrunPlan.pretrain_overrides <codechat.speedrun.plan.SpeedrunPlan.pretrain_overrides>`).
     ``tasks``: more RL task specs for the pool (joined by ``+``, :mod:`codechat.train.task_pool`).
+    ``rl``: ``on``, ``off`` or ``auto``, whether the RL stage runs (:func:`~codechat.speedrun.plan.with_rl`).
     ``record``: a file to which the finished run appends its line (:mod:`codechat.speedrun.record`),
     ``command`` being the command line it names.
 
@@ -429,6 +431,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
         for spec in tasks.split(POOL_SEPARATOR):
             parse_spec(spec)  # a bad spec stops here, before the run directory exists
         p = replace(p, rl_tasks=p.rl_tasks + POOL_SEPARATOR + tasks)
+    p = with_rl(p, rl, dev)
     if pretrain_overrides:
         p = replace(p, pretrain_overrides={**p.pretrain_overrides, **pretrain_overrides})
         p.pretrain_base()  # a bad setting stops here, before the run directory exists

@@ -28,7 +28,8 @@ below its floor (pass@1 < 1 %, "stall") the stage refuses to start unless ``forc
 (``preflight.json`` keeps the figures). With ``filter_samples`` the pass-rate filter replaces it
 (:mod:`codechat.train.task_pool`): every pool task is sampled, those the policy sometimes solves
 are trained on, and fewer than ``min_tasks`` of them skip RL (``filter.json``; the pool and what
-decontamination left out: ``pool.json``). During the run a step is *dead* when every group has
+decontamination left out: ``pool.json``); with ``heldout_tasks`` a slice of the kept tasks is never
+trained on and is scored before and after (:mod:`codechat.train.rl_heldout`, ``heldout.json``). During the run a step is *dead* when every group has
 zero reward variance, or, for execution rewards, when no rollout passed a single test; after
 ``dead_steps`` dead steps in a row the stage saves a checkpoint and stops with a message naming
 the fixes.
@@ -88,6 +89,7 @@ from .grpo_update import GRPOStep
 from .init import resolve_init
 from .metrics_log import MetricsLog, restart_jsonl
 from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages
+from .rl_heldout import score_slice, split_heldout
 from .rollouts import REWARD_KINDS, Judge, Rollout, collect
 from .stop import active
 from .task_pool import TooFewTasks, filter_pool, load_pool, too_few_message
@@ -133,6 +135,9 @@ class RLConfig:
     filter_max: float = 1.0
     min_tasks: int = 32
     filter_deadline_s: float = 0.0  # > 0: sample no more pool tasks after this many seconds (the rest are left out)
+    # Kept tasks set aside, never trained on, scored before step 0 and after the last (codechat.train.rl_heldout;
+    # heldout.json): at most this many, leaving min_tasks to train on (0: none). Needs the filter.
+    heldout_tasks: int = 0
     judge_workers: int = 2  # sandbox programs at once
     judge_timeout_s: float = 10.0
     judge_memory_mb: int = 1024
@@ -162,6 +167,9 @@ class RLConfig:
         _check(0.0 <= self.filter_min <= self.filter_max <= 1.0 and self.min_tasks >= 1 and self.filter_deadline_s >= 0,
                "rl.filter_min and rl.filter_max must satisfy 0 <= min <= max <= 1, rl.min_tasks >= 1 and "
                "rl.filter_deadline_s >= 0")
+        _check(self.heldout_tasks >= 0 and (self.heldout_tasks == 0 or self.filter_samples),
+               f"rl.heldout_tasks={self.heldout_tasks}: a held-out slice (>= 0) is taken from the pass-rate filter's "
+               "kept tasks; set rl.filter_samples too")
         _check(self.judge_workers >= 1 and self.judge_timeout_s > 0 and self.judge_memory_mb > 0,
                "rl.judge_workers, rl.judge_timeout_s and rl.judge_memory_mb must be positive")
 
@@ -340,11 +348,14 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | 
     engine = Engine(model, EngineConfig(slots=rl.engine_slots or per_rank * rl.group_size))
     sampling = SamplingConfig(rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
     echo = print if world.main else (lambda *a, **k: None)
+    heldout: list = []
     try:
         if rl.filter_samples:
             model.eval()
-            schedule.tasks = pass_rate_filter(engine, tok, tasks, judge, rl, sampling, cfg.run.seed, out, world.main,
-                                              resumed, echo)
+            kept = pass_rate_filter(engine, tok, tasks, judge, rl, sampling, cfg.run.seed, out, world.main, resumed, echo)
+            schedule.tasks, heldout = split_heldout(kept, rl.heldout_tasks, rl.min_tasks, cfg.run.seed)
+            before = _heldout_before(engine, tok, heldout, judge, rl, sampling, cfg.run.seed, out, world.main, resumed,
+                                     echo)
         elif not (resumed and (out / "preflight.json").exists()):
             model.eval()
             pre = preflight(engine, tok, tasks, judge, rl, sampling, cfg.run.seed)  # every rank: the same figures
@@ -368,9 +379,34 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | 
             restart_jsonl(out / "rollouts.jsonl", trainer.step if resumed else None)
         with active().polled():
             result = _loop(trainer, schedule, engine, tok, judge, update, log, rl, sampling, out, echo)
+        if heldout:  # the slice again, with the trained policy and the same seeds
+            engine.load_weights(model)
+            model.eval()
+            after = score_slice(engine, tok, heldout, judge, rl.filter_samples, sampling, cfg.run.seed)
+            result["heldout"] = {"before": before, "after": after}
+            if world.main:
+                write_text(out / "heldout.json", json.dumps(result["heldout"], indent=1))
+            echo(f"held-out slice ({len(heldout)} kept tasks never trained on): pass@1 {before['pass@1']:.2%} before "
+                 f"RL, {after['pass@1']:.2%} after")
     finally:
         judge.close()
     return result
+
+
+def _heldout_before(engine: Any, tok: Any, heldout: list, judge: Judge, rl: RLConfig, sampling: Any, seed: int,
+                    out: Path, main: bool, resumed: bool, echo: Any) -> dict[str, Any] | None:
+    """The held-out slice's figures with the initial policy (:mod:`.rl_heldout`; ``heldout.json``, read
+    back on a resume); None without a slice."""
+    path = out / "heldout.json"
+    if not heldout:
+        return None
+    if resumed and path.exists():
+        return json.loads(path.read_text())["before"]
+    before = score_slice(engine, tok, heldout, judge, rl.filter_samples, sampling, seed)
+    if main:
+        write_text(path, json.dumps({"before": before}, indent=1))
+    echo(f"held-out slice: {len(heldout)} kept tasks set aside, pass@1 {before['pass@1']:.2%} before RL")
+    return before
 
 
 def _loop(trainer: Trainer, schedule: TaskSchedule, engine: Any, tok: Any, judge: Judge, update: GRPOStep,
