@@ -383,7 +383,9 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
             for src_ in mix.sources for r in src_.records} == want
     assert [len(x.records) for x in mix.sources] == [2, 2] and "    return x / 2" in {
         r.conversation.messages[1].content for r in mix.sources[1].records}
-    assert s._rl_pool_spec() == p.rl_tasks == "doctest" and s.doctest_file.read_text() == ""  # no doctests there
+    # no doctests there, but one pure function: an input/output task (halve's floats and the copy of double are not)
+    assert s._rl_pool_spec() == f"tasks:{s.doctest_file}" and p.rl_tasks == "doctest"
+    assert [json.loads(row)["task_id"] for row in s.doctest_file.read_text().splitlines()] == ["io/a.py::double"]
     assert s._sft_data() == (spec, None)  # a resumed run reads the files the first attempt wrote
     # a run stopped or interrupted while they work (mining the whole standard library) ends its jobs at once
     s.p = replace(p, sources=(sysconfig.get_paths()["stdlib"],))

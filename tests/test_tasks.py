@@ -566,7 +566,7 @@ def test_written_doctest_tasks_read_back_as_the_same_tasks_and_the_speedrun_pool
     p = replace(plan(torch.device("cpu"), "tiny", 2.0), rl_tasks="mbpp:m.jsonl+doctest")
     s = Speedrun(p, tmp_path / "run", torch.device("cpu"), "cpu", 0, resume=False)
     job = Future()
-    job.set_result(counts)
+    job.set_result({"doctest": counts, "io": {"kept": 0, "candidates": 0, "functions": 2}, "kept": counts["kept"]})
     s._doctests = job
     assert s._rl_pool_spec() == f"mbpp:m.jsonl+tasks:{out}" and s._doctests is None
     out.write_text("")  # the background job found nothing: the stage mines the standard library itself

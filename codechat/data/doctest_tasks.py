@@ -304,29 +304,30 @@ def mine_doctest_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: i
     return kept
 
 
-def write_doctest_tasks(srcs: Sequence[str | Path], path: str | Path, **mine: Any) -> dict[str, Any]:
-    """Mine ``srcs`` (:func:`mine_doctest_tasks`, ``mine`` its keyword arguments) into ``path``, a
-    ``tasks.jsonl`` that ``tasks:PATH`` reads back as the same tasks (ids, prompts, tests, header,
-    reference), written under a temporary name and renamed, so it is whole or absent.
-
-    Lets the speedrun mine every corpus source in a background process while the GPU pretrains; its
-    RL stage then reads the file.
-
-    Returns:
-        The :class:`DoctestCounts` (``as_dict``).
-    """
+def write_tasks(tasks: Sequence[Task], path: str | Path) -> None:
+    """``tasks`` (code tasks) as a ``tasks.jsonl`` that ``tasks:PATH`` reads back as the same tasks (ids,
+    prompts, tests, header, reference), written under a temporary name and renamed: whole or absent."""
     import json
 
     from codechat.config.atomic import write_text
-    counts = DoctestCounts()
-    tasks = mine_doctest_tasks(srcs, counts=counts, **mine)
     rows = []
     for t in tasks:
         p = t.problem
         rows.append(json.dumps({**p.row(), "task_id": t.task_id, "base_prompt": p.base_prompt, "header": p.header,
                                 "reference": p.reference}) + "\n")
     write_text(path, "".join(rows))
+
+
+def write_doctest_tasks(srcs: Sequence[str | Path], path: str | Path, **mine: Any) -> dict[str, Any]:
+    """Mine ``srcs`` (:func:`mine_doctest_tasks`, ``mine`` its keyword arguments) into ``path``
+    (:func:`write_tasks`).
+
+    Returns:
+        The :class:`DoctestCounts` (``as_dict``).
+    """
+    counts = DoctestCounts()
+    write_tasks(mine_doctest_tasks(srcs, counts=counts, **mine), path)
     return counts.as_dict()
 
 
-__all__ = ["DoctestCounts", "doctest_tests", "mine_doctest_tasks", "write_doctest_tasks"]
+__all__ = ["DoctestCounts", "doctest_tests", "mine_doctest_tasks", "write_doctest_tasks", "write_tasks"]

@@ -210,6 +210,9 @@ class SpeedrunPlan:
     # Kept tasks GRPO never trains on, scored on sft/ and rl/ (codechat.train.rl_heldout): at most this
     # many, leaving rl_min_tasks to train on. 32 tasks x 8 samples: pass@1's interval is ~+-8 points at 30%.
     rl_heldout_tasks: int = 32
+    # Input/output tasks of pure corpus functions mined into the pool on a GPU (codechat.data.io_tasks;
+    # 0: no cap): the doctests alone are ~31 tasks, and MBPP's train split is also in chat SFT.
+    rl_io_tasks: int = 1000
     rl_filter_share: float = 0.2  # of the RL stage's grant the filter may sample for
     rl_train_share: float = 0.4  # of the grant spent training; the rest scores HumanEval (and MBPP) on rl/
     # Rows the RL engine decodes at once (0: rl_prompts_per_step x rl_group_size, one GRPO step's): the

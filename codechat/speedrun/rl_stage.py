@@ -1,7 +1,8 @@
 """The speedrun's RL stage: GRPO on the tasks of its pool that the SFT model sometimes solves.
 
 The pool (:mod:`codechat.train.task_pool`) is the plan's ``rl_tasks``: doctest tasks (on a GPU mined
-from every corpus source in a background process while pretraining runs, else from this Python's
+from every corpus source in a background process while pretraining runs, with up to ``rl_io_tasks``
+input/output tasks of pure corpus functions, :mod:`codechat.data.io_tasks`; else from this Python's
 standard library), MBPP's train split with ``--mbpp``, and ``--tasks``. The pass-rate filter samples
 each pool task with ``sft/`` and GRPO trains on the kept ones when at least ``rl_min_tasks`` remain;
 otherwise the stage is skipped with the counts. HumanEval (and MBPP) are scored again on ``rl/``, so the
@@ -35,7 +36,7 @@ class RLStage:
 
     @property
     def doctest_file(self) -> Path:
-        """The doctest tasks mined from every corpus source in the background (``tasks:`` rows)."""
+        """The doctest and input/output tasks mined from every corpus source in the background (``tasks:`` rows)."""
         return self.run / "rl_doctests.jsonl"
 
     def _rl_pool_spec(self) -> str:
@@ -45,8 +46,10 @@ class RLStage:
         if job is not None:
             try:
                 counts = job.result()
-                print(f"RL pool: {counts['kept']} doctest tasks mined from {len(self.p.sources)} corpus source(s) "
-                      f"in the background ({counts['functions']} functions with doctests)")
+                d, io = counts["doctest"], counts["io"]
+                print(f"RL pool: {d['kept']} doctest and {io['kept']} input/output tasks mined from "
+                      f"{len(self.p.sources)} corpus source(s) in the background ({d['functions']} functions with "
+                      f"doctests; {io['candidates']} pure candidates of {io['functions']} functions)")
             except Exception as e:  # the pool falls back to mining the standard library here
                 print(f"RL pool: the background doctest mining failed ({type(e).__name__}: {e}); mining the "
                       "standard library instead")
