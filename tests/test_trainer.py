@@ -459,3 +459,22 @@ def test_activation_checkpointing_recomputes_what_it_says_and_changes_no_number(
     for ac in ("selective", "full"):
         assert out[ac][0] == out["none"][0]
         assert torch.allclose(out[ac][1], out["none"][1], rtol=1e-6, atol=1e-7), ac
+
+
+def test_a_deadline_that_passes_while_a_step_is_logged_still_ends_with_that_step_saved(tmp_path, monkeypatch):
+    """The CI smoke run of 2026-12-05: the wall-clock deadline passed during the logging of a step that
+    was not the last when it was checked, and the loop ended without a checkpoint."""
+    import time as time_mod
+    loader = RecordingLoader([window_shard()], 8, 2, seed=1234)
+    train = TrainConfig(micro_batch_size=2, max_steps=50, log_every=1, eval_every=100, save_every=100)
+    t = make_trainer(tmp_path, loader, train=train)
+    t.deadline = time_mod.monotonic() + 3600
+    record = t.record
+
+    def slow_record(log, echo, row):  # step 3's logging takes us past the deadline
+        record(log, echo, row)
+        if row.get("step") == 3:
+            t.deadline = time_mod.monotonic() - 1
+    monkeypatch.setattr(t, "record", slow_record)
+    t.fit()
+    assert t.step == 4 and ckpt.resolve(tmp_path).name == "step_000004"

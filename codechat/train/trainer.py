@@ -435,7 +435,10 @@ class Trainer:
         try:
             if self.step == 0 and not resumed:  # (a run stopped at step 0 logged it already)
                 self.record(log, echo, {"step": 0, **self.run_eval()})
-            while not self.done():
+            # ``last`` is decided once a step, so the step that ends the loop is the one saved (a wall-clock
+            # deadline passing during a step's logging or evaluation must not end it unsaved)
+            last = self.done()
+            while not last:
                 self.stop_if_due(loader_state, echo)
                 t0 = time.perf_counter()
                 loader_state = self.batches.state_dict()  # position before this step, for Ctrl-C saves
