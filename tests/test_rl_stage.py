@@ -295,6 +295,8 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     assert "## RL (GRPO)" in report and f"{out['steps']} (stopped: budget)" in report
     assert out["settings"]["group_size"] == p.rl_group_size and out["settings"]["tasks_per_step"] == 4
     assert "| held-out slice of the kept tasks (2, never trained on): pass@1 before -> after |" in report
+    assert f"| sampled tasks by samples passed (0, 1, ... of each task's {p.rl_filter_samples}) | all " in report
+    assert sum(f["histogram"]["all"]) == f["sampled"]
     assert f"| GRPO settings | groups of {p.rl_group_size}, 4 tasks a step, adamw at lr 1e-05, KL weight 0," in report
     assert f"**{f['kept']} kept**" in report and "![RL reward curve](rl_reward.png)" in report
     assert "| HumanEval | pass@1 |" in report and "before RL (`sft/`)" in report

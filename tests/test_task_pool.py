@@ -43,6 +43,11 @@ def test_the_filter_keeps_exactly_the_tasks_in_its_bounds():
         assert res.pass_at_1() == pytest.approx(0.5)
     d = res.as_dict(0.0, 0.0)
     assert (d["never_solved"], d["always_solved"], d["kept"]) == (3, 3, 0)
+    assert d["histogram"] == {"all": [3] * 9, "other": [3] * 9}  # three tasks at each of 0..8 passes
+    parts = {"io/a": 0, "io/b": 3, "doctest/c": 3, "MBPP/7": 8}
+    h = filter_pool([Stub(t) for t in parts], stub_policy(parts, []), n=8, min_rate=0, max_rate=1, seed=0).histogram()
+    assert h == {"all": [1, 0, 0, 2, 0, 0, 0, 0, 1], "io": [1, 0, 0, 1, 0, 0, 0, 0, 0],
+                 "doctest": [0, 0, 0, 1, 0, 0, 0, 0, 0], "MBPP": [0, 0, 0, 0, 0, 0, 0, 0, 1]}
     assert in_bounds(8, 1, 0.0, 1.0) and not in_bounds(8, 0, 0.0, 1.0) and not in_bounds(8, 8, 0.0, 1.0)
     # the order tasks are sampled in is a function of the seed; a deadline leaves the rest out
     first: list = []

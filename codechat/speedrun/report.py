@@ -384,6 +384,10 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
                                          f"pass@1 {f['pass@1']:.2%}): {f['never_solved']} never solved, "
                                          f"{f['always_solved']} always solved, **{f['kept']} kept** (rate in "
                                          f"[{f['min_rate']:g}, {f['max_rate']:g}], neither 0 nor 1)"))
+    if f and f.get("histogram"):
+        rows.append(("sampled tasks by samples passed (0, 1, ... of each task's "
+                     f"{len(f['histogram']['all']) - 1})", "; ".join(f"{part} {' '.join(map(str, h))}"
+                                                                    for part, h in f["histogram"].items())))
     if r["skipped"]:
         rows.append(("skipped", r["reason"]))
     else:

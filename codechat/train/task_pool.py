@@ -121,7 +121,19 @@ class FilterResult:
         return {"pool": self.pool, "sampled": self.sampled, "kept": len(self.kept), "min_rate": min_rate,
                 "max_rate": max_rate, "never_solved": sum(r == 0 for r in rates),
                 "always_solved": sum(r == 1 for r in rates), "pass@1": self.pass_at_1(), "seconds": self.seconds,
-                "kept_ids": self.kept, "counts": {k: list(v) for k, v in self.counts.items()}}
+                "kept_ids": self.kept, "histogram": self.histogram(),
+                "counts": {k: list(v) for k, v in self.counts.items()}}
+
+    def histogram(self) -> dict[str, list[int]]:
+        """Per part of the pool (a task id's prefix before ``/``: ``io``, ``doctest``, ``MBPP``, ...; ``other``
+        without one) and ``all``: how many sampled tasks passed 0, 1, ..., n of their n samples."""
+        n = max((m for m, _ in self.counts.values()), default=0)
+        out: dict[str, list[int]] = {"all": [0] * (n + 1)}
+        for task_id, (_, c) in self.counts.items():
+            part = task_id.split("/", 1)[0] if "/" in task_id else "other"
+            out.setdefault(part, [0] * (n + 1))[c] += 1
+            out["all"][c] += 1
+        return out
 
 
 def filter_pool(tasks: Sequence, sample: Callable[[list, list[int]], list[int]], *, n: int, min_rate: float,
