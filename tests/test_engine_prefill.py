@@ -80,6 +80,13 @@ def prompt(n: int, seed: int) -> list[int]:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+#: Prefills in order: (prompts, each prompt's slots).
+BATCHES = [([prompt(40, 1), prompt(3, 2), prompt(70, 3)], [[2, 5], [0], [1, 6, 7]]),  # 113 tokens: bucket 128
+           ([prompt(9, 4)], [[3]]),  # a later, shorter prefill through the same static buffers
+           ([prompt(150, 5), prompt(2, 6)], [[4], [3]]),  # bucket 256
+           ([prompt(5, 7)], [[6]])]  # bucket 128 again, after a larger one: no stale index reaches it
+
+
 def test_copy_prompt_copies_the_positions_of_every_layer_bitwise_and_nothing_else():
     torch.manual_seed(1)
     cache = KVCache.empty(3, 5, 9, 2, 4, torch.device("cpu"), torch.float32)
@@ -98,13 +105,11 @@ def test_a_captured_prefill_writes_the_same_cache_and_hidden_states_as_the_op_by
     captured = graphs_on_cpu(graphed)
     for t in (*graphed.cache.k, *graphed.cache.v, *eager.cache.k, *eager.cache.v):
         t.fill_(7.0)  # what a finished row left behind
-    batches = [([prompt(40, 1), prompt(3, 2), prompt(70, 3)], [[2, 5], [0], [1, 6, 7]]),  # 113 tokens: bucket 128
-               ([prompt(9, 4)], [[3]])]  # a later, shorter prefill through the same static buffers
-    for prompts, slots in batches:
+    for prompts, slots in BATCHES:
         want = eager._prefill_run(prompts, slots)
         got = graphed._prefill_run(prompts, slots)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert len(captured) == 1 and captured[0].replays == 2, "one bucket captured once, replayed by both prefills"
+    assert [c.replays for c in captured] == [3, 1], "each bucket captured once, then replayed"
     P = graphed.cache.positions
     for g, e in zip((*graphed.cache.k, *graphed.cache.v), (*eager.cache.k, *eager.cache.v)):
         torch.testing.assert_close(g[:, :P - 1], e[:, :P - 1], rtol=1e-5, atol=1e-5)
@@ -134,10 +139,10 @@ def test_on_cuda_captured_prefills_equal_op_by_op_ones_with_the_real_kernel_and_
     graphed = Engine(model, EngineConfig(slots=8, max_len=MAX_LEN))
     if not graphed._prefill_run.graphs_on:
         pytest.skip("FlashAttention's varlen kernel does not serve this GPU / head size")
-    for prompts, slots in [([prompt(40, 1), prompt(3, 2), prompt(70, 3)], [[2, 5], [0], [1, 6, 7]]), ([prompt(9, 4)], [[3]])]:
+    for prompts, slots in BATCHES:
         torch.testing.assert_close(graphed._prefill_run(prompts, slots).float(), eager._prefill_run(prompts, slots).float(),
                                    rtol=2e-2, atol=2e-2)
     P = graphed.cache.positions
     for g, e in zip((*graphed.cache.k, *graphed.cache.v), (*eager.cache.k, *eager.cache.v)):
         torch.testing.assert_close(g[:, :P - 1].float(), e[:, :P - 1].float(), rtol=2e-2, atol=2e-2)
-    assert list(graphed._prefill_run.graphs) == [128]
+    assert list(graphed._prefill_run.graphs) == [128, 256]

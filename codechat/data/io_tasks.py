@@ -4,7 +4,7 @@ Doctests are rare (~31 tasks in a GPU run's whole corpus), and MBPP's train spli
 so a pool of those is either too small or already memorised. Most corpus functions have no examples,
 but many small ones are pure: :func:`mine_io_tasks` keeps those and writes their tests from what they do.
 
-1. **Candidates** (the AST alone): module-level, undecorated functions with a docstring, 1-3 plain
+1. **Candidates** (the AST alone): module-level, undecorated, non-dunder functions with a docstring, 1-3 plain
    positional parameters, at most :data:`~codechat.data.mining.MAX_FUNCTION_LINES` lines, whose body
    names only its parameters, its own locals, itself, the builtins of :data:`PURE_BUILTINS` and
    modules of :data:`PURE_MODULES` imported at the module's top; no ``global``, ``yield``, ``await``,
@@ -194,8 +194,8 @@ class _Candidate:
 def _candidate(node: ast.AST, tree: ast.Module, lines: list[str], pure_names: set[str], relpath: str, path: str,
                seed: int) -> _Candidate | str:
     """One function's candidate (its cases not yet run), or why it is skipped."""
-    if not isinstance(node, ast.FunctionDef) or node.decorator_list or node.name.startswith("_"):
-        return "not_a_plain_public_function"
+    if not isinstance(node, ast.FunctionDef) or node.decorator_list or node.name.startswith("__"):
+        return "decorated_async_or_dunder"
     doc = ast.get_docstring(node, clean=True) or ""
     if not MIN_DOC_CHARS <= len(doc) <= MAX_DOC_CHARS or ">>>" in doc:  # doctests: doctest_tasks' own
         return "docstring"

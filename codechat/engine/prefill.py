@@ -97,7 +97,8 @@ class Prefill:
         self.slot[:n] = h2d([s[0] for p, s in zip(prompts, slots) for _ in p], long)
         self.pos[:n] = self.positions[:n]
         self.cu.copy_(h2d(cu + [bucket] * (self.cu.numel() - len(cu)), torch.int32))
-        self.last[:len(prompts)] = h2d([c - 1 for c in cu[1:]], long)
+        # every entry: a stale index of a larger bucket's prefill would read past this graph's tokens
+        self.last.copy_(h2d([c - 1 for c in cu[1:]] + [0] * (self.last.numel() - len(prompts)), long))
         graph, (h,) = self.graphs[bucket]
         graph.replay()
         self.slot[:n], self.pos[:n] = 0, self.trash  # where the next, shorter prefill's padding writes
@@ -113,7 +114,6 @@ class Prefill:
         m, cache = self.model, self.cache
         tokens, positions, slot, pos, cu = (self.tokens[:bucket], self.positions[:bucket], self.slot[:bucket],
                                             self.pos[:bucket], self.cu)
-
         attend = m.prefill_attend(cache, None, cu, (None, slot, pos), max_len=bucket)
         return self.capture(lambda: (m.forward(tokens, positions, attend)[self.last],))
 
