@@ -8,8 +8,8 @@ but many small ones are pure: :func:`mine_io_tasks` keeps those and writes their
    positional parameters, at most :data:`~codechat.data.mining.MAX_FUNCTION_LINES` lines, whose body
    names only its parameters, its own locals, itself, the builtins of :data:`PURE_BUILTINS` and
    modules of :data:`PURE_MODULES` imported at the module's top; no ``global``, ``yield``, ``await``,
-   ``lambda`` default tricks, sets (their order follows the string hash seed, which differs between
-   processes) or ``hash`` / ``id``.
+   ``try``, ``with``, imports, private attributes, sets (their order follows the string hash seed,
+   which differs between processes) or the names of :data:`FORBIDDEN` (``print``, ``hash``, ``id``, ...).
 2. **Inputs**: each parameter gets a pool of values by its annotation, its default's type or its name
    (:func:`value_pool`: ``n`` an int, ``text`` a string, ``items`` a list, ...); up to :data:`CASES`
    combinations are drawn with a seed.
@@ -29,6 +29,7 @@ import ast
 import hashlib
 import json
 import random
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,8 +46,8 @@ from codechat.eval.problems import Problem
 PURE_BUILTINS = frozenset({
     "abs", "all", "any", "ascii", "bin", "bool", "callable", "chr", "dict", "divmod", "enumerate", "filter",
     "format", "int", "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min", "next", "oct", "hex",
-    "ord", "pow", "range", "repr", "reversed", "round", "slice", "sorted", "str", "sum", "tuple", "zip", "len",
-    "True", "False", "None", "ArithmeticError", "Exception", "IndexError", "KeyError", "StopIteration",
+    "ord", "pow", "range", "repr", "reversed", "round", "slice", "sorted", "str", "sum", "tuple", "zip",
+    "ArithmeticError", "Exception", "IndexError", "KeyError", "StopIteration",
     "TypeError", "ValueError", "ZeroDivisionError", "NotImplementedError"})
 #: Standard modules whose top-level import a candidate may use (pure functions and constants).
 PURE_MODULES = frozenset({"math", "string", "re", "itertools", "functools", "operator", "bisect", "heapq",
@@ -92,8 +93,8 @@ def value_pool(arg: ast.arg, default: ast.expr | None) -> list[Any]:
             kind = "list_str" if "str" in low else "list_int"
         elif "dict" in low or "mapping" in low:
             kind = "dict"
-        else:
-            kind = next((k for k in ("bool", "int", "str") if k in low.split("|")[0].replace(" ", "") or low == k), None)
+        else:  # the first member of a union: int | None -> int
+            kind = next((k for k in ("bool", "int", "str") if re.search(rf"\b{k}\b", low.split("|")[0])), None)
     if kind is None and isinstance(default, ast.Constant) and default.value is not None:
         kind = {bool: "bool", int: "int", str: "str"}.get(type(default.value))
     if kind is None:
@@ -122,9 +123,8 @@ def _pure(node: ast.FunctionDef, module_names: set[str]) -> str:
             local.add(n.id)
         elif isinstance(n, ast.arg):
             local.add(n.arg)
-        elif isinstance(n, (ast.FunctionDef, ast.Lambda)) and n is not node:
-            if isinstance(n, ast.FunctionDef):
-                local.add(n.name)
+        elif isinstance(n, ast.FunctionDef):  # a nested helper
+            local.add(n.name)
         elif isinstance(n, ast.Attribute) and n.attr.startswith("_"):
             return "private_attribute"
     for n in ast.walk(node):

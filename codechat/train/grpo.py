@@ -29,8 +29,9 @@ below its floor (pass@1 < 1 %, "stall") the stage refuses to start unless ``forc
 (:mod:`codechat.train.task_pool`): every pool task is sampled, those the policy sometimes solves
 are trained on, and fewer than ``min_tasks`` of them skip RL (``filter.json``; the pool and what
 decontamination left out: ``pool.json``); with ``heldout_tasks`` a slice of the kept tasks is never
-trained on and is scored before and after (:mod:`codechat.train.rl_heldout`, ``heldout.json``). During the run a step is *dead* when every group has
-zero reward variance, or, for execution rewards, when no rollout passed a single test; after
+trained on and is scored before and after (:mod:`codechat.train.rl_heldout`, ``heldout.json``).
+During the run a step is *dead* when every group has zero reward variance, or, for execution
+rewards, when no rollout passed a single test; after
 ``dead_steps`` dead steps in a row the stage saves a checkpoint and stops with a message naming
 the fixes.
 
