@@ -14,7 +14,7 @@ import hashlib
 import logging
 import textwrap
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,24 +233,50 @@ def mine_doctest_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: i
     Raises:
         codechat.config.stages.ConfigError: a source does not exist or holds no ``.py`` file.
     """
-    from codechat.config.stages import default_corpus_dirs
-    from codechat.data.sources import collect_files
     counts = counts if counts is not None else DoctestCounts()
     decon = decontaminator if decontaminator is not None else _decontaminator(mbpp_file)
-    kept: list[Task] = []
-    pending: list[Task] = []
     seen: set[bytes] = set()
+    with_doctests: set[str] = set()
 
-    def flush() -> None:
-        jobs = [t.reference_job(timeout_s=timeout_s) for t in pending]
+    def candidates() -> Iterator[Task]:
+        for f, tree, lines, node in module_functions(srcs, max_files, counts, must_contain=">>>"):
+            if ">>>" not in (ast.get_docstring(node, clean=True) or ""):
+                continue
+            with_doctests.add(f.relpath)
+            counts.functions += 1
+            task = _doctest_candidate(node, tree, lines, f.relpath, str(f.path))
+            if isinstance(task, str):
+                counts.skip(task)
+            elif fresh(decon, seen, task.text(), task.reference or "", counts):
+                counts.candidates += 1
+                yield task
+
+    def judge(batch: list[Task]) -> list[Task]:
+        jobs = [t.reference_job(timeout_s=timeout_s) for t in batch]
         results = box.run_many(jobs, workers=workers) if box is not None else sandbox.run_many(jobs, workers=workers)
-        for t, r in zip(pending, results):
-            if r.passed:
-                kept.append(t)
-            else:
+        for r in results:
+            if not r.passed:
                 counts.reference_failures[r.status] = counts.reference_failures.get(r.status, 0) + 1
-        pending.clear()
+        return [t for t, r in zip(batch, results) if r.passed]
 
+    kept = judged_in_batches(candidates(), judge, max_tasks)
+    counts.files_with_doctests, counts.kept = len(with_doctests), len(kept)
+    return kept
+
+
+# ----------------------------------------------------------------------------- shared by the task miners
+def module_functions(srcs: Sequence[str | Path] | None, max_files: int, counts: Any,
+                     must_contain: str = "") -> Iterator[tuple[Any, ast.Module, list[str], ast.FunctionDef]]:
+    """``(file, tree, lines, node)`` of every module-level function (``def`` or ``async def``) in the
+    ``.py`` files under ``srcs`` (default: this Python's standard library) whose text holds
+    ``must_contain``, in file then line order. ``counts.files`` counts every file,
+    ``counts.unparsable_files`` those that cannot be read or parsed.
+
+    Raises:
+        codechat.config.stages.ConfigError: a source does not exist or holds no ``.py`` file.
+    """
+    from codechat.config.stages import default_corpus_dirs
+    from codechat.data.sources import collect_files
     for f in collect_files(list(srcs) if srcs else list(default_corpus_dirs()), (".py",), max_files):
         counts.files += 1
         try:
@@ -258,7 +284,7 @@ def mine_doctest_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: i
         except (OSError, UnicodeDecodeError):
             counts.unparsable_files += 1
             continue
-        if ">>>" not in text:
+        if must_contain not in text:
             continue
         try:
             with warnings.catch_warnings():
@@ -268,40 +294,41 @@ def mine_doctest_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: i
             counts.unparsable_files += 1
             continue
         lines = text.splitlines()
-        found = False
         for node in tree.body:
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            if ">>>" not in (ast.get_docstring(node, clean=True) or ""):
-                continue
-            found = True
-            counts.functions += 1
-            task = _doctest_candidate(node, tree, lines, f.relpath, str(f.path))
-            if isinstance(task, str):
-                counts.skip(task)
-                continue
-            if decon.overlap(task.text()):
-                counts.skip("contaminated")
-                continue
-            digest = hashlib.sha256((task.reference or "").encode()).digest()
-            if digest in seen:
-                counts.skip("duplicate")
-                continue
-            seen.add(digest)
-            counts.candidates += 1
-            pending.append(task)
-            if len(pending) >= DOCTEST_BATCH:
-                flush()
-                if max_tasks and len(kept) >= max_tasks:
-                    break
-        counts.files_with_doctests += found
-        if max_tasks and len(kept) >= max_tasks:
-            break
-    if pending and not (max_tasks and len(kept) >= max_tasks):
-        flush()
-    kept = kept[:max_tasks] if max_tasks else kept
-    counts.kept = len(kept)
-    return kept
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f, tree, lines, node
+
+
+def fresh(decon: Any, seen: set[bytes], text: str, key: str, counts: Any) -> bool:
+    """Whether a candidate neither overlaps a benchmark problem (``decon.overlap(text)``) nor repeats an
+    earlier one's ``key`` (kept in ``seen``); else ``counts.skip`` says which."""
+    if decon.overlap(text):
+        counts.skip("contaminated")
+        return False
+    digest = hashlib.sha256(key.encode()).digest()
+    if digest in seen:
+        counts.skip("duplicate")
+        return False
+    seen.add(digest)
+    return True
+
+
+def judged_in_batches(candidates: Iterator[Any], judge: Callable[[list[Any]], list[Task]], max_tasks: int
+                      ) -> list[Task]:
+    """The tasks ``judge`` keeps of ``candidates``, judged :data:`DOCTEST_BATCH` at a time (a batch of
+    sandbox programs), no more candidates drawn once ``max_tasks`` > 0 are kept."""
+    kept: list[Task] = []
+    batch: list[Any] = []
+    for c in candidates:
+        batch.append(c)
+        if len(batch) >= DOCTEST_BATCH:
+            kept += judge(batch)
+            batch = []
+            if max_tasks and len(kept) >= max_tasks:
+                break
+    if batch:
+        kept += judge(batch)
+    return kept[:max_tasks] if max_tasks else kept
 
 
 def write_tasks(tasks: Sequence[Task], path: str | Path) -> None:

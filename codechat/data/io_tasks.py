@@ -26,17 +26,16 @@ but many small ones are pure: :func:`mine_io_tasks` keeps those and writes their
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import random
 import re
-import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codechat.data.doctest_tasks import DOCTEST_BATCH, _decontaminator, _import_header, _names
+from codechat.data.doctest_tasks import (_decontaminator, _import_header, _names, fresh, judged_in_batches,
+                                         module_functions)
 from codechat.data.mining import MAX_DOC_CHARS, MAX_FUNCTION_LINES, MINED_PROMPT, MIN_DOC_CHARS, _trivial
 from codechat.data.task import Task
 from codechat.eval import sandbox
@@ -166,6 +165,7 @@ class IOCounts:
     """What :func:`mine_io_tasks` saw: files, functions, candidates, and why each was dropped."""
 
     files: int = 0
+    unparsable_files: int = 0
     functions: int = 0
     candidates: int = 0  # pure by the AST, with inputs: run in the sandbox
     kept: int = 0
@@ -175,7 +175,7 @@ class IOCounts:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
     def as_dict(self) -> dict[str, Any]:
-        return {"files": self.files, "functions": self.functions, "candidates": self.candidates, "kept": self.kept,
+        return {"files": self.files, "unparsable_files": self.unparsable_files, "functions": self.functions, "candidates": self.candidates, "kept": self.kept,
                 "skipped": dict(self.skipped)}
 
 
@@ -256,20 +256,30 @@ def mine_io_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: int = 
     Raises:
         codechat.config.stages.ConfigError: a source does not exist or holds no ``.py`` file.
     """
-    from codechat.config.stages import default_corpus_dirs
-    from codechat.data.sources import collect_files
     counts = counts if counts is not None else IOCounts()
     decon = decontaminator if decontaminator is not None else _decontaminator(mbpp_file)
-    kept: list[Task] = []
-    pending: list[_Candidate] = []
     seen: set[bytes] = set()
 
-    def flush() -> None:
+    def candidates() -> Iterator[_Candidate]:
+        module, names = None, set()  # a file's functions come together: its pure imports found once
+        for f, tree, lines, node in module_functions(srcs, max_files, counts):
+            counts.functions += 1
+            if tree is not module:
+                module, names = tree, _pure_imports(tree)
+            c = _candidate(node, tree, lines, names, f.relpath, str(f.path), seed)
+            if isinstance(c, str):
+                counts.skip(c)
+            elif fresh(decon, seen, c.prompt + "\n" + c.source, c.source, counts):
+                counts.candidates += 1
+                yield c
+
+    def judge(batch: list[_Candidate]) -> list[Task]:
         jobs = [sandbox.Job(c.header + c.source + PROBE.format(f=c.name, m=MAX_REPR),
                             [f"_probe({i}, {case!r})" for i, case in enumerate(c.cases)], timeout_s=timeout_s)
-                for c in pending]
+                for c in batch]
         results = box.run_many(jobs, workers=workers) if box is not None else sandbox.run_many(jobs, workers=workers)
-        for c, r in zip(pending, results):
+        tasks = []
+        for c, r in zip(batch, results):
             got = {}
             for line in r.stdout.splitlines():
                 try:
@@ -282,47 +292,10 @@ def mine_io_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: int = 
             if task is None:
                 counts.skip("behaviour_not_pinned")
             else:
-                kept.append(task)
-        pending.clear()
+                tasks.append(task)
+        return tasks
 
-    for f in collect_files(list(srcs) if srcs else list(default_corpus_dirs()), (".py",), max_files):
-        counts.files += 1
-        try:
-            text = f.path.read_text(encoding="utf-8")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # invalid escapes in old code
-                tree = ast.parse(text)
-        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
-            counts.skip("unparsable_file")
-            continue
-        lines, pure_names = text.splitlines(), _pure_imports(tree)
-        for node in tree.body:
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            counts.functions += 1
-            c = _candidate(node, tree, lines, pure_names, f.relpath, str(f.path), seed)
-            if isinstance(c, str):
-                counts.skip(c)
-                continue
-            if decon.overlap(c.prompt + "\n" + c.source):
-                counts.skip("contaminated")
-                continue
-            digest = hashlib.sha256(c.source.encode()).digest()
-            if digest in seen:
-                counts.skip("duplicate")
-                continue
-            seen.add(digest)
-            counts.candidates += 1
-            pending.append(c)
-            if len(pending) >= DOCTEST_BATCH:
-                flush()
-                if max_tasks and len(kept) >= max_tasks:
-                    break
-        if max_tasks and len(kept) >= max_tasks:
-            break
-    if pending and not (max_tasks and len(kept) >= max_tasks):
-        flush()
-    kept = kept[:max_tasks] if max_tasks else kept
+    kept = judged_in_batches(candidates(), judge, max_tasks)
     counts.kept = len(kept)
     return kept
 
