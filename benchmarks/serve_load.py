@@ -30,12 +30,22 @@ line per figure, ``serve_c{C}_*`` streaming and ``serve_whole_c{C}_*`` not:
 - ``server_cpu``: the server process's CPU seconds (every thread) / wall seconds, in cores;
   ``client_cpu``: the client processes' together, and ``client_cpu_max`` the busiest one's (near 1
   means a client process was saturated: raise ``--client-procs``);
+- the engine's step timeline over the round (two snapshots of ``/health``'s ``engine`` counters):
+  ``busy`` (seconds inside ``Engine.step`` / wall) and ``idle`` (the engine thread waiting for work
+  / wall), ``steps``, ``rows_per_launch`` (the mean decode batch), ``prefills`` and
+  ``rows_per_prefill``, and per step the milliseconds in it (``step_ms``), blocked on the device
+  (``wait_ms_step``), admitting rows (``admit_ms_step``: the prefill's host work), the rest of the
+  host work (``host_ms_step``) and handing tokens to the event loop (``deliver_ms_step``);
 - ``engine_c{C}_tokens_s``: the baseline, measured after the server stopped: the same C prompts as
   one :meth:`codechat.engine.Engine.generate` call in this process, ``--requests`` times, same
-  engine settings; ``*_vs_engine``: the serve tokens/s over it (HTTP, JSON and SSE cost the
-  difference).
+  engine settings, on the server's cores, with its timeline as ``engine_c{C}_*``; ``*_vs_engine``:
+  the serve tokens/s over it (HTTP, JSON, SSE and the requests' staggered arrivals cost the
+  difference; the two timelines say which).
 
-``--out`` writes every figure and the settings as JSON.
+``--py-spy`` samples the server with ``py-spy record --threads --gil`` during the rounds at the
+largest concurrency and prints each thread's share of the GIL and the top stacks (where one
+process's GIL is the limit, the engine thread's share falls as the event loop's grows). ``--out``
+writes every figure, the profiles and the settings as JSON.
 """
 from __future__ import annotations
 
@@ -44,6 +54,8 @@ import asyncio
 import json
 import os
 import queue
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -65,6 +77,7 @@ from codechat.model import build_model
 from codechat.tokenizer import Tokenizer, train_tokenizer
 
 TOKENIZER_BYTES = 30_000_000  # stdlib text the cached tokenizer is trained on
+PY_SPY_RATE = 250  # samples a second (--py-spy)
 
 
 def random_checkpoint(name: str, vocab: int, work: Path, seed: int) -> Path:
@@ -204,10 +217,11 @@ def _cpu_s(pid: int) -> float:
 
 
 def one_round(url: str, messages: list[str], clients: int, per_client: int, new: int, stream: bool, procs: int,
-              server_pid: int, cores: list[int] = ()) -> dict:
+              server_pid: int, cores: list[int] = (), py_spy: Path | None = None) -> dict:
     """``clients`` concurrent clients, ``per_client`` requests each, spread over ``procs`` client
     processes on ``cores`` (so that the clients' own JSON and SSE parsing is not what limits the
-    rate); the round's figures (module docstring), timed from the first send to the last answer."""
+    rate); the round's figures (module docstring), timed from the first send to the last answer.
+    With ``py_spy``, the server is sampled during the round into that file (:func:`_start_py_spy`)."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     procs = max(1, min(procs, clients))
@@ -233,10 +247,14 @@ def one_round(url: str, messages: list[str], clients: int, per_client: int, new:
                     sys.exit(f"a client process exited with {dead[0]} {what}")
         return got
     collect(procs, "before the round started")
-    server0 = _cpu_s(server_pid)
+    server0, (engine0, e0) = _cpu_s(server_pid), _engine_counters(url)
+    spy = _start_py_spy(server_pid, py_spy) if py_spy else None
     start.set()
     parts = collect(procs, "during the round")
     server_cpu = _cpu_s(server_pid) - server0
+    if spy is not None:
+        _stop_py_spy(spy)
+    engine1, e1 = _engine_counters(url)
     for w in workers:
         w.join()
     wall = max(p["t1"] for p in parts) - min(p["t0"] for p in parts)
@@ -249,11 +267,87 @@ def one_round(url: str, messages: list[str], clients: int, per_client: int, new:
         figures |= {"ttft_p50_ms": 1e3 * pct(ttfts, 50), "ttft_p99_ms": 1e3 * pct(ttfts, 99)}
     return figures | {"errors": sum(p["errors"] for p in parts), "server_cpu": server_cpu / wall,
                       "client_cpu": sum(p["cpu_s"] for p in parts) / wall,
-                      "client_cpu_max": max(p["cpu_s"] for p in parts) / wall}
+                      "client_cpu_max": max(p["cpu_s"] for p in parts) / wall} | timeline(engine0, engine1, e1 - e0) \
+        | ({"py_spy": gil_profile(py_spy, wall)} if spy is not None and py_spy.is_file() else {})
 
 
-def engine_baseline(model_dir: Path, messages: list[str], args: argparse.Namespace) -> dict[int, float]:
-    """Tokens/s of the engine alone: per concurrency C, C prompts in one generate call, --requests times."""
+def _engine_counters(url: str) -> tuple[dict[str, float], float]:
+    """The server's engine step counters so far (``/health``'s ``engine``) and when they were read
+    (``time.perf_counter``)."""
+    with urllib.request.urlopen(url + "/health", timeout=30) as r:
+        return json.load(r)["engine"], time.perf_counter()
+
+
+def timeline(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
+    """The engine's step timeline over ``wall`` seconds, from two snapshots of its
+    :class:`~codechat.engine.rows.StepCounters` (module docstring: ``busy`` ... ``deliver_ms_step``)."""
+    d = {k: after[k] - before[k] for k in after}
+    steps, launches, prefills = max(d["steps"], 1), max(d["launches"], 1), max(d["prefills"], 1)
+    out = {"busy": d["step_s"] / wall, "steps": d["steps"], "rows_per_launch": d["launch_rows"] / launches,
+           "prefills": d["prefills"], "rows_per_prefill": d["prefill_rows"] / prefills,
+           "step_ms": 1e3 * d["step_s"] / steps, "wait_ms_step": 1e3 * d["wait_s"] / steps,
+           "admit_ms_step": 1e3 * d["admit_s"] / steps,
+           "host_ms_step": 1e3 * (d["step_s"] - d["wait_s"] - d["admit_s"]) / steps}
+    if "idle_s" in d:  # the server's engine thread
+        out |= {"idle": d["idle_s"] / wall, "deliver_ms_step": 1e3 * d["deliver_s"] / steps}
+    return out
+
+
+def _start_py_spy(pid: int, out: Path) -> subprocess.Popen:
+    """``py-spy record`` of process ``pid`` (every thread, only samples that hold the GIL, without
+    pausing it) into ``out`` (collapsed stacks) until :func:`_stop_py_spy`."""
+    cmd = ["py-spy", "record", "--pid", str(pid), "--threads", "--gil", "--nonblocking", "--rate", str(PY_SPY_RATE),
+           "--format", "raw", "--output", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _stop_py_spy(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        err = "py-spy did not stop within 60 s"
+    if proc.returncode not in (0, -signal.SIGINT, 130):
+        print(f"# py-spy exited with {proc.returncode}: {err.strip()[-500:]}", file=sys.stderr)
+
+
+def print_profile(name: str, profile: dict, raw: Path) -> None:
+    shares = ", ".join(f"{t} {v:.1%}" for t, v in profile["gil_share"].items())
+    print(f"# {name} GIL held (py-spy, {raw}): {shares}")
+    for row in profile["top"]:
+        print(f"#   {row['share']:6.1%}  {row['thread']}: {row['stack']}")
+
+
+def gil_profile(raw: Path, wall: float, top: int = 12) -> dict:
+    """From a ``py-spy record --threads --gil`` file: each thread's share of the GIL over ``wall``
+    seconds (its samples / (rate x wall)) and the ``top`` stacks by samples (their three innermost
+    frames, each as its share of the round)."""
+    threads: dict[str, int] = {}
+    frames: dict[tuple[str, str], int] = {}
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack:
+            continue
+        names = stack.split(";")
+        thread = re.sub(r"^thread \(\d+\): ", "", names[0])
+        key = thread, " < ".join(f.split(" (")[0] for f in names[-1:-4:-1])  # the 3 innermost frames
+        threads[thread] = threads.get(thread, 0) + int(n)
+        frames[key] = frames.get(key, 0) + int(n)
+    possible = PY_SPY_RATE * wall
+    return {"gil_share": {t: n / possible for t, n in sorted(threads.items(), key=lambda x: -x[1])},
+            "top": [{"thread": t, "stack": st, "share": n / possible}
+                    for (t, st), n in sorted(frames.items(), key=lambda x: -x[1])[:top]]}
+
+
+def engine_baseline(model_dir: Path, messages: list[str], args: argparse.Namespace,
+                    cores: list[int]) -> dict[int, dict[str, float]]:
+    """Tokens/s (and the step timeline) of the engine alone: per concurrency C, C prompts in one generate
+    call, --requests times;
+    on the server's ``cores`` (with as many CPU threads) when it was pinned, so both use the same cores."""
+    if cores:
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(len(cores))
     model, tok, _ = ckpt.load_model(model_dir, resolve_device(args.device))
     engine = Engine(model, EngineConfig(slots=args.slots))
     ids = [render_for_completion(tok, Conversation((Message("user", m),))) for m in messages]
@@ -263,13 +357,14 @@ def engine_baseline(model_dir: Path, messages: list[str], args: argparse.Namespa
     out = {}
     for c in args.concurrency:
         sync()
-        t0, done = time.perf_counter(), 0
+        t0, done, before = time.perf_counter(), 0, engine.counters.as_dict()
         for r in range(args.requests):
             batch = [Request(ids[(k * args.requests + r) % len(ids)], cfg, stop_ids=sorted(tok.special_ids))
                      for k in range(c)]
             done += sum(len(s[0].token_ids) for s in engine.generate(batch))
         sync()
-        out[c] = done / (time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        out[c] = {"tokens_s": done / wall} | timeline(before, engine.counters.as_dict(), wall)
     return out
 
 
@@ -293,6 +388,9 @@ def main() -> None:
                          "the CPUs less --client-procs; nothing is pinned when no core would be left)")
     ap.add_argument("--quick", action="store_true", help="CPU smoke check: 1 request a client, 16 new tokens, "
                                                          "300-character prompts")
+    ap.add_argument("--py-spy", action="store_true",
+                    help="sample the server with py-spy (on PATH) during the rounds at the largest concurrency: "
+                         "each thread's share of the GIL and the top stacks (files in --work)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "codechat-serve-load"),
                     help="where the tokenizer and random checkpoint are cached")
@@ -320,6 +418,7 @@ def main() -> None:
     print(f"# cores: server {_ranges(server_cores)}, clients {_ranges(client_cores)}", flush=True)
     proc, url = start_server(model_dir, args, work / "server.log", server_cores)
     figures: dict[str, float] = {}
+    profiles: dict[str, dict] = {}
     rounds = [(mode, c) for mode in args.modes for c in args.concurrency]
     try:
         one_round(url, messages, max(args.concurrency), 1, args.new_tokens, True, args.client_procs, proc.pid,
@@ -327,24 +426,31 @@ def main() -> None:
         for mode, c in rounds:
             stream = mode == "stream"
             name = f"serve_c{c}" if stream else f"serve_whole_c{c}"
-            for k, v in one_round(url, messages, c, args.requests, args.new_tokens, stream, args.client_procs,
-                                  proc.pid, client_cores).items():
+            spy = work / f"py-spy-{name}.txt" if args.py_spy and c == max(args.concurrency) else None
+            got = one_round(url, messages, c, args.requests, args.new_tokens, stream, args.client_procs, proc.pid,
+                            client_cores, spy)
+            if "py_spy" in got:
+                profiles[name] = got.pop("py_spy")
+                print_profile(name, profiles[name], spy)
+            for k, v in got.items():
                 figures[f"{name}_{k}"] = v
                 print(f"{name}_{k} {v:.4g}", flush=True)
     finally:
         proc.terminate()
         proc.wait(30)
-    for c, v in engine_baseline(model_dir, messages, args).items():
-        figures[f"engine_c{c}_tokens_s"] = v
-        print(f"engine_c{c}_tokens_s {v:.4g}")
+    for c, base in engine_baseline(model_dir, messages, args, server_cores).items():
+        for k, v in base.items():
+            figures[f"engine_c{c}_{k}"] = v
+            print(f"engine_c{c}_{k} {v:.4g}")
         for name in (f"serve_c{c}", f"serve_whole_c{c}"):
             if f"{name}_tokens_s" in figures:
-                figures[f"{name}_vs_engine"] = figures[f"{name}_tokens_s"] / v
+                figures[f"{name}_vs_engine"] = figures[f"{name}_tokens_s"] / base["tokens_s"]
                 print(f"{name}_vs_engine {figures[f'{name}_vs_engine']:.3f}")
     if args.out:
         Path(args.out).write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()},
                                               "model": str(model_dir), "server_cores": server_cores,
-                                              "client_cores": client_cores, "figures": figures}, indent=2))
+                                              "client_cores": client_cores, "figures": figures,
+                                              "py_spy": profiles}, indent=2))
 
 
 if __name__ == "__main__":

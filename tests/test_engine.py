@@ -142,6 +142,23 @@ def test_greedy_mixed_prompt_lengths_in_one_batch_equal_recomputation_with_slot_
     assert tokens(out)[4] == [greedy(prompts[7], 10)] * 2
 
 
+def test_step_counters_count_the_prefills_rows_and_tokens_of_a_generate(model, prompts):
+    news = {1: 12, 7: 5, 33: 9, 60: 12}
+    reqs = [Request(prompts[n], greedy_cfg(news[n])) for n in PROMPT_LENS] + [Request(prompts[7], greedy_cfg(10), samples=2)]
+    eng = Engine(model, EngineConfig(slots=6, decode_steps=2))
+    out = eng.generate(reqs)
+    c = eng.counters
+    assert c.prefills == 1 and c.prefill_rows == 6  # every row fits at once: one packed prefill
+    assert c.prefill_tokens == sum(PROMPT_LENS) + 7  # the two samples of one prompt share its prefill
+    assert c.tokens == sum(len(s.token_ids) for samples in out for s in samples) == sum(news.values()) + 20
+    # the prefill gives each row its first token and a launch two more: a row of m tokens is in
+    # ceil((m - 1) / 2) launches (12: 6, 5: 2, 9: 4, 10: 5), so the launches hold 6, 6, 5, 5, 4 and 2 rows
+    assert c.launches == 6 and c.launch_rows == 28 and c.masked_launches == 0
+    assert c.steps >= c.launches and c.wait_s == 0.0  # no device to wait for on a CPU
+    assert 0 < c.admit_s < c.step_s and c.fill_s == 0.0
+    assert set(c.as_dict()) >= {"steps", "step_s", "prefills", "tokens"}
+
+
 def test_greedy_requests_joining_a_running_batch_equal_recomputation(model, prompts, greedy):
     eng = Engine(model, EngineConfig(slots=3, max_prefill_tokens=40))  # 40: the 33 and 60 prefill in later steps
     first = eng.add(Request(prompts[33], greedy_cfg(16)))

@@ -355,6 +355,7 @@ def test_64_concurrent_streams_equal_the_same_requests_unstreamed_one_at_a_time_
         finally:
             await aclient.close()
 
+    before = http("GET", served.url + "/health")[2]["engine"]
     poller = threading.Thread(target=poll)
     poller.start()
     try:
@@ -362,7 +363,13 @@ def test_64_concurrent_streams_equal_the_same_requests_unstreamed_one_at_a_time_
     finally:
         done.set()
         poller.join()
+    after = http("GET", served.url + "/health")[2]["engine"]
     assert concurrent == alone
+    # the step timeline counted exactly these 64 rows' prefills, and their time
+    assert after["prefill_rows"] - before["prefill_rows"] == 64
+    assert after["tokens"] - before["tokens"] >= 64 and after["steps"] > before["steps"]
+    assert 0 < after["admit_s"] - before["admit_s"] < after["step_s"] - before["step_s"]
+    assert after["deliver_s"] > before["deliver_s"] and after["idle_s"] >= before["idle_s"]
     n_calls, n_texts = sum(bool(calls) for _, calls, _ in alone), len({text for text, _, _ in alone})
     assert n_calls >= 2 and n_texts >= 8, (n_calls, n_texts)  # calls, texts, calls that do not parse
     assert len(health) >= 3 and all(status == 200 and body["status"] == "ok" for _, status, body in health)

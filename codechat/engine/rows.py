@@ -1,8 +1,8 @@
 """The scheduler's bookkeeping (:mod:`.scheduler`): a row holding a cache slot, a launch in flight,
-and the shapes of a launch's outputs."""
+the shapes of a launch's outputs, and the counters of what the steps did."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import torch
@@ -43,6 +43,44 @@ class Launch:
     lps: torch.Tensor  # (steps, 2, B) float32
     top: tuple[torch.Tensor, ...]  # () or (steps, B, K) int64 ids and float32 log-probs (top_logprobs)
     event: torch.cuda.Event | None
+
+
+@dataclass
+class StepCounters:
+    """What :meth:`Engine.step` did since the engine was built: its step timeline in totals (take the
+    difference of two :meth:`as_dict` snapshots for a window). Seconds are host wall seconds
+    (``time.perf_counter``); on a CPU the compute runs inside the launches and admissions, so
+    ``wait_s`` stays 0 there."""
+
+    steps: int = 0  # Engine.step calls
+    step_s: float = 0.0  # seconds inside Engine.step
+    launches: int = 0  # decode launches (decode_steps steps each; a masked launch one)
+    masked_launches: int = 0  # of them, under grammar masks
+    launch_rows: int = 0  # rows summed over the decode launches (/ launches: the mean batch)
+    wait_s: float = 0.0  # seconds blocked on the device, reading launches back
+    fill_s: float = 0.0  # seconds computing grammar masks (those of joining rows too)
+    prefills: int = 0  # prefills (each admits one or more requests' rows)
+    prefill_rows: int = 0  # rows admitted (a request's n samples share its prompt's prefill)
+    prefill_tokens: int = 0  # prompt tokens prefilled
+    admit_s: float = 0.0  # seconds admitting rows: the prefill's launch, its sampling, joining rows' masks
+    tokens: int = 0  # tokens returned
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def finish_of(row: Row, t: int) -> str | None:
+    """How row ``row`` ends with its new token ``t`` (None: it goes on). Under a grammar: ``stop``
+    once the grammar is complete, ``rejected`` (``Sample.error`` says why) when the grammar did
+    not allow ``t`` — which its mask should have made impossible: an engine bug, never passed
+    off as ``stop`` — and ``length`` when the budget ran out first."""
+    if row.matcher is not None and not row.matcher.consume(t):
+        row.out.error = (f"the grammar rejected token {t}, sampled under its own mask after "
+                         f"{len(row.out.token_ids) - 1} tokens: {row.matcher.error or 'no reason given'}")
+        return "rejected"
+    if t in row.req.stop_ids or (row.matcher is not None and row.matcher.done):
+        return "stop"
+    return "length" if len(row.out.token_ids) >= row.req.sampling.max_new_tokens else None
 
 
 def row_kind(rows: Sequence[Row]) -> LaunchKind:

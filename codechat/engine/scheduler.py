@@ -43,7 +43,7 @@ import torch
 from ..model import GPT
 from .grammar import fill_rows, unpack, words
 from .options import LaunchKind, RowOptions
-from .rows import Launch, Row, row_kind, stacked
+from .rows import Launch, Row, StepCounters, finish_of, row_kind, stacked
 from .prefill import Prefill
 from .runner import InferenceModel, KVCache, capture_graph
 from .sampling import RowParams, row_seed, sample
@@ -112,6 +112,7 @@ class Engine:
         self._open: dict[int, int] = {}  # request id -> rows not yet finished
         self._next_id = 0
         self._active_rows: tuple[int, ...] = ()
+        self.counters = StepCounters()  # the step timeline in totals (serve's /health, benchmarks)
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -172,17 +173,24 @@ class Engine:
 
     def step(self) -> list[Token]:
         """One scheduler step (module docstring); returns the tokens that came back."""
+        t0 = time.perf_counter()
         if any(r is not None and r.matcher is not None for r in self._rows):
             events = self._drain(keep=None)  # every token in: the next masks depend on them
             launched = self._launch_decode(masked=True)
             events += self._drain(keep=None, also=launched)
             # a prefill has a fixed host cost, and a masked step makes one token:
             # new rows wait until an eighth of the slots is free (or none runs), then join in one prefill
-            if len(self._free) < max(1, self.slots // 8) and any(r is not None for r in self._rows):
-                return events
+            admit = len(self._free) >= max(1, self.slots // 8) or not any(r is not None for r in self._rows)
         else:
-            events = self._drain(keep=self._launch_decode())
-        self._admit()
+            events, admit = self._drain(keep=self._launch_decode()), True
+        if admit:
+            t1 = time.perf_counter()
+            self._admit()
+            self.counters.admit_s += time.perf_counter() - t1
+        c = self.counters
+        c.steps += 1
+        c.tokens += len(events)
+        c.step_s += time.perf_counter() - t0
         return events
 
     def run(self) -> Iterator[Token]:
@@ -297,7 +305,9 @@ class Engine:
                 graph.replay()
             else:
                 logits = self._forward(b, max_used)
+            t0 = time.perf_counter()
             fill_rows([(r.matcher, r.slot) for r in rows if r.matcher is not None], self._host_mask)
+            self.counters.fill_s += time.perf_counter() - t0
             self.bitmask[:b].copy_(self._host_mask[:b], non_blocking=True)  # the rows in use only
             if graphs:
                 if (b, kind, "masked") not in self.graphs:
@@ -315,6 +325,9 @@ class Engine:
             out = self._decode_steps(b, kind, max_used)
         for r in rows:
             r.launched = min(r.launched + steps, r.req.sampling.max_new_tokens)
+        self.counters.launches += 1
+        self.counters.masked_launches += masked
+        self.counters.launch_rows += len(rows)
         return self._launch(rows, out, [r.slot for r in rows])
 
     def _buckets(self) -> list[int]:
@@ -381,7 +394,9 @@ class Engine:
         self._pending = [keep] if keep is not None else []
         for launch in todo:
             if launch.event is not None:
+                t0 = time.perf_counter()
                 launch.event.synchronize()
+                self.counters.wait_s += time.perf_counter() - t0
             tops = zip(*(t.tolist() for t in launch.top)) if launch.top else itertools.repeat(None)
             for toks, lps, top in zip(launch.tokens.tolist(), launch.lps.tolist(), tops):  # step by step
                 for row, j in zip(launch.rows, launch.index):
@@ -396,25 +411,11 @@ class Engine:
                     best = tuple(zip(top[0][j][:k], top[1][j][:k])) if k else None
                     if k:
                         out.top_logprobs.append(best)
-                    finish = self._finish(row, t)
+                    finish = finish_of(row, t)
                     events.append(Token(row.rid, row.sample, t, lps[0][j], lps[1][j], finish, best))
                     if finish:
                         self._release(row, finish)
         return events
-
-    @staticmethod
-    def _finish(row: Row, t: int) -> str | None:
-        """How row ``row`` ends with its new token ``t`` (None: it goes on). Under a grammar: ``stop``
-        once the grammar is complete, ``rejected`` (``Sample.error`` says why) when the grammar did
-        not allow ``t`` — which its mask should have made impossible: an engine bug, never passed
-        off as ``stop`` — and ``length`` when the budget ran out first."""
-        if row.matcher is not None and not row.matcher.consume(t):
-            row.out.error = (f"the grammar rejected token {t}, sampled under its own mask after "
-                             f"{len(row.out.token_ids) - 1} tokens: {row.matcher.error or 'no reason given'}")
-            return "rejected"
-        if t in row.req.stop_ids or (row.matcher is not None and row.matcher.done):
-            return "stop"
-        return "length" if len(row.out.token_ids) >= row.req.sampling.max_new_tokens else None
 
     def _release(self, row: Row, finish: str) -> None:
         row.out.finish = finish
@@ -456,15 +457,21 @@ class Engine:
                 self._rows[slot] = row
                 rows.append(row)
                 which.append(g)
+        c = self.counters
+        c.prefills += 1
+        c.prefill_rows += len(rows)
+        c.prefill_tokens += sum(len(req.prompt) for _, req, _ in groups)
         h2d, long = self._h2d, torch.long
         h = self._prefill_run([req.prompt for _, req, _ in groups], [[slot for _, slot in pairs] for _, _, pairs in groups])
         logits = self.model.logits(h)[h2d(which, long)]
         constrained = [(j, r) for j, r in enumerate(rows) if r.req.grammar is not None]
         if constrained:  # the masks are computed while the device runs the prefill, and copied without a wait
             mask = torch.full((len(rows), self.bitmask.size(1)), -1, dtype=torch.int32, pin_memory=self.cuda)
+            t0 = time.perf_counter()
             for j, r in constrained:
                 r.matcher = r.req.grammar.matcher()
             fill_rows([(r.matcher, j) for j, r in constrained], mask)
+            self.counters.fill_s += time.perf_counter() - t0
             logits = logits.masked_fill(~unpack(mask.to(self.device, non_blocking=True), logits.size(-1)),
                                         float("-inf"))
         slots = h2d([r.slot for r in rows], long)

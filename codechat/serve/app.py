@@ -16,7 +16,8 @@ Routes (:func:`create_app`):
   true`` and the like are 400s.
 - ``GET /v1/models`` and ``GET /v1/models/{id}``: the one served model.
 - ``GET /health``: ``{"status": "ok", "model", "running", "waiting", "in_flight", "capacity",
-  "slots", "max_len"}`` (:meth:`.worker.EngineWorker.stats`) and ``unparsed_calls`` (choices since
+  "slots", "max_len", "engine"}`` (:meth:`.worker.EngineWorker.stats`; ``engine`` is the step
+  timeline in totals since the start: steps, launches, prefills, host seconds) and ``unparsed_calls`` (choices since
   the start whose reply began a function call that did not parse, sent as text:
   :attr:`.choices.ChoiceStream.unparsed`) and ``rejected_tokens`` (rows whose grammar rejected the
   token sampled under its own mask: each a 500 ``grammar_rejected_token``, a bug to report; 0

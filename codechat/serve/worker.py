@@ -22,6 +22,7 @@ import asyncio
 import queue
 import sys
 import threading
+import time
 import traceback
 from collections import defaultdict
 from typing import Any, AsyncIterator, Callable, TypeVar
@@ -102,6 +103,8 @@ class EngineWorker:
         self._rows = 0  # rows accepted and not finished
         self._jobs: dict[int, Job] = {}  # engine thread only
         self._stats = {"running": 0, "waiting": 0}
+        self._thread_s = {"idle_s": 0.0, "deliver_s": 0.0}  # waiting for work; handing tokens to the loops
+        self._idle_since: float | None = None  # when the engine thread began waiting for work (under _lock)
         self._thread = threading.Thread(target=self._run, name="codechat-engine", daemon=True)
 
     def start(self) -> EngineWorker:
@@ -115,11 +118,18 @@ class EngineWorker:
             self._commands.put(("stop", None, None))
             self._thread.join(timeout)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         """``running`` (rows holding a slot), ``waiting`` (rows queued for one; both as of the last
-        step), ``in_flight`` (rows accepted and unfinished), ``capacity``, ``slots``, ``max_len``."""
+        step), ``in_flight`` (rows accepted and unfinished), ``capacity``, ``slots``, ``max_len``, and
+        ``engine``: the engine's :class:`~codechat.engine.rows.StepCounters` since the start, with this
+        thread's ``idle_s`` (seconds waiting for work) and ``deliver_s`` (seconds handing tokens to the
+        event loops) beside them."""
+        with self._lock:
+            thread_s = dict(self._thread_s)
+            if self._idle_since is not None:  # waiting now: the wait so far counts
+                thread_s["idle_s"] += time.perf_counter() - self._idle_since
         return {**self._stats, "in_flight": self._rows, "capacity": self.capacity, "slots": self.engine.slots,
-                "max_len": self.engine.max_len}
+                "max_len": self.engine.max_len, "engine": {**self.engine.counters.as_dict(), **thread_s}}
 
     def submit(self, request: Request) -> Job:
         """Queue ``request`` on the engine; call from a coroutine (its loop receives the tokens).
@@ -157,8 +167,16 @@ class EngineWorker:
     def _run(self) -> None:
         while True:
             try:
-                if not self._apply(block=not self.engine.has_work()):
+                idle = not self.engine.has_work()
+                if idle:
+                    with self._lock:
+                        self._idle_since = time.perf_counter()
+                if not self._apply(block=idle):
                     return
+                if idle:
+                    with self._lock:
+                        self._thread_s["idle_s"] += time.perf_counter() - self._idle_since
+                        self._idle_since = None
                 if self.engine.has_work():
                     self._step()
                 running, waiting = self.engine.busy()
@@ -221,7 +239,9 @@ class EngineWorker:
         loop in one callback, not one per job: waking a loop is a write to its self-pipe, made while
         this thread holds the GIL the loop needs too."""
         by_rid: dict[int, list[Token]] = defaultdict(list)
-        for ev in self.engine.step():
+        events = self.engine.step()
+        t0 = time.perf_counter()
+        for ev in events:
             by_rid[ev.request].append(ev)
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, list[Token] | None]]] = defaultdict(list)
         for rid, events in by_rid.items():
@@ -236,6 +256,7 @@ class EngineWorker:
                 loop.call_soon_threadsafe(_deliver, items)
             except RuntimeError:  # the loop is closed: nobody is listening
                 pass
+        self._thread_s["deliver_s"] += time.perf_counter() - t0
 
     def _check_done(self, rid: int) -> None:
         job = self._finished(rid)

@@ -1,0 +1,56 @@
+"""``benchmarks/serve_load.py``'s readings of the engine's step counters and of a py-spy profile:
+the figures a GPU session acts on, checked on made-up inputs whose answers are known."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "serve_load.py"
+
+
+@pytest.fixture(scope="module")
+def serve_load():
+    spec = importlib.util.spec_from_file_location("benchmark_serve_load", PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def counters(**kw) -> dict[str, float]:
+    base = dict(steps=0, step_s=0.0, launches=0, masked_launches=0, launch_rows=0, wait_s=0.0, fill_s=0.0,
+                prefills=0, prefill_rows=0, prefill_tokens=0, admit_s=0.0, tokens=0, idle_s=0.0, deliver_s=0.0)
+    return base | kw
+
+
+def test_timeline_is_the_difference_of_two_snapshots_per_step_and_per_second(serve_load):
+    before = counters(steps=10, step_s=1.0, launches=10, launch_rows=100, prefills=2, prefill_rows=8, idle_s=5.0)
+    after = counters(steps=110, step_s=3.0, launches=100, launch_rows=100 + 90 * 32, wait_s=1.0, prefills=6,
+                     prefill_rows=8 + 64, admit_s=0.5, idle_s=6.0, deliver_s=0.2)
+    t = serve_load.timeline(before, after, wall=4.0)
+    assert t["busy"] == pytest.approx(0.5) and t["idle"] == pytest.approx(0.25)
+    assert t["steps"] == 100 and t["rows_per_launch"] == pytest.approx(32.0)
+    assert t["prefills"] == 4 and t["rows_per_prefill"] == pytest.approx(16.0)
+    assert t["step_ms"] == pytest.approx(20.0) and t["wait_ms_step"] == pytest.approx(10.0)
+    assert t["admit_ms_step"] == pytest.approx(5.0) and t["host_ms_step"] == pytest.approx(5.0)
+    assert t["deliver_ms_step"] == pytest.approx(2.0)
+    engine_alone = {k: v for k, v in after.items() if k not in ("idle_s", "deliver_s")}
+    assert "idle" not in serve_load.timeline(engine_alone, engine_alone, wall=1.0)  # no thread around it
+
+
+def test_gil_profile_gives_each_threads_share_of_the_round_and_the_top_stacks(serve_load, tmp_path):
+    raw = tmp_path / "spy.txt"
+    wall = 1000 / serve_load.PY_SPY_RATE  # 1000 samples' worth
+    raw.write_text(
+        "thread (11): MainThread;run (a.py:1);loop (b.py:2);send (c.py:3) 250\n"
+        "thread (12): codechat-engine;run (a.py:1);step (s.py:9);drain (s.py:10) 100\n"
+        "thread (11): MainThread;run (a.py:1);loop (b.py:2);encode (j.py:4) 150\n")
+    p = serve_load.gil_profile(raw, wall)
+    assert p["gil_share"] == {"MainThread": pytest.approx(0.4), "codechat-engine": pytest.approx(0.1)}
+    assert list(p["gil_share"]) == ["MainThread", "codechat-engine"]  # the largest first
+    assert p["top"][0] == {"thread": "MainThread", "stack": "send < loop < run", "share": pytest.approx(0.25)}
+    assert {r["stack"] for r in p["top"]} == {"send < loop < run", "drain < step < run", "encode < loop < run"}
