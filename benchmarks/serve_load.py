@@ -27,7 +27,7 @@ line per figure, ``serve_c{C}_*`` streaming and ``serve_whole_c{C}_*`` not:
 - ``latency_p50_s`` / ``_p99_s``: one request, send to its last byte;
 - ``ttft_p50_ms`` / ``_p99_ms`` (streaming): send to the first content chunk;
 - ``errors``: requests that failed (a figure above 0 makes the others suspect);
-- ``server_cpu``: the server process's CPU seconds (every thread) / wall seconds, in cores;
+- ``server_cpu``: the server's CPU seconds (every thread, the engine process's too) / wall seconds, in cores;
   ``client_cpu``: the client processes' together, and ``client_cpu_max`` the busiest one's (near 1
   means a client process was saturated: raise ``--client-procs``);
 - the engine's step timeline over the round (two snapshots of ``/health``'s ``engine`` counters):
@@ -138,7 +138,7 @@ def start_server(model: Path, args: argparse.Namespace, log: Path, cores: list[i
     port = free_port()
     cmd = [sys.executable, "-m", "codechat", "serve", "--model", str(model), "--port", str(port),
            "--device", args.device, "--slots", str(args.slots), "--queue-size", str(4 * max(args.concurrency)),
-           "--log-level", "warning"]
+           "--log-level", "warning"] + (["--engine-process"] if args.engine_process else [])
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=pin)
     url = f"http://127.0.0.1:{port}"
@@ -208,10 +208,12 @@ def _client_process(url: str, texts: list[list[str]], new: int, stream: bool, st
 
 
 def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; NaN elsewhere)."""
+    """User + system CPU seconds so far of process ``pid`` and its children (the engine process of
+    ``--engine-process``; Linux ``/proc``; NaN elsewhere)."""
     try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(int(c)) for c in children)
     except (OSError, ValueError, IndexError):
         return float("nan")
 
@@ -296,7 +298,8 @@ def timeline(before: dict[str, float], after: dict[str, float], wall: float) -> 
 def _start_py_spy(pid: int, out: Path) -> subprocess.Popen:
     """``py-spy record`` of process ``pid`` (every thread, only samples that hold the GIL, without
     pausing it) into ``out`` (collapsed stacks) until :func:`_stop_py_spy`."""
-    cmd = ["py-spy", "record", "--pid", str(pid), "--threads", "--gil", "--nonblocking", "--rate", str(PY_SPY_RATE),
+    cmd = ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--threads", "--gil", "--nonblocking",
+           "--rate", str(PY_SPY_RATE),
            "--format", "raw", "--output", str(out)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -320,18 +323,26 @@ def print_profile(name: str, profile: dict, raw: Path) -> None:
 
 
 def gil_profile(raw: Path, wall: float, top: int = 12) -> dict:
-    """From a ``py-spy record --threads --gil`` file: each thread's share of the GIL over ``wall``
-    seconds (its samples / (rate x wall)) and the ``top`` stacks by samples (their three innermost
-    frames, each as its share of the round)."""
+    """From a ``py-spy record --threads --gil`` file: each thread's share of its process's GIL over
+    ``wall`` seconds (its samples / (rate x wall); with ``--subprocesses`` each thread named after
+    its process, ``server`` or ``engine process``) and the ``top`` stacks by samples (their three
+    innermost frames, each as its share of the round)."""
     threads: dict[str, int] = {}
     frames: dict[tuple[str, str], int] = {}
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         if not stack:
             continue
+        procs = []  # with --subprocesses: 'process PID:"CMDLINE";' frames first, the owner last
+        while stack.startswith("process ") and '";' in stack:
+            end = stack.index('";') + 2  # a command line may hold ';' itself
+            procs.append(stack[:end])
+            stack = stack[end:]
         names = stack.split(";")
         thread = re.sub(r"^thread \(\d+\): ", "", names[0])
-        key = thread, " < ".join(f.split(" (")[0] for f in names[-1:-4:-1])  # the 3 innermost frames
+        if procs:
+            thread = f"{'engine process' if 'spawn_main' in procs[-1] else 'server'} {thread}"
+        key = thread, " < ".join(f.split(" (")[0] for f in names[1:][-1:-4:-1])  # the 3 innermost frames
         threads[thread] = threads.get(thread, 0) + int(n)
         frames[key] = frames.get(key, 0) + int(n)
     possible = PY_SPY_RATE * wall
@@ -388,6 +399,8 @@ def main() -> None:
                          "the CPUs less --client-procs; nothing is pinned when no core would be left)")
     ap.add_argument("--quick", action="store_true", help="CPU smoke check: 1 request a client, 16 new tokens, "
                                                          "300-character prompts")
+    ap.add_argument("--engine-process", action="store_true",
+                    help="serve with the engine in a process of its own (codechat serve --engine-process)")
     ap.add_argument("--py-spy", action="store_true",
                     help="sample the server with py-spy (on PATH) during the rounds at the largest concurrency: "
                          "each thread's share of the GIL and the top stacks (files in --work)")
@@ -410,7 +423,8 @@ def main() -> None:
     import openai
     print(f"# serve_load: {model_dir} on {args.device}, torch {torch.__version__}, openai {openai.__version__}; "
           f"concurrency {args.concurrency}, {args.requests} requests a client, {args.new_tokens} new tokens, "
-          f"{args.prompt_chars}-character prompts, modes {args.modes}, clients over {args.client_procs} processes",
+          f"{args.prompt_chars}-character prompts, modes {args.modes}, clients over {args.client_procs} processes, "
+          f"the engine in {'a process of its own' if args.engine_process else 'a thread of the server'}",
           flush=True)
     messages = prompts(max(args.concurrency) * args.requests, args.prompt_chars)
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

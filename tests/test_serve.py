@@ -375,3 +375,49 @@ def test_64_concurrent_streams_equal_the_same_requests_unstreamed_one_at_a_time_
     assert len(health) >= 3 and all(status == 200 and body["status"] == "ok" for _, status, body in health)
     assert max(t for t, _, _ in health) < 5.0, health
     assert max(body["running"] for _, _, body in health) > 1  # the streams shared the running batch
+
+
+def test_prompt_logprobs_cross_from_the_engine_process_as_the_engines_own_score(served, local):
+    """``echo`` with ``logprobs`` runs a teacher-forced pass on the engine's loop (a call: its function
+    and its answer cross the engine process's pipe)."""
+    engine, tok = local
+    text = "Weather in Tokyo? It is 21 C."
+    c = openai.OpenAI(api_key=served.api_key, base_url=served.url + "/v1", max_retries=0, timeout=60)
+    r = c.completions.create(model="codechat", prompt=text, echo=True, logprobs=1, max_tokens=0)
+    ids = [tok.end_id] + tok.encode(text)  # a text prompt follows <|end|>, as documents did in pretraining
+    want = engine.score(ids[:1], ids[1:])
+    got = r.choices[0].logprobs.token_logprobs
+    assert got[0] is None and len(got) == len(ids)
+    assert got[1:] == pytest.approx(want, abs=1e-4)
+
+
+def test_a_dead_engine_process_answers_503_and_health_says_so(funcall_stage, tmp_path):
+    """Every request in flight and every new one gets a 503 (never a hang) once the engine process is gone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import free_port, wait_healthy
+    port, log = free_port(), tmp_path / "server.log"
+    proc = subprocess.Popen([sys.executable, "-m", "codechat", "serve", "--model", str(funcall_stage[0]), "--port",
+                             str(port), "--device", "cpu", "--slots", "2", "--log-level", "warning", "--engine-process"],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        assert http("GET", url + "/health")[2]["engine"]["steps"] == 0
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        [child] = [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (status := http("GET", url + "/health")[0]) == 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status == 503
+        status, _, body = http("POST", url + "/v1/chat/completions", {"model": "codechat", "messages": [USER]})
+        assert status == 503 and "engine is not running" in body["error"]["message"]
+        assert proc.poll() is None  # the front end lives on and says why
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -206,7 +206,7 @@ def test_a_mixed_batchs_coalesced_chunks_are_each_choices_unchunked_text(tok):
 
 def test_a_lagging_reader_takes_every_waiting_step_at_once_and_the_error_after_them():
     async def read(items):
-        job = Job(None, None, asyncio.get_running_loop())
+        job = Job(None, 0, None, asyncio.get_running_loop())
         for item in items:
             job._queue.put_nowait(item)
         got = []

@@ -241,8 +241,19 @@ class GrammarCompiler:
         Raises:
             GrammarError: the grammar does not compile.
         """
+        return self.from_source(_llg().LLMatcher.grammar_from_lark(text), schema)
+
+    def from_source(self, source: str, schema: Mapping[str, Any] | None = None) -> Grammar:
+        """The grammar whose llguidance source is ``source`` (:attr:`Grammar.source`, as another
+        process compiled it: the server's engine process gets grammars this way).
+
+        Args:
+            schema: the JSON schema the grammar embeds, if any: an error is then located in it.
+
+        Raises:
+            GrammarError: the grammar does not compile.
+        """
         llg = _llg()
-        source = llg.LLMatcher.grammar_from_lark(text)
         with self._lock:
             hit = self._cache.pop(source, None)
             if hit is not None:

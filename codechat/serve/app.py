@@ -16,7 +16,7 @@ Routes (:func:`create_app`):
   true`` and the like are 400s.
 - ``GET /v1/models`` and ``GET /v1/models/{id}``: the one served model.
 - ``GET /health``: ``{"status": "ok", "model", "running", "waiting", "in_flight", "capacity",
-  "slots", "max_len", "engine"}`` (:meth:`.worker.EngineWorker.stats`; ``engine`` is the step
+  "slots", "max_len", "engine"}`` (:meth:`.worker.EngineClient.stats`; ``engine`` is the step
   timeline in totals since the start: steps, launches, prefills, host seconds) and ``unparsed_calls`` (choices since
   the start whose reply began a function call that did not parse, sent as text:
   :attr:`.choices.ChoiceStream.unparsed`) and ``rejected_tokens`` (rows whose grammar rejected the
@@ -62,7 +62,7 @@ from .constraints import Grammars
 from .errors import APIError, bad
 from .protocol import ChatRequest, parse_chat_request
 from .responses import ResponseBuilder, parse_responses_request
-from .worker import EngineWorker, Job, QueueFull
+from .worker import EngineClient, Job, QueueFull
 
 STATIC = Path(__file__).with_name("static")
 log = logging.getLogger("codechat.serve")
@@ -125,12 +125,12 @@ async def _cancel_on_disconnect(request: Request, job: Job | TextCompletion) -> 
     job.cancel()
 
 
-def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = ServeConfig(), *,
+def create_app(worker: EngineClient, tok: Tokenizer, config: ServeConfig = ServeConfig(), *,
                api_key: str | None = None) -> FastAPI:
     """The FastAPI app serving ``worker``'s engine (module docstring for the routes).
 
     Args:
-        worker: the started engine thread.
+        worker: the started engine thread or process (:mod:`.worker`).
         tok: the model's tokenizer.
         config: names and limits.
         api_key: the key every ``/v1`` request must bring as ``Authorization: Bearer KEY``; None
@@ -138,8 +138,8 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
     """
     app = FastAPI(title="codechat serve", docs_url=None, redoc_url=None, openapi_url=None)
     started = int(time.time())
-    max_len = worker.engine.max_len
-    grammars = Grammars(tok, worker.engine.vocab_size)  # the compiler itself comes with the first grammar
+    max_len = worker.max_len
+    grammars = Grammars(tok, worker.vocab_size)  # the compiler itself comes with the first grammar
     counters = {"unparsed_calls": 0, "rejected_tokens": 0}  # since the start (/health)
 
     @app.exception_handler(APIError)
@@ -172,7 +172,7 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": config.model_name, **worker.stats(), **counters}
+        return {"status": "ok", "model": config.model_name, **await worker.stats(), **counters}
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -212,7 +212,7 @@ def create_app(worker: EngineWorker, tok: Tokenizer, config: ServeConfig = Serve
     async def text_completions(request: Request) -> Response:
         authorize(request)
         body = await _read_json(request, config.max_body_bytes)
-        req = await run_in_threadpool(parse_completion_request, body, tok, max_len, worker.engine.vocab_size, config)
+        req = await run_in_threadpool(parse_completion_request, body, tok, max_len, worker.vocab_size, config)
         if req.rows > worker.capacity:  # it would never fit: not a reason to retry
             raise bad("n", f"{req.rows} rows (n per prompt, and one per prompt scored) are more than this server "
                            f"holds at once ({worker.capacity}: --slots plus --queue-size)")

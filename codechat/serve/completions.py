@@ -45,6 +45,7 @@ import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, AsyncIterator, Sequence
 
 from codechat.engine import Request, SamplingConfig, Token
@@ -56,7 +57,7 @@ from .choices import ChoiceStream, CompletionIds, Delta, merge
 from .config import ServeConfig
 from .errors import APIError, bad
 from .protocol import MAX_SEED, _int, _stop, check_body, read_bool, read_sampling, read_stream, sampling_options
-from .worker import EngineWorker, Job
+from .worker import EngineClient, Job
 
 DEFAULT_MAX_TOKENS = 16  #: OpenAI's default ``max_tokens`` for completions
 
@@ -352,7 +353,7 @@ class TextCompletion:
         self.scores: list[asyncio.Future[PromptLogprobs]] = []
         self._cancelled = False
 
-    def start(self, worker: EngineWorker) -> None:
+    def start(self, worker: EngineClient) -> None:
         """Queue the engine requests and scoring passes (call from a coroutine).
 
         Raises:
@@ -365,7 +366,7 @@ class TextCompletion:
                     self.jobs[p] = worker.submit(self.req.engine_request(p))
             if self.req.scored:
                 for ids in self.req.prompts:
-                    self.scores.append(worker.call(lambda engine, ids=ids: prompt_logprobs(engine, ids, k, bias)))
+                    self.scores.append(worker.call(partial(prompt_logprobs, ids=ids, top=k, logit_bias=bias)))
         except Exception:
             self.cancel()
             raise

@@ -23,9 +23,17 @@ class APIError(Exception):
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = dict(headers or {})
 
+    def __reduce__(self) -> tuple:  # pickled across the engine process's pipe with its fields
+        return _api_error, (self.status, self.message, self.type, self.param, self.code, self.headers)
+
     def body(self) -> dict[str, Any]:
         """The JSON body OpenAI sends with the error."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _api_error(status: int, message: str, type: str, param: str | None, code: str | None,
+               headers: Mapping[str, str]) -> APIError:
+    return APIError(status, message, type=type, param=param, code=code, headers=headers)
 
 
 def bad(param: str | None, message: str, code: str = "invalid_value") -> APIError:
