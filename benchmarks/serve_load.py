@@ -138,7 +138,7 @@ def start_server(model: Path, args: argparse.Namespace, log: Path, cores: list[i
     port = free_port()
     cmd = [sys.executable, "-m", "codechat", "serve", "--model", str(model), "--port", str(port),
            "--device", args.device, "--slots", str(args.slots), "--queue-size", str(4 * max(args.concurrency)),
-           "--log-level", "warning"] + (["--engine-process"] if args.engine_process else [])
+           "--log-level", "warning", "--engine", args.engine]
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=pin)
     url = f"http://127.0.0.1:{port}"
@@ -209,7 +209,7 @@ def _client_process(url: str, texts: list[list[str]], new: int, stream: bool, st
 
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds so far of process ``pid`` and its children (the engine process of
-    ``--engine-process``; Linux ``/proc``; NaN elsewhere)."""
+    ``--engine process``; Linux ``/proc``; NaN elsewhere)."""
     try:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -399,8 +399,8 @@ def main() -> None:
                          "the CPUs less --client-procs; nothing is pinned when no core would be left)")
     ap.add_argument("--quick", action="store_true", help="CPU smoke check: 1 request a client, 16 new tokens, "
                                                          "300-character prompts")
-    ap.add_argument("--engine-process", action="store_true",
-                    help="serve with the engine in a process of its own (codechat serve --engine-process)")
+    ap.add_argument("--engine", choices=["process", "thread"], default="process",
+                    help="where the server runs its engine (codechat serve --engine; default process)")
     ap.add_argument("--py-spy", action="store_true",
                     help="sample the server with py-spy (on PATH) during the rounds at the largest concurrency: "
                          "each thread's share of the GIL and the top stacks (files in --work)")
@@ -424,7 +424,7 @@ def main() -> None:
     print(f"# serve_load: {model_dir} on {args.device}, torch {torch.__version__}, openai {openai.__version__}; "
           f"concurrency {args.concurrency}, {args.requests} requests a client, {args.new_tokens} new tokens, "
           f"{args.prompt_chars}-character prompts, modes {args.modes}, clients over {args.client_procs} processes, "
-          f"the engine in {'a process of its own' if args.engine_process else 'a thread of the server'}",
+          f"the server's engine in a {args.engine}",
           flush=True)
     messages = prompts(max(args.concurrency) * args.requests, args.prompt_chars)
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

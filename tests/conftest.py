@@ -322,8 +322,8 @@ class Served:
 
 @pytest.fixture(scope="session")
 def served(funcall_stage, tmp_path_factory):
-    """``codechat serve --model funcall_stage --engine-process`` in a subprocess on a free port of
-    127.0.0.1 (the engine in a process of its own: the servers in a thread of the tests' process,
+    """``codechat serve --model funcall_stage`` in a subprocess on a free port of 127.0.0.1 (the engine
+    in a process of its own, the default: the servers in a thread of the tests' process,
     :func:`serve_in_thread`, run it in a thread), the key from ``CODECHAT_API_KEY``; 16 slots and room
     for 64 rows, small message and body limits."""
     stage, _ = funcall_stage
@@ -334,7 +334,7 @@ def served(funcall_stage, tmp_path_factory):
     proc = subprocess.Popen([sys.executable, "-m", "codechat", "serve", "--model", str(stage), "--port", str(port),
                              "--device", "cpu", "--slots", str(s.slots), "--queue-size", str(s.queue_size),
                              "--max-messages", str(s.max_messages), "--max-body-bytes", str(s.max_body_bytes),
-                             "--max-n", str(s.max_n), "--log-level", "warning", "--engine-process"],
+                             "--max-n", str(s.max_n), "--log-level", "warning"],
                             env={**os.environ, "CODECHAT_API_KEY": key}, stdout=log.open("w"),
                             stderr=subprocess.STDOUT)
     try:

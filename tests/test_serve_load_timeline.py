@@ -58,7 +58,7 @@ def test_gil_profile_gives_each_threads_share_of_the_round_and_the_top_stacks(se
 
 def test_gil_profile_names_each_thread_after_its_process_with_subprocesses(serve_load, tmp_path):
     raw = tmp_path / "spy.txt"
-    front = 'process 7:"python -m codechat serve --engine-process";'
+    front = 'process 7:"python -m codechat serve --engine process";'
     engine = 'process 9:"python -c from multiprocessing.spawn import spawn_main; spawn_main(pipe_handle=8)";'
     raw.write_text(f"{front}thread (7): MainThread;loop (b.py:2);send (c.py:3) 300\n"
                    f"{front}{engine}thread (9): MainThread;run (w.py:1);step (s.py:9) 200\n")

@@ -53,9 +53,10 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                    help=f"request body size at most; larger gets HTTP 413 (default {d.max_body_bytes})")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto", help="device (default auto)")
-    p.add_argument("--engine-process", action="store_true",
-                   help="run the engine in a process of its own (its own GIL), the HTTP front end in this one; "
-                        "commands and tokens cross a pipe (default: the engine in a thread of this process)")
+    p.add_argument("--engine", choices=["process", "thread"], default="process",
+                   help="where the engine runs: a process of its own (default; its own GIL, commands and tokens "
+                        "cross a pipe) or a thread of the HTTP front end's process (sharing its GIL: on a 2-core "
+                        "CPU non-streaming load got 0.57x the tokens/s; benchmarks/RESULTS.md, serving)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default info: one line per request)")
     p.set_defaults(func=_cmd_serve)
@@ -122,14 +123,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                          "where another character could never match")
     path = resolve(args.model)
     check_port(args.host, args.port)  # a busy port is said before the model loads
-    if args.engine_process:  # the model loads there; only its tokenizer here
+    if args.engine == "process":  # the model loads there; only its tokenizer here
         tok = Tokenizer.load(path / "tokenizer")
         worker = EngineProcess(path, args.device, engine_config, config.queue_size).start()
     else:
         model, tok, _ = load_model(path, resolve_device(args.device))
         worker = EngineWorker(Engine(model, engine_config), config.queue_size).start()
     app = create_app(worker, tok, config, api_key=api_key)
-    where = "a process of its own" if args.engine_process else "a thread"
+    where = "a process of its own" if args.engine == "process" else "a thread"
     print(f"codechat serve: {path} as {config.model_name!r} on http://{args.host}:{args.port} (chat page at /; "
           f"{worker.slots} slots, context {worker.max_len}, {worker.device}, the engine in {where}; API key "
           f"{'required' if api_key else 'not required'})", flush=True)

@@ -1,5 +1,5 @@
-"""The engine in a process of its own (``codechat serve --engine-process``): its Python has its own
-GIL, so the HTTP front end's event loop (parsing, SSE chunks, JSON) no longer takes turns with the
+"""The engine in a process of its own (``codechat serve --engine process``, the default): its Python
+has its own GIL, so the HTTP front end's event loop (parsing, SSE chunks, JSON) no longer takes turns with the
 engine's host work, as vLLM splits its API server from its engine core.
 
 The front end (this process) loads only the tokenizer; the engine process (spawned: CUDA is never

@@ -7,14 +7,14 @@ step's tokens come back to the handlers' event loops in one ``loop.call_soon_thr
 Every request shares the engine's running batch: it joins as soon as a cache slot frees and leaves
 when its rows finish, whatever else runs.
 
-Where the loop runs is the server's choice (``codechat serve --engine-process``):
+Where the loop runs is the server's choice (``codechat serve --engine process|thread``):
 
-- :class:`EngineWorker`: a thread of the server's process. Its Python shares the GIL with the event
-  loop's HTTP, JSON and SSE work.
-- :class:`~.engine_process.EngineProcess`: a process of its own, with its own GIL, as vLLM splits its
+- :class:`~.engine_process.EngineProcess` (the default): a process of its own, with its own GIL, as vLLM splits its
   API server from its engine core; commands and tokens cross a pipe. Everything crossing it is
   picklable: a grammar crosses as its source and is compiled again there (once, cached), and a
   :meth:`EngineClient.call` takes a module-level function (a ``functools.partial`` of one).
+- :class:`EngineWorker`: a thread of the server's process. Its Python shares the GIL with the event
+  loop's HTTP, JSON and SSE work (the tests' in-process servers use it).
 
 Both are an :class:`EngineClient`: jobs and calls are numbered there, and the loop answers by number.
 
