@@ -28,6 +28,8 @@ line per figure, ``serve_c{C}_*`` streaming and ``serve_whole_c{C}_*`` not:
 - ``ttft_p50_ms`` / ``_p99_ms`` (streaming): send to the first content chunk;
 - ``errors``: requests that failed (a figure above 0 makes the others suspect);
 - ``server_cpu``: the server's CPU seconds (every thread, the engine process's too) / wall seconds, in cores;
+  ``front_end_us_token``: the server process's own CPU microseconds per completion token (with
+  ``--engine process`` the HTTP front end alone: its cost per token whatever the engine's speed);
   ``client_cpu``: the client processes' together, and ``client_cpu_max`` the busiest one's (near 1
   means a client process was saturated: raise ``--client-procs``);
 - the engine's step timeline over the round (two snapshots of ``/health``'s ``engine`` counters):
@@ -207,13 +209,13 @@ def _client_process(url: str, texts: list[list[str]], new: int, stream: bool, st
     results.put({**out, "cpu_s": time.process_time() - cpu0, "t0": t0, "t1": time.monotonic()})
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds so far of process ``pid`` and its children (the engine process of
-    ``--engine process``; Linux ``/proc``; NaN elsewhere)."""
+def _cpu_s(pid: int, children: bool = True) -> float:
+    """User + system CPU seconds so far of process ``pid`` and, with ``children``, of its children
+    (the engine process of ``--engine process``; Linux ``/proc``; NaN elsewhere)."""
     try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split() if children else []
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(int(c)) for c in children)
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(int(c)) for c in kids)
     except (OSError, ValueError, IndexError):
         return float("nan")
 
@@ -249,11 +251,11 @@ def one_round(url: str, messages: list[str], clients: int, per_client: int, new:
                     sys.exit(f"a client process exited with {dead[0]} {what}")
         return got
     collect(procs, "before the round started")
-    server0, (engine0, e0) = _cpu_s(server_pid), _engine_counters(url)
+    server0, front0, (engine0, e0) = _cpu_s(server_pid), _cpu_s(server_pid, False), _engine_counters(url)
     spy = _start_py_spy(server_pid, py_spy) if py_spy else None
     start.set()
     parts = collect(procs, "during the round")
-    server_cpu = _cpu_s(server_pid) - server0
+    server_cpu, front_cpu = _cpu_s(server_pid) - server0, _cpu_s(server_pid, False) - front0
     if spy is not None:
         _stop_py_spy(spy)
     engine1, e1 = _engine_counters(url)
@@ -267,7 +269,9 @@ def one_round(url: str, messages: list[str], clients: int, per_client: int, new:
                "latency_p50_s": pct(latencies, 50), "latency_p99_s": pct(latencies, 99)}
     if stream:
         figures |= {"ttft_p50_ms": 1e3 * pct(ttfts, 50), "ttft_p99_ms": 1e3 * pct(ttfts, 99)}
+    tokens = sum(p["tokens"] for p in parts)
     return figures | {"errors": sum(p["errors"] for p in parts), "server_cpu": server_cpu / wall,
+                      "front_end_us_token": 1e6 * front_cpu / max(tokens, 1),
                       "client_cpu": sum(p["cpu_s"] for p in parts) / wall,
                       "client_cpu_max": max(p["cpu_s"] for p in parts) / wall} | timeline(engine0, engine1, e1 - e0) \
         | ({"py_spy": gil_profile(py_spy, wall)} if spy is not None and py_spy.is_file() else {})
