@@ -57,8 +57,10 @@ class EngineProcess(EngineClient):
         """Start the engine process and wait until its engine is built; returns ``self``.
 
         Raises:
-            RuntimeError: the engine process could not load the model or build the engine (its
-                traceback in the message).
+            CheckpointError, ValueError: the engine process could not load the checkpoint, or the
+                engine's settings do not fit it (as :func:`~codechat.checkpoint.load_model` and
+                :class:`~codechat.engine.Engine` raise them).
+            RuntimeError: anything else that stopped it (its traceback in the message).
         """
         self._proc.start()
         self._child_conn.close()  # the child's end lives in the child: EOF here once it exits
@@ -68,7 +70,10 @@ class EngineProcess(EngineClient):
             raise RuntimeError(f"the engine process exited with {self._proc.exitcode} before it was ready") from None
         if kind != "ready":
             self._proc.join(10)
-            raise RuntimeError(f"the engine process failed to start:\n{info}")
+            error, trace = info
+            if error is not None:
+                raise error
+            raise RuntimeError(f"the engine process failed to start:\n{trace}")
         self.slots, self.max_len, self.vocab_size, self.device = (info[k] for k in ("slots", "max_len", "vocab_size",
                                                                                   "device"))
         threading.Thread(target=self._read, name="codechat-engine-reader", daemon=True).start()
@@ -130,8 +135,9 @@ def _engine_main(conn: Any, model: str, device: str, engine_config: EngineConfig
         from codechat.engine import Engine
         model_, tok, _ = load_model(model, resolve_device(device))
         engine = Engine(model_, engine_config)
-    except BaseException:
-        conn.send(("failed", traceback.format_exc()))
+    except BaseException as e:  # the user's errors (a bad checkpoint, settings) cross as themselves
+        user = isinstance(e, (ValueError, FileNotFoundError)) or type(e).__name__ == "CheckpointError"
+        conn.send(("failed", (e if user else None, traceback.format_exc())))
         return
     lock = threading.Lock()
 
