@@ -178,11 +178,11 @@ def _engine_main(conn: Any, model: str, device: str, engine_config: EngineConfig
         except Exception as e:  # an outcome that does not pickle: the caller still gets an answer
             send(("settle", cid, None, RuntimeError(f"the engine's answer could not cross to the server: {e}")))
 
-    threading.Thread(target=read, name="codechat-engine-commands", daemon=True).start()
     def deliver(items: list[tuple[int, Item]]) -> None:  # tokens as tuples: 7x faster to pickle than dataclasses
         send(("deliver", [(jid, [(t.request, t.sample, t.token, t.logprob, t.logprob_t1, t.finish, t.top)
                                  for t in item] if isinstance(item, list) else item) for jid, item in items]))
 
+    threading.Thread(target=read, name="codechat-engine-commands", daemon=True).start()
     loop = EngineLoop(engine, commands, deliver=deliver, settle=settle)
     send(("ready", {"slots": engine.slots, "max_len": engine.max_len, "vocab_size": engine.vocab_size,
                     "device": str(engine.device)}))
