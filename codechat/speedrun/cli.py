@@ -63,23 +63,29 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                 "data, optim, train), e.g. --pretrain.optim.name muon --pretrain.optim.lr 2e-3; the data section "
                 "reaches the tokenizer and corpus too. On a GPU, d12 pretrains with the settings of "
                 "codechat.speedrun.plan.GPU_RECIPE_OVERRIDES (Muon at lr 2e-3, ReLU² MLP, logits soft-capped at 15, "
-                "embedding LR x5, linear decay to 0) unless told otherwise. SFT keeps half the preset's own learning rate.")
+                "embedding LR x5, linear decay to 0) unless told otherwise. SFT keeps half the preset's own learning rate. "
+                "The plan's own settings (codechat.speedrun.plan.SpeedrunPlan's numbers, flags and texts): "
+                "--plan.FIELD VALUE, e.g. --plan.rl_prompts_per_step 4 --plan.rl_train_share 0.5; recorded in "
+                "metrics.json and the report, and kept by --resume.")
     p.set_defaults(func=_run, accepts_overrides=True)
 
 
 def _run(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     from .run import SpeedrunFailed, run_speedrun
-    other = [k for k in overrides if not k.startswith("pretrain.")]
+    other = [k for k in overrides if not k.startswith(("pretrain.", "plan."))]
     if other:
         raise ConfigError(f"unrecognised argument --{other[0]}: the speedrun takes settings of its pretraining "
-                          "stage only, as --pretrain.SECTION.FIELD VALUE (e.g. --pretrain.optim.lr 2e-3)")
+                          "stage, as --pretrain.SECTION.FIELD VALUE (e.g. --pretrain.optim.lr 2e-3), and of its "
+                          "plan, as --plan.FIELD VALUE (e.g. --plan.rl_prompts_per_step 4)")
     try:
         run_speedrun(preset=args.preset, out=args.out, time_budget_min=args.time_budget_min, seed=args.seed,
                      device=args.device or "auto", max_files=args.max_files, eval_limit=args.eval_limit,
                      checkpoint_every_s=args.checkpoint_every_s, resume=args.resume,
                      funcall_data=args.funcall_data or "", mbpp=args.mbpp or "", sft_data=args.data or "",
                      mid_share=args.mid_share, mid_data=args.mid_data or "", tasks=args.tasks or "", rl=args.rl,
-                     pretrain_overrides={k[len("pretrain."):]: v for k, v in overrides.items()},
+                     pretrain_overrides={k[len("pretrain."):]: v for k, v in overrides.items()
+                                         if k.startswith("pretrain.")},
+                     plan_overrides={k[len("plan."):]: v for k, v in overrides.items() if k.startswith("plan.")},
                      record=args.record or "", command=shlex.join(["codechat", *args.argv]))
     except SpeedrunFailed as e:
         print(f"codechat speedrun: error: {e}", file=sys.stderr)

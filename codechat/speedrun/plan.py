@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import site
 import sysconfig
+import typing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -92,6 +94,8 @@ class SpeedrunPlan:
     # (GPU_RECIPE_OVERRIDES) under --pretrain.SECTION.FIELD VALUE; the data section's reach the
     # tokenizer and corpus too. The keys the speedrun sets itself (PRETRAIN_OWN_KEYS) are refused.
     pretrain_overrides: dict[str, str] = field(default_factory=dict)
+    # Fields of this plan set with --plan.FIELD VALUE (with_plan_overrides), as given: set again on --resume.
+    plan_overrides: dict[str, str] = field(default_factory=dict)
     compile: bool = False  # the preset's recipe; a stage still runs eager under compile_max_share
     # Seconds torch.compile adds to a stage's first step (H200, d12: 37 s; CPU tiny: 46 s); the SFT
     # stage uses the figure measured in pretraining instead when there is one.
@@ -388,6 +392,49 @@ def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
         gain *= 1 - p.mid_share
     shares["pretrain"] += gain
     return replace(p, rl=False, rl_reason=why, shares=shares)
+
+
+#: Plan fields with a flag of their own (or derived by the plan): ``--plan.FIELD`` refuses them, naming it.
+OWN_FLAGS = {"preset": "--preset", "time_budget_min": "--time-budget-min", "max_files": "--max-files",
+             "eval_limit": "--eval-limit", "checkpoint_every_s": "--checkpoint-every-s", "funcall_data": "--funcall-data",
+             "mbpp": "--mbpp", "sft_data": "--data", "mid_share": "--mid-share", "mid_data": "--mid-data", "rl": "--rl",
+             "rl_reason": "--rl", "rl_tasks": "--tasks", "pretrain_overrides": "--pretrain.SECTION.FIELD",
+             "plan_overrides": "--plan.FIELD"}
+
+
+def with_plan_overrides(p: SpeedrunPlan, overrides: dict[str, str]) -> SpeedrunPlan:
+    """``p`` with its number, flag and text fields set from ``--plan.FIELD VALUE`` strings (e.g.
+    ``{"rl_prompts_per_step": "4"}``: a recipe change without a code change), recorded in
+    :attr:`SpeedrunPlan.plan_overrides`. The plan's own checks run on the result.
+
+    Raises:
+        ConfigError: a field the plan does not have, one with a flag of its own (:data:`OWN_FLAGS`),
+            one that is not a number, flag or text, or a value that is not of its type or that the
+            plan's checks refuse.
+    """
+    hints = typing.get_type_hints(SpeedrunPlan)
+    settable = sorted(k for k, t in hints.items() if t in (int, float, bool, str) and k not in OWN_FLAGS)
+    values: dict[str, Any] = {}
+    for key, raw in overrides.items():
+        if key in OWN_FLAGS:
+            raise ConfigError(f"--plan.{key}: set it with {OWN_FLAGS[key]}")
+        if key not in settable:
+            raise ConfigError(f"--plan.{key}: not a setting of the speedrun's plan (those of codechat.speedrun.plan."
+                              f"SpeedrunPlan that take a number, flag or text: {', '.join(settable)})")
+        kind = hints[key]
+        try:
+            if kind is bool:
+                if raw.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(raw)
+                values[key] = raw.lower() in ("true", "1")
+            else:
+                values[key] = kind(raw)
+        except ValueError:
+            raise ConfigError(f"--plan.{key} {raw!r}: expected {'true or false' if kind is bool else 'a number'}"
+                              + (" without a fraction" if kind is int else "")) from None
+        if isinstance(values[key], (int, float)) and not isinstance(values[key], bool) and values[key] < 0:
+            raise ConfigError(f"--plan.{key} {raw}: must be >= 0")
+    return replace(p, **values, plan_overrides={**p.plan_overrides, **overrides})
 
 
 def plan(device: torch.device, preset: str | None, time_budget_min: float | None, max_files: int = 0,

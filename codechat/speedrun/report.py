@@ -264,6 +264,8 @@ def speedrun_report(m: dict[str, Any]) -> str:
         d = m["data"]
         lines += ["## Data", markdown_table([
             ("corpus", ", ".join(m["plan"].get("sources", [])) or "see pretrain config"),
+            *([("plan settings (--plan.*)", ", ".join(f"{k}={v}" for k, v in m["plan"]["plan_overrides"].items()))]
+              if m["plan"].get("plan_overrides") else []),
             ("files seen", d["files_seen"]),
             ("skipped", ", ".join(f"{k} {v}" for k, v in d["skipped"].items())),
             ("train documents / tokens / bytes", f"{d['train_documents']:,} / {d['train_tokens']:,} / "

@@ -56,7 +56,7 @@ from codechat.data.corpus import benchmark_decontaminator, build_corpus, load_in
 from codechat.data.sources import iter_split_texts
 from codechat.data.windows import eval_windows, spread_order
 from codechat.speedrun.generation import GenerationStages
-from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan, with_rl
+from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan, with_plan_overrides, with_rl
 from codechat.speedrun.record import append_record, current_commit, record_line
 from codechat.speedrun.report import plot_loss, plot_throughput, read_metrics, speedrun_report, validation_baselines
 from codechat.speedrun.rl_stage import RLStage
@@ -103,10 +103,12 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
                 raise ConfigError(f"--resume: {path} is a {self.m.get('preset')} run on "
                                   f"{self.m.get('device_type')}, not {p.preset} on {device.type}; resume with "
                                   "the same --preset and --device, or use a new --out")
-            self.p = p = replace(p, **{k: v for k, v in self.m["plan"].items()
-                                       if k in ("time_budget_min", "shares", "min_s", "eval_limit", "funcall_data",
-                                                "mbpp", "sft_data", "pretrain_overrides", "mid_share", "mid_data",
-                                                "rl_tasks", "rl", "rl_reason")})
+            self.p = p = with_plan_overrides(
+                replace(p, plan_overrides={}, **{k: v for k, v in self.m["plan"].items()
+                                                 if k in ("time_budget_min", "shares", "min_s", "eval_limit",
+                                                          "funcall_data", "mbpp", "sft_data", "pretrain_overrides",
+                                                          "mid_share", "mid_data", "rl_tasks", "rl", "rl_reason")}),
+                self.m["plan"].get("plan_overrides", {}))
         else:
             if path.is_file():
                 raise ConfigError(f"{run} already holds a speedrun (metrics.json): add --resume to continue it, "
@@ -122,8 +124,8 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
                       "time_budget_min": p.time_budget_min, "licenses": licenses,
                       "plan": {k: v for k, v in asdict(p).items() if k in
                                ("time_budget_min", "shares", "min_s", "eval_limit", "max_files", "compile", "sources",
-                                "funcall_data", "mbpp", "sft_data", "pretrain_overrides", "mid_share",
-                                "mid_data", "rl_tasks", "rl", "rl_reason")},
+                                "funcall_data", "mbpp", "sft_data", "pretrain_overrides", "plan_overrides",
+                                "mid_share", "mid_data", "rl_tasks", "rl", "rl_reason")},
                       "stages": {s: {"status": "pending", "planned_s": t} for s, t in p.planned_s().items()}}
         # the preset's recipe under --pretrain.* (checked here, before any stage runs)
         self.base = p.pretrain_base()
@@ -405,12 +407,15 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
                  eval_limit: int | None = None, checkpoint_every_s: float | None = None,
                  resume: bool = False, funcall_data: str = "", mbpp: str = "", sft_data: str = "",
                  mid_share: float = 0.0, mid_data: str = "", tasks: str = "", rl: str = "auto",
-                 pretrain_overrides: dict[str, str] | None = None, record: str = "",
+                 pretrain_overrides: dict[str, str] | None = None, plan_overrides: dict[str, str] | None = None,
+                 record: str = "",
                  command: str = "codechat speedrun") -> dict[str, Any]:
     """Run every stage into ``out`` (``report.md``, ``metrics.json`` after each); returns the metrics.
 
     ``pretrain_overrides`` are dotted settings of the pretraining recipe (``{"optim.name": "muon"}``,
-    :attr:`SpeedrunPlan.pretrain_overrides <codechat.speedrun.plan.SpeedrunPlan.pretrain_overrides>`).
+    :attr:`SpeedrunPlan.pretrain_overrides <codechat.speedrun.plan.SpeedrunPlan.pretrain_overrides>`);
+    ``plan_overrides`` set the plan's own fields (``{"rl_prompts_per_step": "4"}``,
+    :func:`~codechat.speedrun.plan.with_plan_overrides`; kept for ``--resume``).
     ``tasks``: more RL task specs for the pool (joined by ``+``, :mod:`codechat.train.task_pool`).
     ``rl``: ``on``, ``off`` or ``auto``, whether the RL stage runs (:func:`~codechat.speedrun.plan.with_rl`).
     ``record``: a file to which the finished run appends its line (:mod:`codechat.speedrun.record`),
@@ -433,6 +438,8 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
             parse_spec(spec)  # a bad spec stops here, before the run directory exists
         p = replace(p, rl_tasks=p.rl_tasks + POOL_SEPARATOR + tasks)
     p = with_rl(p, rl, dev)
+    if plan_overrides:
+        p = with_plan_overrides(p, plan_overrides)
     if pretrain_overrides:
         p = replace(p, pretrain_overrides={**p.pretrain_overrides, **pretrain_overrides})
         p.pretrain_base()  # a bad setting stops here, before the run directory exists
