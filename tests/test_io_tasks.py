@@ -137,6 +137,34 @@ def test_the_corpus_task_file_holds_doctests_then_io_tasks_and_reads_back_as_the
     assert json.loads(out.read_text().splitlines()[1])["suite"] == "io"
 
 
+def test_a_base_model_continues_a_mined_task_after_its_docstring_and_is_judged_on_prompt_plus_body(mined, tok, tmp_path):
+    """The speedrun's probe of ``pretrain/`` on the RL pool (base mode): the task's imports, signature and
+    docstring are the prompt, HumanEval's stops end the body, and prompt + body is judged."""
+    from codechat.eval import suites as es
+    src, _, _, box = mined
+    out = tmp_path / "rl_tasks.jsonl"
+    IO.write_corpus_tasks([src], out, box=box)
+    problems = [t.problem for t in load_tasks(f"tasks:{out}")]
+    assert {p.suite for p in problems} == {"doctest", "io"} <= set(es.FUNCTION_PROMPT_SUITES)
+    hyp = next(p for p in problems if p.entry_point == "hypot_floor")
+    assert hyp.base_prompt.startswith("import math") and hyp.base_prompt.rstrip().endswith('"""')
+
+    class Scripted:  # answers each problem with its reference's body (or a wrong one), as a base model would
+        def __init__(self, right: bool) -> None:
+            self.right = right
+
+        def __call__(self, jobs):
+            for job in jobs:
+                body = job.problem.reference[len(job.problem.base_prompt):] if self.right else "    return None\n"
+                for i in job.samples:
+                    yield job, i, es.Generation(body, 1, "stop_token")
+    for right in (True, False):
+        res = es.run_suite(None, tok, out_dir=tmp_path / str(right), suite=problems, mode="base", n=1, ks=(1,),
+                           sampler=Scripted(right), progress=False, box=box)
+        assert res["pass@1"] == (1.0 if right else 0.0)
+    assert es.solution_code(hyp, "base", "    return 1\n") == hyp.base_prompt + "    return 1\n"
+
+
 @pytest.mark.parametrize("param, default, expect", [
     ("n", None, int), ("text", None, str), ("items", None, list), ("flag", None, bool),
     ("whatever: list[str]", None, list), ("value: int", None, int), ("x", "'a'", str)])

@@ -38,9 +38,12 @@ def prompt(n: int) -> str:
     return f"Write a function `f()` that returns {n}."
 
 
-def write_tasks(path: Path, tests: str = "assert f() == {n}", reference: bool = True) -> Path:
+def write_tasks(path: Path, tests: str = "assert f() == {n}", reference: bool = True, mined: bool = False) -> Path:
+    """The pool's tasks; ``mined``: shaped as the corpus miners write them (``io``, a base prompt that opens f)."""
     rows = [{"task_id": f"ret{n}", "prompt": prompt(n), "tests": [tests.format(n=n)],
-             **({"reference": f"def f():\n    return {n}\n"} if reference else {})} for n in DIGITS]
+             **({"reference": f"def f():\n    return {n}\n"} if reference else {}),
+             **({"suite": "io", "entry_point": "f", "base_prompt": f'def f():\n    """Return {n}."""\n'} if mined else {})}
+            for n in DIGITS]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -266,11 +269,12 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     from codechat.speedrun.plan import plan
     from codechat.speedrun.report import speedrun_report
     from codechat.speedrun.run import Speedrun
-    tasks = write_tasks(tmp_path / "tasks.jsonl")
+    tasks = write_tasks(tmp_path / "tasks.jsonl", mined=True)
     p = replace(plan(torch.device("cpu"), "tiny", 2.0), rl_tasks=f"tasks:{tasks}", rl_tokens=16, rl_prompts_per_step=4,
                 rl_min_tasks=2, rl_heldout_tasks=2, rl_filter_share=1.0, eval_limit=1, eval_tokens=16)
     run = tmp_path / "run"
     shutil.copytree(policy, run / "sft")
+    shutil.copytree(policy, run / "pretrain")  # the base the slice is also scored on
     s = Speedrun(p, run, torch.device("cpu"), "cpu", 0, resume=False)
     s.begin_stage(60.0)
     s.m["eval"] = {"humaneval": s._score("humaneval", "HumanEval", "[8/9]", n=p.eval_n, max_new_tokens=16, limit=1)}
@@ -285,6 +289,9 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     assert h["before"]["tasks"] == h["after"]["tasks"] == 2 and h["before"]["samples"] == p.rl_filter_samples
     assert set(h["before"]["solved"]) == set(h["after"]["solved"]) <= set(f["kept_ids"])
     assert all(0 <= x[k] <= 1 for x in (h["before"], h["after"]) for k in ("pass@1",))
+    b = out["heldout_pretrain"]  # the slice's tasks on pretrain/, as many samples a task, GRPO's temperature
+    assert b["stage"] == "pretrain" and b["problems"] == 2 and b["n"] == p.rl_filter_samples and b["temperature"] == 1.0
+    assert (run / "eval" / "rl-heldout-pretrain" / "results.json").is_file()
     he = out["humaneval"]  # HumanEval scored again, on the RL checkpoint
     assert he["stage"] == "rl" and he["problems"] == 1 and (run / "eval" / "humaneval-rl" / "results.json").is_file()
     assert 0 <= out["reward_first"] <= 1 and len(out["curve"]) == out["steps"] and (run / "rl_reward.png").is_file()
@@ -295,6 +302,7 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     assert "## RL (GRPO)" in report and f"{out['steps']} (stopped: budget)" in report
     assert out["settings"]["group_size"] == p.rl_group_size and out["settings"]["tasks_per_step"] == 4
     assert "| held-out slice of the kept tasks (2, never trained on): pass@1 before -> after |" in report
+    assert "| the slice's mined tasks (2) on `pretrain/`, base mode" in report
     assert f"| sampled tasks by samples passed (0, 1, ... of each task's {p.rl_filter_samples}) | all " in report
     assert sum(f["histogram"]["all"]) == f["sampled"]
     assert f"| GRPO settings | groups of {p.rl_group_size}, 4 tasks a step, adamw at lr 1e-05, KL weight 0," in report

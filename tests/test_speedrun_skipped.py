@@ -218,3 +218,38 @@ def test_plan_overrides_set_typed_fields_refuse_the_rest_and_come_back_on_resume
     resumed = Stubbed(plan(cpu, "tiny", 2.0), run, cpu, "cpu", 0, resume=True)  # the flags not given again
     assert resumed.p.rl_prompts_per_step == 4 and resumed.p.rl_train_share == 0.5
     assert resumed.p.plan_overrides == p.plan_overrides
+
+
+def test_the_held_out_slice_is_scored_on_pretrain_in_base_mode_for_its_mined_tasks_only(tmp_path, monkeypatch):
+    """After GRPO the slice's corpus tasks go to ``pretrain/`` in base mode (its MBPP tasks, whose base
+    prompt does not open the function, do not), with the slice's own samples a task and GRPO's temperature."""
+    from codechat.data.io_tasks import write_corpus_tasks
+    from codechat.data.tasks import load_tasks
+    from codechat.eval import sandbox
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "funcs.py").write_text(
+        'def clamp(value: int, low=0):\n    """Clamp value from below at low, the smallest it may be."""\n'
+        '    return max(value, low)\n\n\n'
+        'def initials(name: str):\n    """The first letter of each word of name, upper-cased."""\n'
+        '    return "".join(w[0].upper() for w in name.split())\n')
+    with sandbox.Sandbox(workers=1) as box:
+        write_corpus_tasks([src], tmp_path / "tasks.jsonl", box=box)
+    spec = f"tasks:{tmp_path / 'tasks.jsonl'}+mbpp:{MBPP_FIXTURE}"
+    pool = load_tasks(f"tasks:{tmp_path / 'tasks.jsonl'}")
+    from codechat.train.task_pool import load_pool
+    assert len(pool) == 2 and {"MBPP/601", "MBPP/602"} <= {t.task_id for t in load_pool(spec)[0]}
+    ids = [t.task_id for t in pool]
+    p = plan(torch.device("cpu"), "tiny", 2.0)
+    run = tmp_path / "run"
+    run.mkdir()
+    s = Stubbed(p, run, torch.device("cpu"), "cpu", 0, resume=False)
+    s.deadline = __import__("time").monotonic() + 100
+    seen = {}
+    monkeypatch.setattr(Stubbed, "_score", lambda self, suite, name, tag, **kw: seen.update(suite=suite, **kw) or
+                        {"pass@1": 0.25, "problems": len(suite), "solved": {ids[0]: 2}})
+    heldout = {"before": {"solved": {i: 1 for i in ids + ["MBPP/601", "MBPP/602"]}, "samples": 4}}
+    got = s._heldout_on_pretrain(spec, heldout, 0.9, "[rl]")
+    assert got["pass@1"] == 0.25 and [q.task_id for q in seen["suite"]] == [t.problem.task_id for t in pool]
+    assert seen["stage"] == "pretrain" and seen["n"] == 4 and seen["temperature"] == 0.9
+    assert s._heldout_on_pretrain(spec, None, 0.9, "[rl]") is None

@@ -70,6 +70,10 @@ from codechat.eval.problems import Problem, load_problems
 MODES = ("auto", "chat", "base")
 #: Stop sequences of HumanEval completion mode (Chen et al. 2021): a new top-level statement.
 HUMANEVAL_STOPS = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
+#: Suites whose base prompt opens the target function (its signature and docstring, after the module's
+#: imports): base mode continues it, stops as HumanEval does and judges prompt + completion. HumanEval,
+#: and the RL pool's tasks mined from the corpus (codechat.data.doctest_tasks, codechat.data.io_tasks).
+FUNCTION_PROMPT_SUITES = ("humaneval", "doctest", "io")
 #: Stop sequences of MBPP completion mode: the paper's ``[DONE]``, the start of another example,
 #: and top-level test or script code (a top-level ``def``/``class`` may be a helper, so it stays).
 MBPP_STOPS = ("[DONE]", "\n[BEGIN]", "\nYou are an expert", "\nassert", "\nprint(", "\nif __name__")
@@ -85,13 +89,14 @@ def truncate_at_stop(text: str, stops: Sequence[str], start: int = 0) -> int | N
 def solution_code(problem: Problem, mode: str, completion: str) -> str:
     """The code judged for ``completion``, the model's (already stop-truncated) text.
 
-    Base mode: HumanEval's prompt + the completion; MBPP's completion. Chat mode:
+    Base mode: the prompt + the completion where the prompt opens the function
+    (:data:`FUNCTION_PROMPT_SUITES`: HumanEval, mined tasks); MBPP's completion. Chat mode:
     :func:`extract_code` of the answer; for HumanEval the prompt's header (imports and helper
     functions it defines) comes first, and an answer that is only the function's body is put
     under the prompt's signature.
     """
     if mode == "base":
-        if problem.suite == "humaneval":
+        if problem.suite in FUNCTION_PROMPT_SUITES:
             return problem.base_prompt + completion
         return textwrap.dedent(completion).strip("\n")
     code = extract_code(completion, problem.entry_point)
@@ -357,7 +362,7 @@ def run_suite(model: Any, tok: Any, *, out_dir: str | Path, suite: str | Sequenc
     if sampler is None:
         from codechat.engine import Engine, EngineConfig, SamplingConfig
         cfg = SamplingConfig(max_new_tokens, temperature, top_k, top_p)
-        stops = () if mode == "chat" else (HUMANEVAL_STOPS if name == "humaneval" else MBPP_STOPS)
+        stops = () if mode == "chat" else (HUMANEVAL_STOPS if name in FUNCTION_PROMPT_SUITES else MBPP_STOPS)
         engine = model if isinstance(model, Engine) else Engine(model, EngineConfig(slots=batch_size))
         sampler = ModelSampler(engine, tok, cfg, mode=mode, stop_sequences=stops)
     if temperature == 0 and n > 1:

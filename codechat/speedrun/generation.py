@@ -89,28 +89,30 @@ class GenerationStages:
         spent = time.monotonic() - (self.deadline - self.time_left_at_start)
         return self.time_left() >= spent / done
 
-    def _score(self, suite: str, name: str, tag: str, *, n: int, max_new_tokens: int, limit: int | None,
-               stage: str = "sft", deadline: float | None = None) -> dict[str, Any]:
-        """pass@k of ``stage`` on ``suite``, sandboxed, starting no problem after ``deadline``
+    def _score(self, suite: str | list, name: str, tag: str, *, n: int, max_new_tokens: int, limit: int | None,
+               stage: str = "sft", deadline: float | None = None, temperature: float | None = None) -> dict[str, Any]:
+        """pass@k of ``stage`` on ``suite`` (a suite spec or problems), sandboxed, at ``temperature``
+        (default the plan's ``eval_temperature``), starting no problem after ``deadline``
         (``time.monotonic()``; default: the running stage's end) but the first; results under
         ``eval/<name>[-<stage>]``."""
         from codechat.checkpoint import load_model
         from codechat.eval.suites import format_summary, run_suite
         p = self.p
         ks = tuple(k for k in p.eval_ks if k <= n)
+        temperature = p.eval_temperature if temperature is None else temperature
         model, tok, state = load_model(self.run / stage, self.dev)
         out_dir = self.run / "eval" / (name.lower() + ("" if stage == "sft" else f"-{stage}"))
         left = max(0.0, (self.deadline if deadline is None else deadline) - time.monotonic())
         print(f"{tag} {name} on {stage}/: up to {limit or 'all'} problems x {n} samples, temperature "
-              f"{p.eval_temperature:g}, starting no problem after {left:.0f} s but the first")
+              f"{temperature:g}, starting no problem after {left:.0f} s but the first")
         res = run_suite(model, tok, out_dir=out_dir, suite=suite, stage=state["meta"]["stage"], n=n, ks=ks,
-                        temperature=p.eval_temperature,
+                        temperature=temperature,
                         max_new_tokens=max_new_tokens, limit=limit, seed=self.seed, progress=False,
                         workers=p.judge_workers, timeout_s=p.eval_timeout_s,
                         model_id=str(self.run / stage), deadline_s=left)
         print(format_summary(res))
         solved = {t: v["c"] for t, v in res["per_task"].items() if v["c"]}
-        return {"stage": stage, "mode": res["mode"], "temperature": p.eval_temperature, "n": res["n"],
+        return {"stage": stage, "mode": res["mode"], "temperature": temperature, "n": res["n"],
                 "problems": res["problems"], "problems_planned": res["problems_planned"],
                 "pass@k": res["pass@k"], "pass@1": res["pass@1"], "pass@1_stderr": res["pass@1_stderr"],
                 "pass@1_ci95": res["pass@1_ci95"],

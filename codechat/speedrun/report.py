@@ -408,13 +408,18 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
                  ("groups without signal (frac_reward_zero_std): first step -> last",
                   f"{curve[0]['frac_reward_zero_std']:.2f} -> {curve[-1]['frac_reward_zero_std']:.2f}" if curve else "-"),
                  ("rollouts passing every test, last step", f"{r['pass_rate_last']:.1%}")]
+        def p1(x: dict[str, Any]) -> str:
+            ci = x.get("pass@1_ci95")
+            return f"{x['pass@1']:.1%}" + (f" [{ci[0]:.1%}, {ci[1]:.1%}]" if ci else "")
         if h := r.get("heldout"):
-            def p1(x: dict[str, Any]) -> str:
-                ci = x.get("pass@1_ci95")
-                return f"{x['pass@1']:.1%}" + (f" [{ci[0]:.1%}, {ci[1]:.1%}]" if ci else "")
             rows.append((f"held-out slice of the kept tasks ({h['before']['tasks']}, never trained on): pass@1 "
                          f"before -> after", f"{p1(h['before'])} -> {p1(h['after'])} ({h['before']['samples']} samples "
                                              "a task, the same seeds)"))
+        if b := r.get("heldout_pretrain"):
+            rows.append((f"the slice's mined tasks ({b['problems']}) on `pretrain/`, base mode (signature and "
+                         "docstring continued): pass@1; tasks solved at least once",
+                         f"{p1(b)}; {len(b['solved'])} of {b['problems']} (the base model solves these already: "
+                         "easy, or memorised from the corpus)"))
         rows += [("stopped because", r["message"])] if r.get("message") else []
     lines = ["## RL (GRPO)", markdown_table(rows), ""]
     if not r["skipped"] and r.get("curve"):

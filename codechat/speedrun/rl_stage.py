@@ -93,9 +93,11 @@ class RLStage:
         curve = [{k: r[k] for k in ("step", "reward_mean", "pass_rate", "frac_reward_zero_std")} for r in rows]
         if curve:
             plot_rewards(curve, self.run / "rl_reward.png", f"{p.preset} GRPO on {len(curve)} steps")
+        # the held-out slice on pretrain/ first (a tenth of the time left at most), then HumanEval and MBPP
+        memorised = self._heldout_on_pretrain(tasks, out.get("heldout"), cfg.rl.temperature, tag)
         # the time left is shared by the evaluations after RL: HumanEval stops at its half when MBPP follows
         half = time.monotonic() + self.time_left() / 2
-        after = {"humaneval": self._score("humaneval", "HumanEval", tag, n=p.eval_n, max_new_tokens=p.eval_tokens,
+        after = {"heldout_pretrain": memorised, "humaneval": self._score("humaneval", "HumanEval", tag, n=p.eval_n, max_new_tokens=p.eval_tokens,
                                           limit=p.eval_limit or None, stage="rl",
                                           deadline=half if p.mbpp else self.deadline)}
         if p.mbpp:
@@ -113,6 +115,27 @@ class RLStage:
                 "reward_first": rows[0]["reward_mean"] if rows else None,
                 "reward_last": rows[-1]["reward_mean"] if rows else None,
                 "pass_rate_last": rows[-1]["pass_rate"] if rows else None, "heldout": out.get("heldout"), **after}
+
+    def _heldout_on_pretrain(self, spec: str, heldout: dict[str, Any] | None, temperature: float,
+                             tag: str) -> dict[str, Any] | None:
+        """pass@1 of ``pretrain/`` in base mode on the held-out slice's tasks that open their function
+        (mined from the corpus: signature and docstring continued, :data:`~codechat.eval.suites.FUNCTION_PROMPT_SUITES`),
+        with as many samples a task as the slice's own scoring, at GRPO's ``temperature``: how much of the
+        pool the base model solves already (tasks of the pretraining corpus may be memorised). None without
+        a slice or such tasks."""
+        from codechat.eval.suites import FUNCTION_PROMPT_SUITES
+        from codechat.train.task_pool import load_pool
+        if not heldout:
+            return None
+        ids = set(heldout["before"]["solved"])
+        pool, _ = load_pool(spec, mbpp_file=self.p.mbpp)
+        problems = [t.problem for t in pool if t.task_id in ids and t.problem is not None
+                    and t.problem.suite in FUNCTION_PROMPT_SUITES]
+        if not problems:
+            return None
+        return self._score(problems, "RL-heldout", tag, n=heldout["before"]["samples"], max_new_tokens=self.p.rl_tokens,
+                           limit=None, stage="pretrain", temperature=temperature,
+                           deadline=time.monotonic() + self.time_left() / 10)
 
     @staticmethod
     def _rl_pool(out_dir: Path) -> dict[str, Any]:
