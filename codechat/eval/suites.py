@@ -70,9 +70,8 @@ from codechat.eval.problems import Problem, load_problems
 MODES = ("auto", "chat", "base")
 #: Stop sequences of HumanEval completion mode (Chen et al. 2021): a new top-level statement.
 HUMANEVAL_STOPS = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
-#: Suites whose base prompt opens the target function (its signature and docstring, after the module's
-#: imports): base mode continues it, stops as HumanEval does and judges prompt + completion. HumanEval,
-#: and the RL pool's tasks mined from the corpus (codechat.data.doctest_tasks, codechat.data.io_tasks).
+#: Suites whose base prompt opens the target function (imports, signature, docstring): base mode continues
+#: it as HumanEval's (stops, prompt + completion judged). The corpus-mined RL tasks (data/doctest_tasks, io_tasks).
 FUNCTION_PROMPT_SUITES = ("humaneval", "doctest", "io")
 #: Stop sequences of MBPP completion mode: the paper's ``[DONE]``, the start of another example,
 #: and top-level test or script code (a top-level ``def``/``class`` may be a helper, so it stays).
