@@ -253,3 +253,40 @@ def test_the_held_out_slice_is_scored_on_pretrain_in_base_mode_for_its_mined_tas
     assert got["pass@1"] == 0.25 and [q.task_id for q in seen["suite"]] == [t.problem.task_id for t in pool]
     assert seen["stage"] == "pretrain" and seen["n"] == 4 and seen["temperature"] == 0.9
     assert s._heldout_on_pretrain(spec, None, 0.9, "[rl]") is None
+
+
+def test_chat_sft_leaves_out_the_mined_pairs_of_the_rl_pools_functions(tmp_path):
+    """The RL pool's corpus tasks ask for functions that chat SFT would otherwise train on (every one of
+    them: the pairs are mined from the same corpus); with RL planned those pairs are left out."""
+    import shutil
+    from dataclasses import replace
+
+    from codechat.data.io_tasks import write_corpus_tasks
+    from codechat.data.mining import write_mined
+    from codechat.eval import sandbox
+    from codechat.speedrun.plan import with_rl
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "funcs.py").write_text(
+        'def clamp(value: int, low=0):\n    """Clamp value from below at low, the smallest it may be."""\n'
+        '    return max(value, low)\n\n\n'
+        'def greet(name: str):\n    """Print a greeting for name on the terminal."""\n    print("hi", name)\n')
+    cpu = torch.device("cpu")
+    p = replace(plan(cpu, "tiny", 2.0), sources=(str(src),))
+    run = tmp_path / "run"
+    run.mkdir()
+    s = Stubbed(p, run, cpu, "cpu", 0, resume=False)
+    write_mined([str(src)], s._mined_files(), style="both")
+    with sandbox.Sandbox(workers=1) as box:
+        write_corpus_tasks([src], s.doctest_file, box=box)
+    rows = [json.loads(line) for line in s._mined_files()[0].read_text().splitlines()]
+    assert {r["id"].rsplit(":", 1)[1] for r in rows} == {"1", "6"} and len(rows) == 4  # 2 styles x 2 functions
+    origins = s._rl_task_origins()
+    assert origins == {f"{src / 'funcs.py'}:1"}  # clamp is a task; greet prints (impure): SFT keeps it
+    spec, counts = s._sft_data()
+    kept = s._mined_files()[0].with_name("0.without_rl_tasks.jsonl")
+    assert spec.startswith(f"{kept}#completion:1") and counts == {"held_out_for_rl": 2}
+    assert [json.loads(line)["id"] for line in kept.read_text().splitlines()] == [f"{src / 'funcs.py'}:6"] * 2
+    shutil.copytree(run, tmp_path / "run2")
+    no_rl = Stubbed(with_rl(p, "off", cpu), tmp_path / "run2", cpu, "cpu", 0, resume=False)
+    assert no_rl._rl_task_origins() == set() and "without_rl_tasks" not in no_rl._sft_data()[0]

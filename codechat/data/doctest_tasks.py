@@ -333,7 +333,8 @@ def judged_in_batches(candidates: Iterator[Any], judge: Callable[[list[Any]], li
 
 def write_tasks(tasks: Sequence[Task], path: str | Path) -> None:
     """``tasks`` (code tasks) as a ``tasks.jsonl`` that ``tasks:PATH`` reads back as the same tasks (ids,
-    prompts, tests, header, reference), written under a temporary name and renamed: whole or absent."""
+    prompts, tests, header, reference), written under a temporary name and renamed: whole or absent.
+    Each row's ``origin`` is where its function was mined (``FILE:LINE``, a mined SFT pair's ``id``)."""
     import json
 
     from codechat.config.atomic import write_text
@@ -341,7 +342,7 @@ def write_tasks(tasks: Sequence[Task], path: str | Path) -> None:
     for t in tasks:
         p = t.problem
         rows.append(json.dumps({**p.row(), "task_id": t.task_id, "base_prompt": p.base_prompt, "header": p.header,
-                                "reference": p.reference}) + "\n")
+                                "reference": p.reference, "origin": t.source}) + "\n")
     write_text(path, "".join(rows))
 
 

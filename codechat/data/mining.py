@@ -259,6 +259,21 @@ def write_mined(srcs: Sequence[str | os.PathLike], paths: Sequence[str | os.Path
     return {**counts.as_dict(), "records": {str(p): k for p, k in zip(outs, n)}}
 
 
+def without_ids(path: str | os.PathLike, out: str | os.PathLike, ids: set[str]) -> int:
+    """Copy :func:`write_mined`'s file ``path`` to ``out`` without the records whose ``id`` (``FILE:LINE``)
+    is in ``ids`` (written under a temporary name and renamed); returns how many were left out."""
+    from codechat.config.atomic import write_text
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if json.loads(line)["id"] in ids:
+                dropped += 1
+            else:
+                kept.append(line)
+    write_text(out, "".join(kept))
+    return dropped
+
+
 # ----------------------------------------------------------------------------- benchmarks
 @dataclass(frozen=True)
 class BenchmarkProblem:

@@ -455,7 +455,10 @@ def _tuning_section(t: dict[str, Any], stage: str, title: str) -> list[str]:
         ("data (mixture spec, copies per epoch)", f"`{t['data']}`" if t.get("data") else "mined pairs"),
         *([("pairs mined in the background during pretraining",
             f"{mined['kept']:,} from {mined['functions']:,} functions in {mined['files']:,} files; the stage "
-            f"waited {t['mining_wait_s']:.1f} s for them")] if (mined := t.get("mined_in_background")) else []),
+            f"waited {t['mining_wait_s']:.1f} s for them")] if "kept" in (mined := t.get("mined_in_background") or {})
+          else []),
+        *([("mined pairs left out: the functions of the RL pool's mined tasks (unseen until GRPO)",
+            f"{mined['held_out_for_rl']:,}")] if "held_out_for_rl" in mined else []),
         ("examples seen / kept (preflight)", f"{t['examples_seen']:,} / {t['examples_kept']:,}"),
         ("prompt- / completion-truncated", f"{t['examples_prompt_truncated']} / {t['examples_completion_truncated']}"),
         ("dropped", t["examples_dropped"]), ("excluded as overlapping HumanEval/MBPP", t["examples_decontaminated"]),

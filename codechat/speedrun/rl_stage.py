@@ -39,6 +39,23 @@ class RLStage:
         """The doctest and input/output tasks mined from every corpus source in the background (``tasks:`` rows)."""
         return self.run / "rl_doctests.jsonl"
 
+    def _rl_task_origins(self) -> set[str]:
+        """``FILE:LINE`` of the corpus functions the RL pool's mined tasks ask for (:attr:`doctest_file`, the
+        background job waited for), which chat SFT leaves out; empty without RL or without that file (the
+        pool then mines the standard library at the RL stage, on a CPU, and nothing is left out)."""
+        if not self.p.rl:
+            return set()
+        if self._doctests is not None:
+            try:
+                self._doctests.result()
+            except Exception:  # the RL stage says so and mines the standard library instead
+                return set()
+        f = self.doctest_file
+        if not f.is_file():
+            return set()
+        rows = (json.loads(line) for line in f.read_text(encoding="utf-8").splitlines() if line.strip())
+        return {r["origin"] for r in rows if r.get("origin")}
+
     def _rl_pool_spec(self) -> str:
         """The RL pool's spec: the plan's, its ``doctest`` part (this Python's standard library) replaced by
         the tasks mined from every corpus source in the background when that job wrote any."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from codechat.config.sft import SFTConfig, SFTStageConfig
 from codechat.config.stages import OptimConfig, RunConfig, TrainConfig, pretrain_recipe
+from codechat.data.mining import without_ids
 from codechat.speedrun.plan import SpeedrunPlan
 from codechat.speedrun.report import plot_loss, read_metrics
 from codechat.train.sft import run_sft
@@ -23,7 +24,8 @@ class TuningStages:
     """The tuning stages of :class:`~codechat.speedrun.run.Speedrun`, which provides ``p`` (the plan),
     ``m`` (the metrics), ``run`` (the run directory), ``dev``, ``device_arg``, ``seed``, ``resume``,
     ``deadline`` (the running stage's wall-clock end, ``time.monotonic()``) and ``time_left()``,
-    ``_mining`` (the background miner's future), ``_mined_files()`` and ``_compile_for()``."""
+    ``_mining`` (the background miner's future), ``_mined_files()``, ``_compile_for()`` and
+    ``_rl_task_origins()``."""
 
     p: SpeedrunPlan
     m: dict[str, Any]
@@ -32,15 +34,26 @@ class TuningStages:
 
     def _sft_data(self) -> tuple[str, dict[str, Any] | None]:
         """The SFT mixture spec (mined pairs, MBPP's train split with ``--mbpp``, then ``--data``) and
-        the background miner's counts (None once an earlier stage collected them). The pairs come from
+        the background miner's counts (None once an earlier stage collected them; with
+        ``held_out_for_rl``, the pairs left out below, whenever there were some). The pairs come from
         the background job's files when they exist (also after a resume); otherwise the stage mines
-        them itself (``mine:``)."""
+        them itself (``mine:``). With RL planned, the pairs of the functions the RL pool's mined tasks
+        ask for are left out (:meth:`_rl_task_origins`): the pool's tasks stay unseen until GRPO, so its
+        pass rates and its held-out slice measure what the model can do, not what SFT showed it."""
         p, counts = self.p, None
         if self._mining is not None:
             job, self._mining = self._mining, None
             counts = job.result()
         files = self._mined_files()
         if all(f.is_file() for f in files):
+            held = self._rl_task_origins()
+            if held:  # copies without those pairs, beside the originals
+                out = [f.with_name(f"{f.stem}.without_rl_tasks.jsonl") for f in files]
+                left_out = sum(without_ids(f, o, held) for f, o in zip(files, out))
+                counts = {**(counts or {}), "held_out_for_rl": left_out}
+                print(f"chat SFT: {left_out} mined pairs left out, the functions of the RL pool's {len(held)} "
+                      "mined tasks")
+                files = out
             mined = [f"{f}#completion:{w:g}" for f, (_, w) in zip(files, p.mine_parts) if f.stat().st_size]
         else:
             mined = [f"mine:{src}:{w:g}" for src, w in p.mine_parts]
