@@ -255,7 +255,7 @@ def test_the_held_out_slice_is_scored_on_pretrain_in_base_mode_for_its_mined_tas
     assert s._heldout_on_pretrain(spec, None, 0.9, "[rl]") is None
 
 
-def test_chat_sft_leaves_out_the_mined_pairs_of_the_rl_pools_functions(tmp_path):
+def test_chat_sft_leaves_out_the_mined_pairs_of_the_rl_pools_functions(tmp_path, monkeypatch):
     """The RL pool's corpus tasks ask for functions that chat SFT would otherwise train on (every one of
     them: the pairs are mined from the same corpus); with RL planned those pairs are left out."""
     import shutil
@@ -290,3 +290,10 @@ def test_chat_sft_leaves_out_the_mined_pairs_of_the_rl_pools_functions(tmp_path)
     shutil.copytree(run, tmp_path / "run2")
     no_rl = Stubbed(with_rl(p, "off", cpu), tmp_path / "run2", cpu, "cpu", 0, resume=False)
     assert no_rl._rl_task_origins() == set() and "without_rl_tasks" not in no_rl._sft_data()[0]
+    from concurrent.futures import Future
+
+    from codechat.speedrun import rl_stage
+    monkeypatch.setattr(rl_stage, "RL_TASKS_WAIT_S", 0.01)
+    s._doctests = Future()  # the pool's mining still running: SFT does not wait for it longer, and says so
+    spec, counts = s._sft_data()
+    assert counts == {"held_out_for_rl": None} and "without_rl_tasks" not in spec

@@ -458,7 +458,9 @@ def _tuning_section(t: dict[str, Any], stage: str, title: str) -> list[str]:
             f"waited {t['mining_wait_s']:.1f} s for them")] if "kept" in (mined := t.get("mined_in_background") or {})
           else []),
         *([("mined pairs left out: the functions of the RL pool's mined tasks (unseen until GRPO)",
-            f"{mined['held_out_for_rl']:,}")] if "held_out_for_rl" in mined else []),
+            f"{mined['held_out_for_rl']:,}" if mined["held_out_for_rl"] is not None else
+            "none: the pool's mining was still running as the stage began (its tasks may be among the pairs)")]
+          if "held_out_for_rl" in mined else []),
         ("examples seen / kept (preflight)", f"{t['examples_seen']:,} / {t['examples_kept']:,}"),
         ("prompt- / completion-truncated", f"{t['examples_prompt_truncated']} / {t['examples_completion_truncated']}"),
         ("dropped", t["examples_dropped"]), ("excluded as overlapping HumanEval/MBPP", t["examples_decontaminated"]),

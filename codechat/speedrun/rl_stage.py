@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,10 @@ from codechat.config.stages import ConfigError, RunConfig, TrainConfig
 from codechat.speedrun.plan import SpeedrunPlan
 from codechat.speedrun.report import plot_rewards, read_metrics
 from codechat.train.task_pool import POOL_SEPARATOR
+
+
+#: Seconds chat SFT waits for the RL pool's background mining, to leave its functions out of the SFT pairs.
+RL_TASKS_WAIT_S = 15.0
 
 
 class RLStage:
@@ -39,15 +44,18 @@ class RLStage:
         """The doctest and input/output tasks mined from every corpus source in the background (``tasks:`` rows)."""
         return self.run / "rl_doctests.jsonl"
 
-    def _rl_task_origins(self) -> set[str]:
+    def _rl_task_origins(self) -> set[str] | None:
         """``FILE:LINE`` of the corpus functions the RL pool's mined tasks ask for (:attr:`doctest_file`, the
-        background job waited for), which chat SFT leaves out; empty without RL or without that file (the
-        pool then mines the standard library at the RL stage, on a CPU, and nothing is left out)."""
+        background job waited for up to :data:`RL_TASKS_WAIT_S`), which chat SFT leaves out; empty without
+        RL or without that file (the pool then mines the standard library at the RL stage, on a CPU, and
+        nothing is left out); None when the job was still running after the wait."""
         if not self.p.rl:
             return set()
         if self._doctests is not None:
             try:
-                self._doctests.result()
+                self._doctests.result(timeout=RL_TASKS_WAIT_S)
+            except FutureTimeout:
+                return None
             except Exception:  # the RL stage says so and mines the standard library instead
                 return set()
         f = self.doctest_file

@@ -47,7 +47,10 @@ class TuningStages:
         files = self._mined_files()
         if all(f.is_file() for f in files):
             held = self._rl_task_origins()
-            if held:  # copies without those pairs, beside the originals
+            if held is None:  # the pool's mining took longer: its tasks may be among the pairs, and the report says so
+                counts = {**(counts or {}), "held_out_for_rl": None}
+                print("chat SFT: the RL pool's mining is still running: its functions' pairs are not left out")
+            elif held:  # copies without those pairs, beside the originals
                 out = [f.with_name(f"{f.stem}.without_rl_tasks.jsonl") for f in files]
                 left_out = sum(without_ids(f, o, held) for f, o in zip(files, out))
                 counts = {**(counts or {}), "held_out_for_rl": left_out}
