@@ -44,8 +44,8 @@ line per figure, ``serve_c{C}_*`` streaming and ``serve_whole_c{C}_*`` not:
   the serve tokens/s over it (HTTP, JSON, SSE and the requests' staggered arrivals cost the
   difference; the two timelines say which).
 
-``--py-spy`` samples the server with ``py-spy record --threads --gil`` during the rounds at the
-largest concurrency and prints each thread's share of the GIL and the top stacks (where one
+``--py-spy`` samples the server (the engine process too) with ``py-spy record --threads --gil
+--subprocesses`` (on PATH or beside this Python) during the rounds at the largest concurrency and prints each thread's share of the GIL and the top stacks (where one
 process's GIL is the limit, the engine thread's share falls as the event loop's grows). ``--out``
 writes every figure, the profiles and the settings as JSON.
 """
@@ -57,6 +57,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -302,10 +303,16 @@ def timeline(before: dict[str, float], after: dict[str, float], wall: float) -> 
 def _start_py_spy(pid: int, out: Path) -> subprocess.Popen:
     """``py-spy record`` of process ``pid`` (every thread, only samples that hold the GIL, without
     pausing it) into ``out`` (collapsed stacks) until :func:`_stop_py_spy`."""
-    cmd = ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--threads", "--gil", "--nonblocking",
+    cmd = [_py_spy_exe() or "py-spy", "record", "--pid", str(pid), "--subprocesses", "--threads", "--gil", "--nonblocking",
            "--rate", str(PY_SPY_RATE),
            "--format", "raw", "--output", str(out)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _py_spy_exe() -> str | None:
+    """py-spy on PATH, or beside this Python (pip's scripts folder); None when neither."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return shutil.which("py-spy") or (str(beside) if beside.is_file() else None)
 
 
 def _stop_py_spy(proc: subprocess.Popen) -> None:
@@ -419,6 +426,8 @@ def main() -> None:
         ap.error(f"--modes takes stream, whole or both, comma-separated; got {','.join(args.modes)!r}")
     if args.client_procs < 1:
         ap.error(f"--client-procs must be >= 1, got {args.client_procs}")
+    if args.py_spy and _py_spy_exe() is None:
+        ap.error("--py-spy: py-spy is not installed here (pip install py-spy)")
     if args.quick:
         args.requests, args.new_tokens, args.prompt_chars = 1, 16, 300
     work = Path(args.work)
