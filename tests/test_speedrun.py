@@ -373,20 +373,22 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
     assert got == validation_baselines(run) and 0.5 < got["xz_concat_bpb"] < got["gzip_bpb"] < 8
     spec, counts = s._sft_data()
     files = s._mined_files()
-    assert spec == f"{files[0]}#completion:1,{files[1]}#completion:0.25" and s._mining is None
-    assert counts["kept"] == 4 and counts["skipped"] == {"duplicate": 1}
+    # no doctests there, but one pure function, double: an input/output task of the RL pool (halve's floats
+    # and the copy of double are not), so chat SFT reads the pairs without its two (both styles)
+    assert [json.loads(row)["task_id"] for row in s.doctest_file.read_text().splitlines()] == ["io/a.py::double"]
+    kept = [f.with_name(f"{f.stem}.without_rl_tasks.jsonl") for f in files]
+    assert spec == f"{kept[1]}#completion:0.25" and kept[0].read_text() == "" and s._mining is None
+    assert counts["kept"] == 4 and counts["skipped"] == {"duplicate": 1} and counts["held_out_for_rl"] == 2
     assert counts["records"] == {str(files[0]): 2, str(files[1]): 2}
     mix = Mixture.from_config(SFTConfig(data=spec, mix_mode="epoch", decontaminate=False))
     want = {(r.conversation.messages[0].content, r.conversation.messages[1].content)
-            for r in mine_records([src], style="both")}
+            for r in mine_records([src], style="both") if not r.source.endswith("a.py")}
     assert {(r.conversation.messages[0].content, r.conversation.messages[1].content)
             for src_ in mix.sources for r in src_.records} == want
-    assert [len(x.records) for x in mix.sources] == [2, 2] and "    return x / 2" in {
-        r.conversation.messages[1].content for r in mix.sources[1].records}
-    # no doctests there, but one pure function: an input/output task (halve's floats and the copy of double are not)
+    assert [len(x.records) for x in mix.sources] == [2] and "    return x / 2" in {
+        r.conversation.messages[1].content for r in mix.sources[0].records}
     assert s._rl_pool_spec() == f"tasks:{s.doctest_file}" and p.rl_tasks == "doctest"
-    assert [json.loads(row)["task_id"] for row in s.doctest_file.read_text().splitlines()] == ["io/a.py::double"]
-    assert s._sft_data() == (spec, None)  # a resumed run reads the files the first attempt wrote
+    assert s._sft_data() == (spec, {"held_out_for_rl": 2})  # a resumed run reads the files the first attempt wrote
     # a run stopped or interrupted while they work (mining the whole standard library) ends its jobs at once
     s.p = replace(p, sources=(sysconfig.get_paths()["stdlib"],))
     s._start_background()
