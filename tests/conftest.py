@@ -201,6 +201,21 @@ def funcall_stage(tok, tok_dir, tmp_path_factory, memorise):
     return stage, tmp / "tools_demo.py"
 
 
+@contextlib.contextmanager
+def benchmark_module(name: str):
+    """``benchmarks/NAME.py`` imported as a module (its ``main`` not run), forgotten on exit."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", Path(__file__).resolve().parent.parent
+                                                  / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
 def save_random_base(tok_dir: Path, vocab_size: int, out: Path) -> Path:
     """A randomly initialised 2-layer model (seed 0, 128 positions) saved as a pretraining checkpoint under
     ``out/checkpoints`` with the tokenizer ``tok_dir``; returns the checkpoint directory."""

@@ -3,28 +3,19 @@ figures), checked on the CPU with two engines of the same cache that must agree 
 same, KL 0, and the summed negative log-likelihood the plain model's own."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from conftest import benchmark_module
 
 from codechat.config.stages import ModelConfig
 from codechat.engine import Engine, EngineConfig
 from codechat.model import build_model
 
-PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "generate_agreement.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmark_generate_agreement", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with benchmark_module("generate_agreement") as module:
+        yield module
 
 
 def test_forced_lockstep_of_equal_engines_agrees_and_scores_the_models_own_nll(bench):

@@ -3,10 +3,8 @@ spelled out, the trainer's clock that leaves the compiling first step out of an 
 small run of two variants end to end (shards built as the speedrun builds them, then reused)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -14,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import benchmark_module
 
 from codechat.config.stages import ConfigError, ModelConfig, OptimConfig, RunConfig, TrainConfig
 from codechat.data.corpus import read_split
@@ -21,17 +20,11 @@ from codechat.data.windows import eval_windows
 from codechat.model import build_model
 from codechat.train.trainer import Trainer
 
-BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "pretrain_ablation.py"
-
 
 @pytest.fixture(scope="module")
 def ablation():
-    spec = importlib.util.spec_from_file_location("pretrain_ablation", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with benchmark_module("pretrain_ablation") as module:
+        yield module
 
 
 def test_variants_are_named_or_spelled_out_and_may_not_touch_the_equal_budget(ablation):

@@ -2,23 +2,14 @@
 the figures a GPU session acts on, checked on made-up inputs whose answers are known."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "serve_load.py"
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def serve_load():
-    spec = importlib.util.spec_from_file_location("benchmark_serve_load", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with benchmark_module("serve_load") as module:
+        yield module
 
 
 def counters(**kw) -> dict[str, float]:
