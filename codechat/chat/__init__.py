@@ -5,7 +5,8 @@
 - :mod:`.calls`: function calls and replies as text, the one parser;
 - :mod:`.budget`: a rendering cut to SFT's token budgets, every cut counted;
 - :mod:`.openai_messages`: OpenAI chat messages <-> :class:`Message`, both ways;
-- :mod:`.repl`: ``codechat chat``; :mod:`.funcall`: ``codechat funcall``.
+- :mod:`.repl`: ``codechat chat``; :mod:`.funcall`: ``codechat funcall``; :mod:`.cli`: the ``sample``,
+  ``chat`` and ``funcall`` subcommands' flags.
 
 Imports point one way: ``funcall -> repl -> budget -> conversation -> calls`` (and
 ``openai_messages -> conversation``); only :mod:`.repl` and :mod:`.funcall` use the engine.
