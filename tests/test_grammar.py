@@ -147,9 +147,9 @@ def test_free_rows_beside_constrained_rows_draw_what_they_draw_alone(temperature
 
 
 @pytest.mark.parametrize("wider", [0, 3], ids=["model as wide as the tokenizer", "model logits wider"])
-def test_parallel_masks_equal_one_matcher_after_another(wider, tok, gc, monkeypatch):
-    """llguidance's executor (forced here, whatever the CPU count) writes the masks the serial path
-    writes, rows in any order and stale words cleared, also into a buffer wider than the tokenizer."""
+def test_fill_rows_writes_each_matchers_mask_into_its_row(wider, tok, gc):
+    """The batch of masks is each matcher's own mask in its row, rows in any order and stale words
+    cleared, also into a buffer wider than the tokenizer; rows not asked for are left alone."""
     rng = torch.Generator().manual_seed(0)
     grammars = [tool_grammar(gc, TOOLS, "required")] + [gc.json_schema(s) for s in SCHEMAS.values()]
     matchers = [grammars[i % len(grammars)].matcher() for i in range(12)]
@@ -163,15 +163,15 @@ def test_parallel_masks_equal_one_matcher_after_another(wider, tok, gc, monkeypa
             m.consume(int(allowed[torch.randint(allowed.numel(), (1,), generator=rng)]))
     rows = [(m, 2 * i + 1) for i, m in enumerate(matchers) if not m.done][::-1]
     shape = (2 * len(matchers) + 1, words(gc.vocab_size) + wider)
-    serial = torch.full(shape, -1, dtype=torch.int32)
-    monkeypatch.setattr(grammar_mod, "EXECUTOR_MIN_CPUS", 10 ** 6)
-    fill_rows(rows, serial)
-    parallel = torch.full(shape, -1, dtype=torch.int32)
-    monkeypatch.setattr(grammar_mod, "EXECUTOR_MIN_CPUS", 1)
-    fill_rows(rows, parallel)
-    assert len(rows) >= 8 and torch.equal(parallel, serial)
-    assert (serial[[i for _, i in rows], words(gc.vocab_size):] == 0).all()
-    assert (serial[0] == -1).all(), "rows not asked for are left alone"
+    batch = torch.full(shape, -1, dtype=torch.int32)
+    fill_rows(rows, batch)
+    assert len(rows) >= 8
+    for m, i in rows:
+        own = torch.zeros(1, words(gc.vocab_size), dtype=torch.int32)
+        m.fill(own[0])
+        assert own.any() and torch.equal(batch[i, :words(gc.vocab_size)], own[0])
+    assert (batch[[i for _, i in rows], words(gc.vocab_size):] == 0).all()
+    assert (batch[0] == -1).all(), "rows not asked for are left alone"
 
 
 def test_logprobs_are_taken_after_the_mask(tok, engine, gc):

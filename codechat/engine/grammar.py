@@ -21,7 +21,6 @@ token (allowed exactly when the grammar may end).
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -128,40 +127,12 @@ def fill_rows(rows: Sequence[tuple[GrammarMatcher, int]], bitmask: torch.Tensor)
     CPU). A matcher compiled for fewer ids than ``W * 32`` (a tokenizer smaller than the model's
     logits) leaves the words past its vocabulary at 0 (forbidden).
 
-    Several rows are computed in parallel by llguidance's executor (Rust threads, the GIL released)
-    where it has threads to spare (:data:`EXECUTOR_MIN_CPUS`); else one after another."""
-    if not rows:
-        return
-    global _EXECUTOR
-    if len(rows) == 1 or len(os.sched_getaffinity(0)) < EXECUTOR_MIN_CPUS:
-        for m, i in rows:
-            bitmask[i].zero_()
-            m.fill(bitmask[i, :words(m.vocab_size)])
-        return
-    if _EXECUTOR is None:
-        _EXECUTOR = _llg().LLExecutor()
-    w = bitmask.size(1)
-    by_width: dict[int, list[tuple[GrammarMatcher, int]]] = {}
+    One matcher after another: llguidance's parallel executor measured slower on every machine tried
+    (``benchmarks/mask_fill.py``, 64 rows: 0.63x on 2 CPUs, 0.57x on 16, and inside the engine on an
+    H100 host 25.6 ms a step against ~4.5 ms: ``benchmarks/RESULTS.md``)."""
     for m, i in rows:
-        by_width.setdefault(words(m.vocab_size), []).append((m, i))
-    for mw, group in by_width.items():
-        if mw == w:
-            _EXECUTOR.unsafe_compute_mask_ptr([(m._m, i) for m, i in group], bitmask.data_ptr(), w * 4, bitmask.size(0))
-            continue
-        # the executor writes rows of the matchers' own width: fill a packed buffer, then place it
-        packed = torch.empty(len(group), mw, dtype=torch.int32)
-        _EXECUTOR.unsafe_compute_mask_ptr([(m._m, j) for j, (m, _) in enumerate(group)], packed.data_ptr(), mw * 4,
-                                          len(group))
-        idx = torch.tensor([i for _, i in group])
-        bitmask[idx, :mw] = packed
-        bitmask[idx, mw:] = 0
-
-
-#: Fewest CPUs with which :func:`fill_rows` uses llguidance's executor: it runs 80% of the CPUs'
-#: threads, and with one (a 2-core machine) it took 1.6x the time of one matcher after another
-#: (``benchmarks/mask_fill.py``, 64 rows: ``benchmarks/RESULTS.md``).
-EXECUTOR_MIN_CPUS = 4
-_EXECUTOR: Any = None
+        bitmask[i].zero_()
+        m.fill(bitmask[i, :words(m.vocab_size)])
 
 
 def words(vocab_size: int) -> int:

@@ -111,6 +111,7 @@ class Prefill:
         written to the extra position and one segment: capturing changes no kept state)."""
         self.cu.fill_(bucket)
         self.cu[0] = 0
+        self.last.zero_()  # capturing runs the forward once: a larger bucket's last indices would read past this one
         m, cache = self.model, self.cache
         tokens, positions, slot, pos, cu = (self.tokens[:bucket], self.positions[:bucket], self.slot[:bucket],
                                             self.pos[:bucket], self.cu)
