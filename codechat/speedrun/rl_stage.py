@@ -56,13 +56,18 @@ class RLStage:
                 self._doctests.result(timeout=RL_TASKS_WAIT_S)
             except FutureTimeout:
                 return None
-            except Exception:  # the RL stage says so and mines the standard library instead
+            except Exception as e:  # the RL stage mines the standard library instead
+                print(f"chat SFT: the RL pool's background mining failed ({type(e).__name__}: {e}): no pairs are "
+                      "left out for it")
                 return set()
         f = self.doctest_file
         if not f.is_file():
             return set()
         rows = (json.loads(line) for line in f.read_text(encoding="utf-8").splitlines() if line.strip())
-        return {r["origin"] for r in rows if r.get("origin")}
+        origins = {r["origin"] for r in rows if r.get("origin")}
+        if not origins:
+            print(f"chat SFT: the RL pool's background mining kept no corpus task ({f}): no pairs are left out for it")
+        return origins
 
     def _rl_pool_spec(self) -> str:
         """The RL pool's spec: the plan's, its ``doctest`` part (this Python's standard library) replaced by
