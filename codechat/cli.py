@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-from codechat.config.cli_args import MODEL_HELP, add_common as _add_common
+from codechat.config.cli_args import MODEL_HELP, add_common
 from codechat.config.stages import ConfigError
 
 
@@ -31,7 +31,7 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-budget-min", type=_minutes, help="stop after this many minutes of training (> 0)")
     _add_stage_io(p, "pretrain")
     _add_parallel(p)
-    _add_common(p)
+    add_common(p)
     p.set_defaults(func=_cmd_pretrain, accepts_overrides=True)
 
 
@@ -133,7 +133,7 @@ def _add_stage_io(p: argparse.ArgumentParser, stage: str) -> None:
 
 def _stage_flags(args: argparse.Namespace, parallel: bool = True) -> dict:
     """The flags every training stage shares, as dotted settings: --init, :func:`_add_stage_io`'s,
-    :func:`_add_common`'s and (``parallel``) :func:`_add_parallel`'s."""
+    :func:`~codechat.config.cli_args.add_common`'s and (``parallel``) :func:`_add_parallel`'s."""
     flags = {"init": args.init, "run.out": args.out, "run.resume": args.resume or None, "run.seed": args.seed,
              "run.device": args.device, "train.save_every_s": args.checkpoint_every_s, "peft": args.peft}
     if parallel:
@@ -182,7 +182,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
                         "(sft.teacher_completions)")
     _add_stage_io(p, "sft")
     _add_parallel(p)
-    _add_common(p)
+    add_common(p)
     p.set_defaults(func=_cmd_sft, accepts_overrides=True)
 
 
@@ -230,7 +230,7 @@ def _add_rl(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dead-steps", type=int, help="stop after N steps in a row without signal (default 20)")
     p.add_argument("--force", action="store_true", help="start even when the pre-RL check says the run will stall")
     _add_stage_io(p, "rl")
-    _add_common(p)
+    add_common(p)
     p.set_defaults(func=_cmd_rl, accepts_overrides=True)
 
 

@@ -22,6 +22,7 @@ same keys, values and hidden states (``tests/test_engine_prefill.py``).
 """
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Sequence
 
 import torch
@@ -47,6 +48,11 @@ def copy_prompt(cache: KVCache, src: int, dst: Sequence[int], n: int) -> None:
     for t in (*cache.k, *cache.v):
         flat = t.view(torch.uint8).view(S * P, -1)
         flat.index_copy_(0, to, flat[frm])
+
+
+def _offsets(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """Where each packed prompt starts, then where the last ends: ``[0, len(p0), len(p0) + len(p1), ...]``."""
+    return [0, *itertools.accumulate(map(len, prompts))]
 
 
 class Prefill:
@@ -89,9 +95,7 @@ class Prefill:
         if bucket not in self.graphs:
             self.graphs[bucket] = self._capture(bucket)
         h2d, long = self.h2d, torch.long
-        cu = [0]
-        for p in prompts:
-            cu.append(cu[-1] + len(p))
+        cu = _offsets(prompts)
         self.tokens[:n] = h2d([t for p in prompts for t in p], long)
         self.positions[:n] = h2d([i for p in prompts for i in range(len(p))], long)
         self.slot[:n] = h2d([s[0] for p, s in zip(prompts, slots) for _ in p], long)
@@ -122,9 +126,7 @@ class Prefill:
         """The op-by-op prefill: every sample's slot written by the forward pass itself."""
         h2d, long = self.h2d, torch.long
         seg_lens = [len(p) for p in prompts]
-        cu_host = [0]
-        for n in seg_lens:
-            cu_host.append(cu_host[-1] + n)
+        cu_host = _offsets(prompts)
         src, dslot, dpos = [], [], []
         for g, (n, ss) in enumerate(zip(seg_lens, slots)):
             for slot in ss:
