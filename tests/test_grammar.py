@@ -174,6 +174,18 @@ def test_fill_rows_writes_each_matchers_mask_into_its_row(wider, tok, gc):
     assert (batch[0] == -1).all(), "rows not asked for are left alone"
 
 
+def test_fill_rows_refuses_a_buffer_it_cannot_write_by_address(gc):
+    """``fill_rows`` writes through row addresses, so a buffer of another dtype, or whose words are
+    not contiguous, is an error, not a corrupted mask."""
+    m = gc.json_schema(SCHEMAS[next(iter(SCHEMAS))]).matcher()
+    w = words(gc.vocab_size)
+    with pytest.raises(ValueError, match="int32"):
+        fill_rows([(m, 0)], torch.zeros(1, w, dtype=torch.int64))
+    with pytest.raises(ValueError, match="contiguous"):
+        fill_rows([(m, 0)], torch.zeros(1, 2 * w, dtype=torch.int32)[:, ::2])
+    fill_rows([], torch.zeros(1, 1, dtype=torch.int64))  # nothing to write: nothing checked
+
+
 def test_logprobs_are_taken_after_the_mask(tok, engine, gc):
     """Under ``required`` the reply's first token (the call opener) and the ``{`` after it are the
     only tokens allowed: probability 1 after the mask, under both returned log-probs."""

@@ -123,16 +123,31 @@ class GrammarMatcher:
 
 
 def fill_rows(rows: Sequence[tuple[GrammarMatcher, int]], bitmask: torch.Tensor) -> None:
-    """Write each matcher's allowed tokens into row ``i`` of ``bitmask`` ((N, W) int32, contiguous,
-    CPU). A matcher compiled for fewer ids than ``W * 32`` (a tokenizer smaller than the model's
-    logits) leaves the words past its vocabulary at 0 (forbidden).
+    """Write each matcher's allowed tokens into row ``i`` of ``bitmask`` ((N, W) int32, rows
+    contiguous, CPU). A matcher compiled for fewer ids than ``W * 32`` (a tokenizer smaller than the
+    model's logits) leaves the words past its vocabulary at 0 (forbidden).
 
     One matcher after another: llguidance's parallel executor measured slower on every machine tried
     (``benchmarks/mask_fill.py``, 64 rows: 0.63x on 2 CPUs, 0.57x on 16, and inside the engine on an
-    H100 host 25.6 ms a step against ~4.5 ms: ``benchmarks/RESULTS.md``)."""
+    H100 host 25.6 ms a step against ~4.5 ms: ``benchmarks/RESULTS.md``). Each row is written through
+    its address, not a tensor view: two views and a ``zero_`` a row cost more than the mask itself
+    (the ``engine`` strategy of ``mask_fill.py`` at 0.63x ``serial`` on an H100 host before this).
+
+    Raises ValueError for a ``bitmask`` that is not int32 on the CPU with contiguous rows."""
+    if not rows:
+        return
+    if bitmask.dtype != torch.int32 or bitmask.device.type != "cpu" or bitmask.stride(1) != 1:
+        raise ValueError(f"fill_rows needs a CPU int32 bitmask with contiguous rows, got {bitmask.dtype} "
+                         f"on {bitmask.device} with strides {bitmask.stride()}")
+    base, pitch, width = bitmask.data_ptr(), bitmask.stride(0) * 4, bitmask.size(1)
+    short: dict[int, list[int]] = {}  # words of a vocabulary narrower than the buffer -> its rows
     for m, i in rows:
-        bitmask[i].zero_()
-        m.fill(bitmask[i, :words(m.vocab_size)])
+        n = words(m.vocab_size)
+        m._m.unsafe_compute_mask_ptr(base + i * pitch, n * 4)
+        if n < width:
+            short.setdefault(n, []).append(i)
+    for n, idx in short.items():
+        bitmask[idx, n:] = 0
 
 
 def words(vocab_size: int) -> int:
