@@ -146,8 +146,20 @@ def fill_rows(rows: Sequence[tuple[GrammarMatcher, int]], bitmask: torch.Tensor)
         m._m.unsafe_compute_mask_ptr(base + i * pitch, n * 4)
         if n < width:
             short.setdefault(n, []).append(i)
-    for n, idx in short.items():
-        bitmask[idx, n:] = 0
+    for n, idx in short.items():  # basic slices: an advanced-index write took ~1 ms on the H100 host
+        for lo, hi in _runs(sorted(idx)):
+            bitmask[lo:hi, n:].zero_()
+
+
+def _runs(ascending: list[int]) -> list[tuple[int, int]]:
+    """The maximal runs of consecutive integers in ``ascending``, as half-open ``(lo, hi)``."""
+    runs: list[tuple[int, int]] = []
+    for i in ascending:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
 
 
 def words(vocab_size: int) -> int:
