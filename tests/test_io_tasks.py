@@ -174,3 +174,32 @@ def test_parameters_get_values_by_annotation_default_or_name(param, default, exp
     assert pool and all(isinstance(v, expect) for v in pool)
     if param.endswith("list[str]"):
         assert all(isinstance(e, str) for v in pool for e in v)
+
+
+#: A page break (form feed) and line separators inside strings: line breaks to ``str.splitlines``, not to Python.
+ODD_BREAKS = ('SEP = "a\u2028b\x85c"\n\x0c\n# the second page\nGS = "x\x1dy"\n\n\n'
+              'def clamp(value: int, low=0):\n'
+              '    """Clamp the integer value so that it is never below low, returning the result."""\n'
+              '    return value if value > low else low\n\n\n'
+              'def triple(n):\n    """Three times n, shown by its example.\n\n    >>> triple(2)\n    6\n    """\n'
+              '    return 3 * n\n')
+
+
+def test_functions_after_page_breaks_and_line_separators_are_mined_whole(mined, tmp_path):
+    """Sources holding characters that ``str.splitlines`` breaks at and Python does not (the GPU
+    speedrun's corpus miner died of one with ``SyntaxError``) give the same tasks, and SFT pairs, as
+    without them: each function's source sliced by its own line numbers."""
+    box = mined[3]
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "odd.py").write_text(ODD_BREAKS, encoding="utf-8")
+    out = tmp_path / "tasks.jsonl"
+    counts = IO.write_corpus_tasks([src], out, box=box)
+    assert counts["doctest"]["kept"] == 1 and counts["io"]["kept"] == 1, counts
+    doctest_task, io_task = load_tasks(f"tasks:{out}")
+    assert doctest_task.reference.startswith("def triple(n):") and doctest_task.reference.rstrip().endswith("return 3 * n")
+    assert io_task.reference == ('def clamp(value: int, low=0):\n    """Clamp the integer value so that it is never '
+                                 'below low, returning the result."""\n    return value if value > low else low\n')
+    from codechat.data.mining import mine_records
+    answers = [r.conversation.messages[1].content for r in mine_records([src])]
+    assert "def clamp(value: int, low=0):\n    return value if value > low else low" in answers

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codechat.data.mining import MAX_DOC_CHARS, MAX_FUNCTION_LINES, MINED_PROMPT, _trivial
+from codechat.data.mining import MAX_DOC_CHARS, MAX_FUNCTION_LINES, MINED_PROMPT, _trivial, source_lines
 from codechat.data.task import Task
 from codechat.eval import sandbox
 from codechat.eval.problems import Problem
@@ -244,7 +244,10 @@ def mine_doctest_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: i
                 continue
             with_doctests.add(f.relpath)
             counts.functions += 1
-            task = _doctest_candidate(node, tree, lines, f.relpath, str(f.path))
+            try:
+                task = _doctest_candidate(node, tree, lines, f.relpath, str(f.path))
+            except SyntaxError:  # one odd function must not end the mining of the rest (counted)
+                task = "source_does_not_parse"
             if isinstance(task, str):
                 counts.skip(task)
             elif fresh(decon, seen, task.text(), task.reference or "", counts):
@@ -293,7 +296,7 @@ def module_functions(srcs: Sequence[str | Path] | None, max_files: int, counts: 
         except (SyntaxError, ValueError):
             counts.unparsable_files += 1
             continue
-        lines = text.splitlines()
+        lines = source_lines(text)
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 yield f, tree, lines, node

@@ -266,7 +266,10 @@ def mine_io_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: int = 
             counts.functions += 1
             if tree is not module:
                 module, names = tree, _pure_imports(tree)
-            c = _candidate(node, tree, lines, names, f.relpath, str(f.path), seed)
+            try:
+                c = _candidate(node, tree, lines, names, f.relpath, str(f.path), seed)
+            except SyntaxError:  # one odd function must not end the mining of the rest (counted)
+                c = "source_does_not_parse"
             if isinstance(c, str):
                 counts.skip(c)
             elif fresh(decon, seen, c.prompt + "\n" + c.source, c.source, counts):

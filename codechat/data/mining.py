@@ -96,6 +96,15 @@ class MiningCounts:
                 "kept": self.kept, "skipped": dict(self.skipped)}
 
 
+def source_lines(text: str) -> list[str]:
+    """``text``'s lines as Python counts them (``ast`` line numbers index this list from 1): split at
+    ``\n``, ``\r\n`` and ``\r`` only. ``str.splitlines`` also splits at form feeds, ``\x1c``-``\x1e``,
+    ``\x85`` and ``\u2028``/``\u2029``, which real sources hold (page breaks, separators in strings);
+    every line after one would be off by one, and a function's source sliced by its line numbers
+    would be another's (the GPU speedrun's corpus miner died of it: ``SyntaxError`` in ``ast.parse``)."""
+    return re.split(r"\r\n|\r|\n", text)
+
+
 def _trivial(body: Sequence[ast.stmt]) -> bool:
     """Only ``pass``, ``...`` or ``raise NotImplementedError``."""
     for stmt in body:
@@ -150,7 +159,7 @@ def _mine_file(path: str, style: str) -> list[_Mined] | None:
             tree = ast.parse(text)
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-    lines = text.splitlines()
+    lines = source_lines(text)
     out: list[_Mined] = []
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
