@@ -40,7 +40,9 @@ class GenerationStages:
               f"{self.time_left():.0f} s last")
         from codechat.checkpoint import load_model
         model, tok, _ = load_model(self.run / "pretrain", self.dev)
-        engine = Engine(model, EngineConfig(slots=p.sample_best_of))
+        # uncompiled: ~10k tokens at most never repay torch.compile's start, which on the H100 took the
+        # whole 17 s stage (1 of 5 prompts, no token of it: benchmarks/RESULTS.md, tenth session)
+        engine = Engine(model, EngineConfig(slots=p.sample_best_of, compile=False))
         cfg = SamplingConfig(max_new_tokens=p.sample_tokens, temperature=p.sample_temperature, top_p=p.sample_top_p)
         out = []
         for i, prompt in enumerate(p.sample_prompts):
@@ -71,7 +73,7 @@ class GenerationStages:
         from codechat.chat.repl import reply
         from codechat.checkpoint import load_model
         model, tok, _ = load_model(self.run / "sft", self.dev)
-        engine = Engine(model, EngineConfig(slots=1))
+        engine = Engine(model, EngineConfig(slots=1, compile=False))  # a few answers: as ``_samples``
         cfg = SamplingConfig(max_new_tokens=self.p.chat_tokens, temperature=self.p.sample_temperature,
                              top_p=self.p.sample_top_p)
         answers = []
