@@ -10,12 +10,14 @@ stdlib BPE as the grammar's tokenizer), run once untimed (compilation, graph cap
 - ``consume``: advancing the rows' matchers by their sampled tokens (``GrammarMatcher.consume``);
 - ``drain``: reading launches back (waiting for the GPU included), ``consume`` excluded;
 - ``launch``: launching the masked decode step (the mask's copy and the graph replay), ``fill`` excluded;
-- ``admit``: admitting replacement rows (the packed prefill: its forward pass, masks and sampling),
-  ``fill`` excluded;
+- ``admit``: admitting replacement rows (the first token's masks, options and sampling), ``fill`` and
+  ``prefill`` excluded;
+- ``prefill``: the packed prefill's forward pass (``Engine._prefill_run``: a graph replay on CUDA);
 
 each in milliseconds per step, with the whole step's. Then ``--profile-steps`` steps under the
 torch profiler: the GPU's busy time per step (kernels, summed) against the step's wall time, and
-the host operations with the most CPU time. ``--trace FILE`` writes that Chrome trace.
+the host operations with the most CPU time, and each section's CPU time under the profiler (its
+``section.NAME`` range). ``--trace FILE`` writes that Chrome trace (gzipped when FILE ends in ``.gz``).
 
     PYTHONPATH=. python benchmarks/constrained_profile.py --preset d20 --rows 64
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/constrained_profile.py --preset tiny --vocab-size 1024
@@ -24,6 +26,7 @@ the host operations with the most CPU time. ``--trace FILE`` writes that Chrome 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import time
@@ -41,7 +44,7 @@ from codechat.tokenizer import Tokenizer
 
 from constrained_decode import TOOLS, build, stdlib_tokenizer  # benchmarks/, beside this script
 
-SECTIONS = ("fill", "consume", "drain", "launch", "admit")
+SECTIONS = ("fill", "consume", "drain", "launch", "admit", "prefill")
 
 
 class Timers:
@@ -55,7 +58,8 @@ class Timers:
     def section(self, name: str) -> Iterator[None]:
         self._stack.append([name, time.perf_counter(), 0.0])
         try:
-            yield
+            with torch.profiler.record_function(f"section.{name}"):  # a range in the profile and trace
+                yield
         finally:
             _, t0, inner = self._stack.pop()
             dt = time.perf_counter() - t0
@@ -78,6 +82,7 @@ def instrument(engine: Any, timers: Timers) -> None:
     engine._drain = wrap("drain", engine._drain)
     engine._launch_decode = wrap("launch", engine._launch_decode)
     engine._admit = wrap("admit", engine._admit)
+    engine._prefill_run = wrap("prefill", engine._prefill_run)
 
 
 def main() -> None:
@@ -160,8 +165,16 @@ def main() -> None:
     print(events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
     if cuda:
         print(events.table(sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=60))
+    ranges = {e.key: e.cpu_time_total / 1e3 / args.profile_steps for e in events if e.key.startswith("section.")}
+    print("under the profiler, ms a step (CPU, inner sections included): "
+          + ", ".join(f"{k.removeprefix('section.')} {v:.2f}" for k, v in sorted(ranges.items())))
     if args.trace:
-        prof.export_chrome_trace(args.trace)
+        raw = args.trace.removesuffix(".gz")
+        prof.export_chrome_trace(raw)
+        if raw != args.trace:
+            with open(raw, "rb") as f, gzip.open(args.trace, "wb") as g:
+                g.write(f.read())
+            os.remove(raw)
         print(f"wrote {args.trace}")
     out = args.out or (str(Path(os.environ["OUT"]) / "constrained_profile.json") if os.environ.get("OUT") else "")
     if out:
