@@ -40,8 +40,8 @@ class GenerationStages:
               f"{self.time_left():.0f} s last")
         from codechat.checkpoint import load_model
         model, tok, _ = load_model(self.run / "pretrain", self.dev)
-        # uncompiled: ~10k tokens at most never repay torch.compile's start, which on the H100 took the
-        # whole 17 s stage (1 of 5 prompts, no token of it: benchmarks/RESULTS.md, tenth session)
+        # uncompiled: ~10k tokens at most never repay torch.compile's start, the likely sink of a 17 s
+        # stage that made no token of its first prompt on an H100 (benchmarks/RESULTS.md, tenth session)
         engine = Engine(model, EngineConfig(slots=p.sample_best_of, compile=False))
         cfg = SamplingConfig(max_new_tokens=p.sample_tokens, temperature=p.sample_temperature, top_p=p.sample_top_p)
         out = []
