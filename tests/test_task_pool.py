@@ -13,7 +13,7 @@ import pytest
 
 from codechat.config.stages import ConfigError
 from codechat.train.grpo import RLConfig
-from codechat.train.task_pool import TooFewTasks, filter_pool, in_bounds, load_pool, too_few_message
+from codechat.train.task_pool import TooFewTasks, filter_pool, in_bounds, load_pool, solution_size, too_few_message
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,46 @@ def test_the_filter_keeps_exactly_the_tasks_in_its_bounds():
         filter_pool(tasks, stub_policy(passing, []), n=8, min_rate=0.6, max_rate=0.4, seed=0)
 
 
+@dataclass(frozen=True)
+class Sized:
+    task_id: str
+    reference: str | None
+
+
+def test_solution_size_counts_the_reference_program_and_leaves_docstrings_out():
+    bare = "def f(x):\n    return x + 1\n"
+    documented = 'def f(x):\n    """Add one to x, a number, and give it back."""\n    return x + 1\n'
+    assert solution_size(Sized("a", bare)) == solution_size(Sized("b", documented)) == 10
+    longer = "def f(xs):\n    out = []\n    for x in xs:\n        out.append(x * 2)\n    return out\n"
+    assert solution_size(Sized("c", longer)) > solution_size(Sized("a", bare))
+    assert solution_size(Sized("d", None)) == solution_size(Sized("e", "def (:")) > 10**9  # sampled last
+
+
+def test_the_filter_samples_the_smallest_solutions_first_under_a_deadline():
+    """The shortest references go first (equal sizes in the seeded shuffle's order), so a deadline after
+    the first chunk samples them; ``random`` keeps the shuffle alone."""
+    sizes = {f"t{i}": i for i in range(12)}
+    tasks = [Sized(t, "def f():\n" + "    x = 1\n" * (k + 1) + "    return x\n") for t, k in sorted(sizes.items())][::-1]
+    calls: list = []
+    filter_pool(tasks, stub_policy({t: 1 for t in sizes}, calls), n=8, min_rate=0, max_rate=1, seed=5, chunk=4)
+    assert calls == [["t0", "t1", "t2", "t3"], ["t4", "t5", "t6", "t7"], ["t8", "t9", "t10", "t11"]]
+    late: list = []
+    res = filter_pool(tasks, stub_policy({t: 1 for t in sizes}, late), n=8, min_rate=0, max_rate=1, seed=5, chunk=4,
+                      deadline_s=1e-9)
+    assert late == [["t0", "t1", "t2", "t3"]] and res.kept == ["t3", "t2", "t1", "t0"]  # kept: pool order
+    shuffled: list = []
+    filter_pool(tasks, stub_policy({t: 1 for t in sizes}, shuffled), n=8, min_rate=0, max_rate=1, seed=5, chunk=4,
+                order="random")
+    assert sorted(sum(shuffled, [])) == sorted(sizes) and shuffled != calls
+    with pytest.raises(ValueError, match="smallest, random"):
+        filter_pool(tasks, stub_policy({}, []), n=8, min_rate=0, max_rate=1, seed=0, order="easiest")
+
+
 @pytest.mark.parametrize("setting, fragment", [
     ({"filter_samples": 1}, "a pass rate needs at least 2 samples"),
     ({"filter_min": 0.7, "filter_max": 0.3}, "0 <= min <= max <= 1"),
-    ({"min_tasks": 0}, "rl.min_tasks >= 1")])
+    ({"min_tasks": 0}, "rl.min_tasks >= 1"),
+    ({"filter_order": "easiest"}, "rl.filter_order must be one of smallest, random")])
 def test_filter_settings_that_cannot_work_are_refused_when_built(setting, fragment):
     with pytest.raises(ConfigError, match=fragment):
         RLConfig(**setting)

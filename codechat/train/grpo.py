@@ -93,7 +93,7 @@ from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages
 from .rl_heldout import score_slice, split_heldout
 from .rollouts import REWARD_KINDS, Judge, Rollout, collect
 from .stop import active
-from .task_pool import TooFewTasks, filter_pool, load_pool, too_few_message
+from .task_pool import FILTER_ORDERS, TooFewTasks, filter_pool, load_pool, too_few_message
 from .trainer import Trainer
 
 DEAD_FIXES = ("use --reward tiered (partial credit for getting further), a larger --group-size, tasks the "
@@ -136,6 +136,9 @@ class RLConfig:
     filter_max: float = 1.0
     min_tasks: int = 32
     filter_deadline_s: float = 0.0  # > 0: sample no more pool tasks after this many seconds (the rest are left out)
+    # The order the filter samples the pool in: smallest reference solution first (a weak policy's solvable
+    # tasks come first when the deadline cuts the pool short: codechat.train.task_pool), or random.
+    filter_order: str = "smallest"
     # Kept tasks set aside, never trained on, scored before step 0 and after the last (codechat.train.rl_heldout;
     # heldout.json): at most this many, leaving min_tasks to train on (0: none). Needs the filter.
     heldout_tasks: int = 0
@@ -168,6 +171,8 @@ class RLConfig:
         _check(0.0 <= self.filter_min <= self.filter_max <= 1.0 and self.min_tasks >= 1 and self.filter_deadline_s >= 0,
                "rl.filter_min and rl.filter_max must satisfy 0 <= min <= max <= 1, rl.min_tasks >= 1 and "
                "rl.filter_deadline_s >= 0")
+        _check(self.filter_order in FILTER_ORDERS,
+               f"rl.filter_order must be one of {', '.join(FILTER_ORDERS)}, got {self.filter_order!r}")
         _check(self.heldout_tasks >= 0 and (self.heldout_tasks == 0 or self.filter_samples),
                f"rl.heldout_tasks={self.heldout_tasks}: a held-out slice (>= 0) is taken from the pass-rate filter's "
                "kept tasks; set rl.filter_samples too")
@@ -268,7 +273,8 @@ def pass_rate_filter(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLCo
     def sample(part: list, seeds: list[int]) -> list[int]:
         return collect(engine, tok, part, seeds, judge, group_size=g, sampling=sampling).passes_per_task(g)
     res = filter_pool(tasks, sample, n=g, min_rate=cfg.filter_min, max_rate=cfg.filter_max, seed=seed,
-                      chunk=max(1, engine.slots // g), deadline_s=cfg.filter_deadline_s, need=cfg.min_tasks)
+                      chunk=max(1, engine.slots // g), deadline_s=cfg.filter_deadline_s, need=cfg.min_tasks,
+                      order=cfg.filter_order)
     figures = res.as_dict(cfg.filter_min, cfg.filter_max)
     if main:
         write_text(path, json.dumps(figures, indent=1))
