@@ -7,13 +7,12 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from codechat.config.stages import ConfigError
 from codechat.train.grpo import RLConfig
-from codechat.train.task_pool import TooFewTasks, filter_pool, in_bounds, load_pool, solution_size, too_few_message
+from codechat.train.task_pool import filter_pool, in_bounds, load_pool, solution_size, too_few_message
 
 
 @dataclass(frozen=True)
