@@ -106,7 +106,11 @@ class GrammarMatcher:
 
     def fill(self, row: torch.Tensor) -> None:
         """Write the allowed-token bitmask into ``row``: (ceil(V / 32),) int32, contiguous, on the CPU."""
-        self._m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+        self.fill_at(row.data_ptr())
+
+    def fill_at(self, address: int) -> None:
+        """:meth:`fill` into the ``ceil(V / 32)`` int32 words at host ``address`` (no tensor view made)."""
+        self._m.unsafe_compute_mask_ptr(address, words(self.vocab_size) * 4)
 
     def consume(self, token: int) -> bool:
         """Advance by ``token``; False when the grammar did not allow it (the matcher is then broken)."""
@@ -142,8 +146,8 @@ def fill_rows(rows: Sequence[tuple[GrammarMatcher, int]], bitmask: torch.Tensor)
     base, pitch, width = bitmask.data_ptr(), bitmask.stride(0) * 4, bitmask.size(1)
     short: dict[int, list[int]] = {}  # words of a vocabulary narrower than the buffer -> its rows
     for m, i in rows:
+        m.fill_at(base + i * pitch)
         n = words(m.vocab_size)
-        m._m.unsafe_compute_mask_ptr(base + i * pitch, n * 4)
         if n < width:
             short.setdefault(n, []).append(i)
     for n, idx in short.items():  # basic slices: an advanced-index write took ~1 ms on the H100 host

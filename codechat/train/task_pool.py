@@ -197,19 +197,19 @@ def filter_pool(tasks: Sequence, sample: Callable[[list, list[int]], list[int]],
                          f"max={max_rate}")
     if order not in FILTER_ORDERS:
         raise ValueError(f"the pass-rate filter's order must be one of {', '.join(FILTER_ORDERS)}, got {order!r}")
-    shuffled = random.Random(f"{seed}:filter").sample(range(len(tasks)), len(tasks))
+    queue = random.Random(f"{seed}:filter").sample(range(len(tasks)), len(tasks))
     if order == "smallest":
         size = [solution_size(t) for t in tasks]
-        shuffled.sort(key=size.__getitem__)  # stable: equal sizes keep the shuffle's order
+        queue.sort(key=size.__getitem__)  # stable: equal sizes keep the shuffle's order
     counts: dict[str, tuple[int, int]] = {}
     t0 = time.perf_counter()
     kept_so_far = 0
-    for at in range(0, len(shuffled), chunk):
+    for at in range(0, len(queue), chunk):
         if at and deadline_s and time.perf_counter() - t0 > deadline_s:  # the first chunk always runs
             break
-        if at and kept_so_far + len(shuffled) - at < need:
+        if at and kept_so_far + len(queue) - at < need:
             break
-        part = [tasks[i] for i in shuffled[at:at + chunk]]
+        part = [tasks[i] for i in queue[at:at + chunk]]
         passed = sample(part, [derive_seed(seed, f"filter:{t.task_id}") for t in part])
         counts.update((t.task_id, (n, int(c))) for t, c in zip(part, passed))
         kept_so_far += sum(in_bounds(n, int(c), min_rate, max_rate) for c in passed)
