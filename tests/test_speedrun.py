@@ -345,7 +345,7 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
     from codechat.config.sft import SFTConfig
     from codechat.data.mining import mine_records
     from codechat.data.mixture import Mixture
-    from codechat.speedrun.plan import plan
+    from codechat.speedrun.plan import plan, with_rl
     from codechat.speedrun.report import validation_baselines
     from codechat.speedrun.run import Speedrun
     run = tmp_path / "run"
@@ -408,3 +408,7 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
     s.p = p
     shutil.rmtree(run / "sft_mined")
     assert s._sft_data() == (f"mine:{src}:1,mine:{inner}:0.25", None)  # no files: the stage mines them itself
+    s.p = with_rl(p, "off", torch.device("cpu"))  # without RL no pool is mined: its sandbox workers would only take cores
+    s._start_background()
+    assert s._doctests is None and s._mining is not None and len(s._background_procs) == 2
+    s._end_background()

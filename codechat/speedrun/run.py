@@ -319,20 +319,21 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
                 **{f"{s}_{k}": sp[s][k] for s in ("train", "val") for k in ("documents", "tokens", "bytes")}}
 
     def _start_background(self) -> None:
-        """Compute the baselines, mine the SFT pairs (into :meth:`_mined_files`) and the RL pool's
-        doctest and input/output tasks of every corpus source (into :attr:`doctest_file`) in three spawned processes;
-        the ``baseline``, ``sft`` and ``rl`` stages collect them."""
+        """Compute the baselines, mine the SFT pairs (into :meth:`_mined_files`) and, with RL planned, the RL
+        pool's doctest and input/output tasks of every corpus source (into :attr:`doctest_file`) in spawned
+        processes; the ``baseline``, ``sft`` and ``rl`` stages collect them."""
         from codechat.data.io_tasks import write_corpus_tasks
         from codechat.data.mining import write_mined
         p = self.p
-        pool = ProcessPoolExecutor(3, mp_context=mp.get_context("spawn"))
+        pool = ProcessPoolExecutor(3 if p.rl else 2, mp_context=mp.get_context("spawn"))
         self._baselines = pool.submit(validation_baselines, self.run)
         self._mining = pool.submit(write_mined, [src for src, _ in p.mine_parts], self._mined_files(),
                                    max_files=p.max_files, style=p.sft_mine_style,
                                    workers=p.background_mine_workers or max(1, (os.cpu_count() or 2) // 2))
-        self._doctests = pool.submit(write_corpus_tasks, list(p.sources), self.doctest_file, max_files=p.max_files,
-                                     mbpp_file=p.mbpp or None, workers=max(1, (os.cpu_count() or 2) // 4),
-                                     io_max_tasks=p.rl_io_tasks)
+        if p.rl:  # without RL its sandbox workers would only take cores from pretraining and SFT
+            self._doctests = pool.submit(write_corpus_tasks, list(p.sources), self.doctest_file,
+                                         max_files=p.max_files, mbpp_file=p.mbpp or None,
+                                         workers=max(1, (os.cpu_count() or 2) // 4), io_max_tasks=p.rl_io_tasks)
         # the worker processes, started by the first submit (spawn), for _end_background: the executor
         # forgets them at shutdown and has no public terminate before Python 3.14
         self._background_procs = list(pool._processes.values())
