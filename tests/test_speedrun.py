@@ -393,6 +393,14 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
     s.p = replace(p, sources=(sysconfig.get_paths()["stdlib"],))
     s._start_background()
     procs = s._background_procs
+
+    def niceness() -> list[int]:  # field 19 of /proc/PID/stat, of the workers still there
+        stats = [Path(f"/proc/{proc.pid}/stat") for proc in procs]
+        return [int(f.read_text().split(")")[1].split()[16]) for f in stats if f.exists()]
+    until = time.monotonic() + 30  # the jobs run at the lowest priority once started (spawn takes a while);
+    while set(niceness()) != {19} and time.monotonic() < until:  # the two miners take seconds on the stdlib
+        time.sleep(0.05)
+    assert niceness().count(19) >= 2 and set(niceness()) == {19}  # inductor's compile workers beside them first
     s._end_background()
     until = time.monotonic() + 1.5  # a terminated process is gone at once; the jobs take seconds to spawn and work
     for proc in procs:

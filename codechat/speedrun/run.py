@@ -69,6 +69,8 @@ from codechat.train.stop import RunStopped, active
 #: Stage statuses of a finished stage: ``done``, or ``skipped`` (finished without doing its work, the
 #: stage's ``reason`` saying why); neither runs again on ``--resume``.
 FINISHED = ("done", "skipped")
+#: The background jobs' ``os.nice`` increment (19: the lowest priority): they use cores the stages leave idle.
+BACKGROUND_NICENESS = 19
 #: What each stage reads from an earlier one: a stage whose input was skipped is skipped too.
 NEEDS = {"chat": "sft", "eval": "sft", "mbpp": "sft", "rl": "sft", "funcall": "sft", "funcall_eval": "funcall"}
 
@@ -325,7 +327,10 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
         from codechat.data.io_tasks import write_corpus_tasks
         from codechat.data.mining import write_mined
         p = self.p
-        pool = ProcessPoolExecutor(3 if p.rl else 2, mp_context=mp.get_context("spawn"))
+        # at the lowest CPU priority (their sandboxes too): the pretraining beside them compiles its model
+        # first, and inductor's compile workers competing with them took 50 s of a 179-s budget (H100, 8a79860)
+        pool = ProcessPoolExecutor(3 if p.rl else 2, mp_context=mp.get_context("spawn"), initializer=os.nice,
+                                   initargs=(BACKGROUND_NICENESS,))
         self._baselines = pool.submit(validation_baselines, self.run)
         self._mining = pool.submit(write_mined, [src for src, _ in p.mine_parts], self._mined_files(),
                                    max_files=p.max_files, style=p.sft_mine_style,
