@@ -395,8 +395,13 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
     procs = s._background_procs
 
     def niceness() -> list[int]:  # field 19 of /proc/PID/stat, of the workers still there
-        stats = [Path(f"/proc/{proc.pid}/stat") for proc in procs]
-        return [int(f.read_text().split(")")[1].split()[16]) for f in stats if f.exists()]
+        got = []
+        for proc in procs:
+            try:
+                got.append(int(Path(f"/proc/{proc.pid}/stat").read_text().split(")")[1].split()[16]))
+            except (FileNotFoundError, ProcessLookupError):  # a worker whose job ended (the baselines')
+                pass
+        return got
     until = time.monotonic() + 30  # the jobs run at the lowest priority once started (spawn takes a while);
     while set(niceness()) != {19} and time.monotonic() < until:  # the two miners take seconds on the stdlib
         time.sleep(0.05)
