@@ -180,9 +180,12 @@ def test_mid_training_takes_its_share_from_pretraining_and_bad_shares_are_refuse
 def test_rl_auto_plans_grpo_only_where_its_pool_can_keep_enough_tasks_and_gives_its_share_to_pretraining():
     from codechat.speedrun.plan import with_rl
     cpu, gpu = torch.device("cpu"), torch.device("cuda")  # planning only: nothing runs on the device
-    g = plan(gpu, None, 9.0, mbpp=str(MBPP_FIXTURE))
+    g = plan(gpu, None, 16.0, mbpp=str(MBPP_FIXTURE))
     on = with_rl(g, "auto", gpu)
     assert on.rl and "rl" in on.stages and on.shares == g.shares and "--mbpp or --tasks" in on.rl_reason
+    short = with_rl(plan(gpu, None, 9.0, mbpp=str(MBPP_FIXTURE)), "auto", gpu)  # too short to keep 32 tasks
+    assert not short.rl and "rl" not in short.stages and "below a 16-minute GPU budget" in short.rl_reason
+    assert with_rl(plan(gpu, None, 9.0, mbpp=str(MBPP_FIXTURE)), "on", gpu).rl
     off = with_rl(plan(gpu, None, 9.0), "auto", gpu)  # the corpus's doctests alone
     assert not off.rl and "rl" not in off.stages and "doctests alone" in off.rl_reason
     assert off.shares["pretrain"] == pytest.approx(plan(gpu, None, 9.0).shares["pretrain"] + GPU_SHARES["rl"])

@@ -355,19 +355,28 @@ def with_mid(p: SpeedrunPlan, mid_share: float, mid_data: str = "") -> SpeedrunP
 
 #: ``--rl`` choices: ``on``, ``off``, or ``auto`` (:func:`with_rl`'s rule).
 RL_CHOICES = ("auto", "on", "off")
+#: The shortest GPU budget (minutes) for which ``--rl auto`` plans GRPO (:func:`with_rl` gives the evidence).
+RL_AUTO_MIN_BUDGET_MIN = 16.0
 
 
 def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
     """``p`` with or without the RL stage: ``--rl on``, ``off``, or ``auto``. Without it, RL's share
     goes to pretraining (mid-training's part of it included) and ``rl_reason`` says why.
 
-    ``auto`` runs RL on a GPU when the pool holds more than the corpus's doctests (``--mbpp``'s train
-    split or ``--tasks``), else not. Evidence (``benchmarks/RESULTS.md``): the doctests mined from a GPU
-    run's whole corpus are ~31 tasks, fewer than ``rl_min_tasks`` (32) before the filter even runs; with
-    MBPP's train split the filter kept 86 and 192 of 358 tasks on an H100 (2026-12-05, 1952296; 11 on an
-    H200 at ed0ed6f, 2026-12-04, before that commit's SFT changes). On a CPU the tiny model's filter
-    kept fewer than 32 tasks in every run (``tests/test_speedrun.py``), and the stage took 72 s of a
-    busy 2-core machine's 12-minute budget doing so (issue 44).
+    ``auto`` runs RL on a GPU with a budget of at least :data:`RL_AUTO_MIN_BUDGET_MIN` minutes when the
+    pool holds more than the corpus's doctests (``--mbpp``'s train split or ``--tasks``), else not.
+    Evidence (``benchmarks/RESULTS.md``, one GPU, ``d12``):
+
+    - 9 minutes: the pass-rate filter kept 11 (H200, ed0ed6f), 18 (H100, 0151c41) and 7 (H100, 8a79860;
+      a pool of 1,223 with 896 corpus tasks, pool pass@1 0.52%) tasks, fewer than ``rl_min_tasks`` (32):
+      RL's 71 s came out of pretraining and went unused. The one 9-minute run that kept more (192 of 358,
+      1952296) had a pool of MBPP train tasks whose answers chat SFT had shown it (pool pass@1 35.5%),
+      and GRPO then changed no score beyond its interval.
+    - 16 minutes (H100, 1952296): the filter kept 86 of 358 tasks and GRPO made 36 steps.
+    - The doctests mined from a GPU run's whole corpus alone are ~31 tasks, fewer than 32 before the
+      filter even runs.
+    - On a CPU the tiny model's filter kept fewer than 32 tasks in every run (``tests/test_speedrun.py``),
+      and the stage took 72 s of a busy 2-core machine's 12-minute budget doing so (issue 44).
 
     Raises:
         ConfigError: a ``choice`` not in :data:`RL_CHOICES`.
@@ -375,12 +384,17 @@ def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
     if choice not in RL_CHOICES:
         raise ConfigError(f"--rl must be one of {', '.join(RL_CHOICES)}, got {choice!r}")
     if choice == "auto":
-        on = device.type == "cuda" and any(s != "doctest" for s in p.rl_tasks.split(POOL_SEPARATOR))
+        pool = any(s != "doctest" for s in p.rl_tasks.split(POOL_SEPARATOR))
+        long = p.time_budget_min >= RL_AUTO_MIN_BUDGET_MIN
+        on = device.type == "cuda" and pool and long
         why = ("--rl auto: on a GPU with a pool beyond the corpus's doctests (--mbpp or --tasks)" if on else
                "--rl auto: off on a CPU (the tiny model's pass-rate filter keeps too few tasks)"
                if device.type != "cuda" else
                "--rl auto: off, the pool would be the corpus's doctests alone (~31 tasks, fewer than the 32 GRPO "
-               "needs); add --mbpp FILE or --tasks SPEC, or --rl on")
+               "needs); add --mbpp FILE or --tasks SPEC, or --rl on" if not pool else
+               f"--rl auto: off below a {RL_AUTO_MIN_BUDGET_MIN:g}-minute GPU budget (in 9 minutes the pass-rate "
+               "filter kept 7 to 18 tasks, fewer than the 32 GRPO needs, and RL's time came out of pretraining); "
+               "--rl on to run it anyway")
     else:
         on, why = choice == "on", f"--rl {choice}"
     if on:
