@@ -328,7 +328,7 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
         from codechat.data.mining import write_mined
         p = self.p
         # at the lowest CPU priority (their sandboxes too): the pretraining beside them compiles its model
-        # first, and inductor's compile workers competing with them took 50 s of a 179-s budget (H100, 8a79860)
+        # first (its first step took 46-50 s of a 179-238 s budget with them running: H100, 8a79860)
         pool = ProcessPoolExecutor(3 if p.rl else 2, mp_context=mp.get_context("spawn"), initializer=os.nice,
                                    initargs=(BACKGROUND_NICENESS,))
         self._baselines = pool.submit(validation_baselines, self.run)
