@@ -149,11 +149,12 @@ def test_step_counters_count_the_prefills_rows_and_tokens_of_a_generate(model, p
     out = eng.generate(reqs)
     c = eng.counters
     assert c.prefills == 1 and c.prefill_rows == 6  # every row fits at once: one packed prefill
-    assert c.prefill_tokens == sum(PROMPT_LENS) + 7  # the two samples of one prompt share its prefill
+    # each prompt but its last token (the first launch reads it); the two samples of one prompt share it
+    assert c.prefill_tokens == sum(n - 1 for n in PROMPT_LENS) + 7 - 1
     assert c.tokens == sum(len(s.token_ids) for samples in out for s in samples) == sum(news.values()) + 20
-    # the prefill gives each row its first token and a launch two more: a row of m tokens is in
-    # ceil((m - 1) / 2) launches (12: 6, 5: 2, 9: 4, 10: 5), so the launches hold 6, 6, 5, 5, 4 and 2 rows
-    assert c.launches == 6 and c.launch_rows == 28 and c.masked_launches == 0
+    # a launch gives each row two tokens, its first included: a row of m tokens is in ceil(m / 2)
+    # launches (12: 6, 5: 3, 9: 5, 10: 5), so the launches hold 6, 6, 6, 5, 5 and 2 rows
+    assert c.launches == 6 and c.launch_rows == 30 and c.masked_launches == 0
     assert c.steps >= c.launches and c.wait_s == 0.0  # no device to wait for on a CPU
     assert 0 < c.admit_s < c.step_s and c.fill_s == 0.0
     assert set(c.as_dict()) >= {"steps", "step_s", "prefills", "tokens"}
@@ -410,7 +411,8 @@ def test_cancel_frees_the_slot_keeps_the_output_and_other_rows_match_greedy(mode
     assert 0 < n_b < 16
     eng.cancel(b)
     assert eng.done(b) and eng.output(b)[0].finish == "cancelled"
-    assert any(ev.request == c for ev in eng.step() + eng.step()), "c should take b's slot at once"
+    # at once: admitted at the next step, its first token launched at the one after and read back at the third
+    assert any(ev.request == c for ev in eng.step() + eng.step() + eng.step()), "c should take b's slot at once"
     d = eng.add(Request(prompts[1], greedy_cfg(5)))  # waits for a slot ...
     eng.cancel(d)  # ... and is cancelled there
     assert eng.done(d) and (eng.output(d)[0].token_ids, eng.output(d)[0].finish) == ([], "cancelled")

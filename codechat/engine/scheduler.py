@@ -11,7 +11,8 @@ A :class:`Request` is a prompt, its sampling settings, a seed and the sample ind
    so the host never stalls it — append them, and finish rows that emitted a stop id or reached
    ``max_new_tokens``, freeing their slots;
 3. admit waiting requests into free slots (FIFO, up to ``max_prefill_tokens`` prompt tokens a
-   step): one packed prefill whose last logits give each new row its first token.
+   step): one packed prefill of their prompts but the last token, which the next launch reads as
+   each new row's current token: a row's first token is sampled there, as every other one.
 
 A row therefore joins a running batch as soon as a slot frees and leaves it when it finishes;
 a row that emitted a stop id may run on until the host sees it (the rest of its launch and the
@@ -447,49 +448,40 @@ class Engine:
                 break
             self._waiting.pop(0)
         if groups:
-            self._pending.append(self._prefill(groups))
+            self._prefill(groups)
 
-    def _prefill(self, groups: list) -> Launch:
-        rows, which = [], []
-        for g, (rid, req, pairs) in enumerate(groups):
+    def _prefill(self, groups: list) -> None:
+        """Admit ``groups`` ((request id, request, [(sample, slot)]) each): prefill each prompt but its
+        last token into the group's slots and set the rows' state so that the next decode launch reads
+        that token as the row's current one. Each row's first token is then sampled by the decode
+        launch like every other (its graph, its masks for a constrained row): admission launches no
+        logits, no sampling and no per-row copies (that eager tail cost the H100's host ~8 ms an
+        admission: ``benchmarks/RESULTS.md``, eleventh session)."""
+        rows: list[Row] = []
+        for rid, req, pairs in groups:
             for s, slot in pairs:
-                row = Row(rid, s, req, slot, launched=1, out=self._outputs[rid][s])
+                row = Row(rid, s, req, slot, out=self._outputs[rid][s])
+                if req.grammar is not None:
+                    row.matcher = req.grammar.matcher()
                 self._rows[slot] = row
                 rows.append(row)
-                which.append(g)
+        todo = [(req.prompt[:-1], [slot for _, slot in pairs]) for _, req, pairs in groups if len(req.prompt) > 1]
         c = self.counters
         c.prefills += 1
         c.prefill_rows += len(rows)
-        c.prefill_tokens += sum(len(req.prompt) for _, req, _ in groups)
-        h2d, long = self._h2d, torch.long
-        h = self._prefill_run([req.prompt for _, req, _ in groups], [[slot for _, slot in pairs] for _, _, pairs in groups])
-        logits = self.model.logits(h)[h2d(which, long)]
-        constrained = [(j, r) for j, r in enumerate(rows) if r.req.grammar is not None]
-        if constrained:  # the masks are computed while the device runs the prefill, and copied without a wait
-            mask = torch.full((len(rows), self.bitmask.size(1)), -1, dtype=torch.int32, pin_memory=self.cuda)
-            t0 = time.perf_counter()
-            for j, r in constrained:
-                r.matcher = r.req.grammar.matcher()
-            fill_rows([(r.matcher, j) for j, r in constrained], mask)
-            self.counters.fill_s += time.perf_counter() - t0
-            logits = logits.masked_fill(~unpack(mask.to(self.device, non_blocking=True), logits.size(-1)),
-                                        float("-inf"))
-        slots = h2d([r.slot for r in rows], long)
+        c.prefill_tokens += sum(len(p) for p, _ in todo)
+        if todo:
+            self._prefill_run([p for p, _ in todo], [slots for _, slots in todo])
         sc = [r.req.sampling for r in rows]
-        self.temperature[slots] = h2d([c.temperature for c in sc], torch.float32)
-        self.top_k[slots] = h2d([c.top_k for c in sc], long)
-        self.top_p[slots] = h2d([c.top_p for c in sc], torch.float32)
-        self.seed[slots] = h2d([row_seed(r.req.seed, r.sample) for r in rows], long)
+        # each row's settings in two copies: (6, rows) int64 and (2, rows) float32
+        ints = self._h2d([[r.slot for r in rows], [x.top_k for x in sc], [row_seed(r.req.seed, r.sample) for r in rows],
+                          [r.req.prompt[-1] for r in rows], [len(r.req.prompt) - 1 for r in rows],
+                          [x.max_new_tokens for x in sc]], torch.long)
+        floats = self._h2d([[x.temperature for x in sc], [x.top_p for x in sc]], torch.float32)
+        slots = ints[0]
+        self.top_k[slots], self.seed[slots], self.tokens[slots] = ints[1], ints[2], ints[3]
+        self.lengths[slots], self.budget[slots] = ints[4], ints[5]
+        self.temperature[slots], self.top_p[slots] = floats[0], floats[1]
         self.counter[slots] = 0
-        kind = row_kind(rows)
-        self.options.admit(slots, sc, h2d)
-        logits = self.options.apply(slots, logits, kind)
-        top = self.options.top(logits, kind)
-        tok, lp, lp1 = sample(logits, self._params(slots, kind))
-        self.options.count(slots, tok, torch.ones_like(tok, dtype=torch.bool), kind)
-        self.tokens[slots] = tok
-        self.lengths[slots] = h2d([len(r.req.prompt) for r in rows], long)
-        self.counter[slots] = 1
-        self.budget[slots] = h2d([c.max_new_tokens - 1 for c in sc], long)
+        self.options.admit(slots, sc, self._h2d)
         self._active_rows = ()  # the active mask changes
-        return self._launch(rows, stacked([(tok, lp, lp1, *top)]), list(range(len(rows))))
