@@ -41,7 +41,7 @@ import multiprocessing as mp
 import os
 import time
 import traceback
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from codechat.config.stages import (ConfigError, PretrainConfig, RunConfig, load
 from codechat.data.corpus import benchmark_decontaminator, build_corpus, load_index, read_split
 from codechat.data.sources import iter_split_texts
 from codechat.data.windows import eval_windows, spread_order
+from codechat.speedrun.background import BackgroundJobs
 from codechat.speedrun.generation import GenerationStages
 from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan, with_plan_overrides, with_rl
 from codechat.speedrun.record import append_record, current_commit, record_line
@@ -69,8 +70,6 @@ from codechat.train.stop import RunStopped, active
 #: Stage statuses of a finished stage: ``done``, or ``skipped`` (finished without doing its work, the
 #: stage's ``reason`` saying why); neither runs again on ``--resume``.
 FINISHED = ("done", "skipped")
-#: The background jobs' ``os.nice`` increment (19: the lowest priority): they use cores the stages leave idle.
-BACKGROUND_NICENESS = 19
 #: What each stage reads from an earlier one: a stage whose input was skipped is skipped too.
 NEEDS = {"chat": "sft", "eval": "sft", "mbpp": "sft", "rl": "sft", "funcall": "sft", "funcall_eval": "funcall"}
 
@@ -79,7 +78,7 @@ class SpeedrunFailed(RuntimeError):
     """A stage raised; ``metrics.json`` and ``report.md`` hold the finished stages and the error."""
 
 
-class Speedrun(TuningStages, GenerationStages, RLStage):
+class Speedrun(TuningStages, GenerationStages, RLStage, BackgroundJobs):
     """One run directory's stages, their grants, and the metrics/report written after each.
 
     ``metrics["stages"][name]`` is ``{"status": "pending"|"running"|"done"|"skipped"|"failed",
@@ -136,6 +135,8 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
         self._baselines: Future | None = None  # the baselines being computed in another process
         self._mining: Future | None = None  # the SFT pairs being mined in another process
         self._doctests: Future | None = None  # the RL pool's doctest tasks being mined in another process
+        self._warmup: Future | None = None  # pretraining's compile warm-up in another process (GPU)
+        self._warmup_procs: list[mp.process.BaseProcess] = []  # its process
         self._background_procs: list[mp.process.BaseProcess] = []  # the processes of those jobs
 
     # ------------------------------------------------------------------ the loop
@@ -158,6 +159,8 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
                          "ended": "running"})
         self._print_plan()
         try:
+            if self.m["stages"]["pretrain"]["status"] not in FINISHED:
+                self._start_warmup()
             self._stages()
         except RunStopped as e:
             self._end_background()
@@ -320,39 +323,6 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
                 "val_bytes_per_token": sp["val"]["bytes"] / max(1, sp["val"]["tokens"] - sp["val"]["documents"]),
                 **{f"{s}_{k}": sp[s][k] for s in ("train", "val") for k in ("documents", "tokens", "bytes")}}
 
-    def _start_background(self) -> None:
-        """Compute the baselines, mine the SFT pairs (into :meth:`_mined_files`) and, with RL planned, the RL
-        pool's doctest and input/output tasks of every corpus source (into :attr:`doctest_file`) in spawned
-        processes; the ``baseline``, ``sft`` and ``rl`` stages collect them."""
-        from codechat.data.io_tasks import write_corpus_tasks
-        from codechat.data.mining import write_mined
-        p = self.p
-        # at the lowest CPU priority (their sandboxes too): the pretraining beside them compiles its model
-        # first (its first step took 46-50 s of a 179-238 s budget with them running: H100, 8a79860)
-        pool = ProcessPoolExecutor(3 if p.rl else 2, mp_context=mp.get_context("spawn"), initializer=os.nice,
-                                   initargs=(BACKGROUND_NICENESS,))
-        self._baselines = pool.submit(validation_baselines, self.run)
-        self._mining = pool.submit(write_mined, [src for src, _ in p.mine_parts], self._mined_files(),
-                                   max_files=p.max_files, style=p.sft_mine_style,
-                                   workers=p.background_mine_workers or max(1, (os.cpu_count() or 2) // 2))
-        if p.rl:  # without RL its sandbox workers would only take cores from pretraining and SFT
-            self._doctests = pool.submit(write_corpus_tasks, list(p.sources), self.doctest_file,
-                                         max_files=p.max_files, mbpp_file=p.mbpp or None,
-                                         workers=max(1, (os.cpu_count() or 2) // 4), io_max_tasks=p.rl_io_tasks)
-        # the worker processes, started by the first submit (spawn), for _end_background: the executor
-        # forgets them at shutdown and has no public terminate before Python 3.14
-        self._background_procs = list(pool._processes.values())
-        pool.shutdown(wait=False)  # the processes end after their jobs
-
-    def _end_background(self) -> None:
-        """Stop the background jobs now (a stopped or interrupted run): at exit Python would otherwise wait
-        for them. Their outputs are written whole or not at all, and a resumed run redoes what is missing."""
-        procs, self._background_procs = self._background_procs, []
-        self._baselines = self._mining = self._doctests = None  # the stages compute what they need themselves
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-
     def _mined_files(self) -> list[Path]:
         """Where the background job writes the pairs mined from each of ``plan.mine_parts``."""
         return [self.run / "sft_mined" / f"{i}.jsonl" for i in range(len(self.p.mine_parts))]
@@ -363,22 +333,29 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
               + (" (computed in the background during pretraining)" if job else ""))
         return job.result() if job else validation_baselines(self.run)
 
+    def _pretrain_cfg(self, train_s: float, compile_on: bool) -> PretrainConfig:
+        """The pretraining stage's config: ``train_s`` seconds of training, compiled or not."""
+        overrides = {"train.max_steps": 0, "train.time_budget_s": train_s, "train.compile": compile_on,
+                     "train.save_every_s": self.p.checkpoint_every_s}
+        return load(PretrainConfig, None, overrides, base=replace(
+            self.base, data=replace(self.data_cfg, data_dir=str(self.run / "data"),
+                                    tokenizer_dir=str(self.run / "tokenizer")),
+            run=RunConfig(out=str(self.run / "pretrain"), seed=self.seed, device=self.device_arg, resume=self.resume)))
+
     def _pretrain(self, grant: float, tag: str) -> dict[str, Any]:
         """Pretraining for ``pretrain_train_share`` of the grant, the trainer stopping in any case
         ``final_eval_share`` of the grant (at least ``final_eval_min_s``) before the stage's end; then the
         whole-split evaluation, which scores an evenly spread sample of the split when the stage's time runs
         out first."""
         p = self.p
-        train_s = p.pretrain_train_share * grant
+        warm = self._wait_warmup() if self._warmup is not None else None  # the wait comes out of training's time
+        train_s = p.pretrain_train_share * grant - (warm["waited_s"] if warm else 0.0)
         compile_on = self._compile_for(train_s, p.compile_estimate_s)
         print(f"{tag} pretraining {p.preset} for {train_s:.0f} s of its {grant:.0f} s on {self.dev}"
-              f"{' (compiled)' if compile_on else ' (eager)'}, the stage ending within {self.time_left():.0f} s")
-        overrides = {"train.max_steps": 0, "train.time_budget_s": train_s, "train.compile": compile_on,
-                     "train.save_every_s": p.checkpoint_every_s}
-        base = self.base
-        cfg = load(PretrainConfig, None, overrides, base=replace(
-            base, data=replace(self.data_cfg, data_dir=str(self.run / "data"), tokenizer_dir=str(self.run / "tokenizer")),
-            run=RunConfig(out=str(self.run / "pretrain"), seed=self.seed, device=self.device_arg, resume=self.resume)))
+              f"{' (compiled)' if compile_on else ' (eager)'}, the stage ending within {self.time_left():.0f} s"
+              + ("" if warm is None else f"; the compile warm-up {'done' if warm['done'] else 'stopped'} "
+                                         f"(waited {warm['waited_s']:.0f} s)"))
+        cfg = self._pretrain_cfg(train_s, compile_on)
         result = run_pretrain(cfg, deadline=self.deadline - max(p.final_eval_share * grant, p.final_eval_min_s))
         active().check("pretraining's whole-split evaluation")
         t0 = time.monotonic()
@@ -397,6 +374,7 @@ class Speedrun(TuningStages, GenerationStages, RLStage):
         tps = [r["tokens_per_s"] for r in train_rows]
         return {"steps": result["step"], "params": result["params"], "train_time_s": result["elapsed_s"],
                 "train_budget_s": train_s, "compiled": compile_on, "first_step_s": result.get("first_step_s"),
+                "compile_warmup": warm,
                 "tokens_seen": result["step"] * cfg.train.micro_batch_size * cfg.train.accum_steps(1) * cfg.data.seq_len,
                 "tokens_per_s": _quantile(tps, 0.5), "tokens_per_s_p10": _quantile(tps, 0.1),
                 "mfu": _quantile(mfus, 0.5),

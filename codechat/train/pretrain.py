@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from .. import checkpoint as ckpt
@@ -13,7 +16,7 @@ from codechat.config.stages import DataConfig, PretrainConfig, _check, check_ini
 from ..data.corpus import build_corpus, load_index, read_split
 from ..data.sources import iter_split_texts
 from ..data.windows import WindowLoader, eval_windows
-from codechat.parallel.world import RankSlice, init_world, main_first
+from codechat.parallel.world import RankSlice, World, init_world, main_first
 from ..model import GPT, build_model
 from ..tokenizer import Tokenizer, train_tokenizer
 from .plan import check_training_memory
@@ -116,26 +119,66 @@ def run_pretrain(cfg: PretrainConfig, *, show_progress: bool = True, budget_afte
                          f"{tok_dir} has {tok.vocab_size}: rebuild the corpus with this tokenizer")
     cfg = replace(cfg, model=replace(cfg.model, vocab_size=tok.vocab_size),
                   data=replace(cfg.data, data_dir=str(data_dir), tokenizer_dir=str(tok_dir)))
+    token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.long)
+    cfg, trainer = _trainer(cfg, world, read_split(data_dir, "train"), read_split(data_dir, "val"), token_bytes, out,
+                            init_model=init_model, meta={"init": str(init_dir)} if init_dir else {},
+                            tokenizer_dir=tok_dir, show_progress=show_progress,
+                            budget_after_first_step=budget_after_first_step, deadline=deadline)
+    model = trainer.model
+    result = trainer.fit()
+    return {**result, "params": model.num_params(), "flops_per_token": model.flops_per_token(cfg.data.seq_len),
+            "train_tokens": index["splits"]["train"]["tokens"], "device": str(world.device)}
 
+
+def _trainer(cfg: PretrainConfig, world: World, train: Sequence[np.ndarray], val: Sequence[np.ndarray],
+             token_bytes: torch.Tensor, out: Path, *, init_model: GPT | None = None, meta: dict[str, Any],
+             echo: Callable[[str], None] = print, **kwargs: Any) -> tuple[PretrainConfig, Trainer]:
+    """``cfg`` with its epochs set, and the :class:`Trainer` of ``cfg`` over token shards ``train`` and
+    ``val``, scoring bits per byte with ``token_bytes`` (V,) int64; ``kwargs`` go to the trainer."""
     rows = cfg.train.micro_batch_size * world.dp_size  # one global micro-batch, every data-parallel rank taking its rows
-    loader = WindowLoader(read_split(data_dir, "train"), cfg.data.seq_len, rows, seed=cfg.run.seed)
+    loader = WindowLoader(train, cfg.data.seq_len, rows, seed=cfg.run.seed)
     cfg = replace(cfg, train=cfg.train.with_epochs(loader.n_windows / (rows * cfg.train.accum_steps(world.dp_size))))
     if world.main:
         save_yaml(cfg, out / "config.yaml")
-    device = world.device
-    check_training_memory(cfg.model, cfg.train, cfg.optim, cfg.data.seq_len, device, echo=print if world.main else
-                          (lambda _: None), gpus=world.size, gpus_per_node=world.local_size,
+    check_training_memory(cfg.model, cfg.train, cfg.optim, cfg.data.seq_len, world.device,
+                          echo=echo if world.main else (lambda _: None), gpus=world.size, gpus_per_node=world.local_size,
                           parallel=cfg.train.parallel, ac=cfg.train.ac, pp=cfg.train.pp,
                           lora=cfg.lora if cfg.peft == "lora" else None)  # one line on CUDA only
-    model = init_model if init_model is not None else build_model(cfg.model, device)
-    val_rows = eval_windows(read_split(data_dir, "val"), cfg.data.seq_len, cfg.train.eval_tokens)
-    token_bytes = torch.tensor(tok.token_byte_lengths(), dtype=torch.long)
-    trainer = Trainer(model, train=cfg.train, optim=cfg.optim, run=cfg.run, batches=RankSlice(loader, world), out_dir=out,
-                      evaluate=bpb_evaluator(val_rows, token_bytes, cfg.train.micro_batch_size),
-                      meta={"stage": "pretrain", "model": to_dict(cfg.model), "config": to_dict(cfg),
-                            **({"init": str(init_dir)} if init_dir else {})},
-                      tokenizer_dir=tok_dir, show_progress=show_progress, world=world,
-                      budget_after_first_step=budget_after_first_step, deadline=deadline, lora=cfg.lora if cfg.peft == "lora" else None)
-    result = trainer.fit()
-    return {**result, "params": model.num_params(), "flops_per_token": model.flops_per_token(cfg.data.seq_len),
-            "train_tokens": index["splits"]["train"]["tokens"], "device": str(device)}
+    model = init_model if init_model is not None else build_model(cfg.model, world.device)
+    val_rows = eval_windows(val, cfg.data.seq_len, cfg.train.eval_tokens)
+    return cfg, Trainer(model, train=cfg.train, optim=cfg.optim, run=cfg.run, batches=RankSlice(loader, world),
+                        out_dir=out, evaluate=bpb_evaluator(val_rows, token_bytes, cfg.train.micro_batch_size),
+                        meta={"stage": "pretrain", "model": to_dict(cfg.model), "config": to_dict(cfg), **meta},
+                        world=world, lora=cfg.lora if cfg.peft == "lora" else None, **kwargs)
+
+
+def warm_compile(cfg: PretrainConfig, vocab_size: int) -> float:
+    """Compile pretraining's graphs for ``cfg`` (``train.compile`` on, a vocabulary of ``vocab_size``)
+    in this process on random tokens, so that torch's on-disk caches hold them (Inductor's FX graphs,
+    AOTAutograd's, Triton's kernels): the same config trained in another process then loads what it
+    would compile. It runs what :meth:`Trainer.fit` runs first, the evaluation of step 0 and one
+    training step, in a temporary directory, and writes nothing else. One process only (no
+    ``torchrun``). The speedrun calls it in a background process while it builds its tokenizer and
+    corpus (``benchmarks/RESULTS.md``: the first step, the compile, took 46-50 s of a 9-minute GPU
+    run's 179-238 s of pretraining). Returns its wall time in seconds.
+
+    Raises:
+        ConfigError: ``cfg`` does not compile, or runs under ``torchrun``.
+    """
+    _check(cfg.train.compile, "warm_compile: train.compile is off, nothing to compile")
+    _check("WORLD_SIZE" not in os.environ, "warm_compile runs in one process, not under torchrun")
+    t0 = time.perf_counter()
+    world = init_world(cfg.run.device, cfg.train.pp)
+    T, rows = cfg.data.seq_len, cfg.train.micro_batch_size
+    rng = np.random.default_rng(0)
+    windows = max(2 * rows, -(-cfg.train.eval_tokens // T)) + 1  # as many evaluation rows as a real split gives
+    shard = lambda: rng.integers(0, vocab_size, size=windows * (T + 1), dtype=np.int64)  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="codechat-warm-compile-") as tmp:
+        cfg = replace(cfg, model=replace(cfg.model, vocab_size=vocab_size), run=replace(cfg.run, out=tmp, resume=False))
+        cfg, trainer = _trainer(cfg, world, [shard()], [shard()], torch.ones(vocab_size, dtype=torch.long), Path(tmp),
+                                meta={}, echo=lambda _: None, show_progress=False)
+        trainer.run_eval()
+        trainer.train_step([trainer.batches.next_batch() for _ in range(cfg.train.accum_steps(world.dp_size))])
+        if world.device.type == "cuda":
+            torch.cuda.synchronize(world.device)
+    return time.perf_counter() - t0

@@ -1,0 +1,94 @@
+"""Pretraining's compile warm-up (``codechat.train.pretrain.warm_compile``): compiled in one process on
+random tokens, the same config's pretraining in another process loads every graph from torch's
+on-disk caches instead of compiling it; and the speedrun's wait for it (``BackgroundJobs``)."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import Future
+from dataclasses import replace
+
+import pytest
+import torch
+
+from codechat.config.yaml_io import ConfigError
+
+# one process: ``warm`` compiles the config, ``train`` pretrains it for 2 steps; each prints its
+# first step's seconds and torch's cache counters as JSON
+SCRIPT = """
+import json, sys
+from torch._dynamo.utils import counters
+from codechat.config.stages import PretrainConfig, RunConfig, load, replace
+from codechat.train.pretrain import run_pretrain, warm_compile
+what, tok_dir, data_dir, out, vocab = sys.argv[1:]
+over = {"model.n_layer": 2, "model.n_embd": 64, "model.n_head": 2, "model.n_kv_head": 1, "data.seq_len": 64,
+        "train.micro_batch_size": 4, "train.eval_tokens": 512, "train.compile": True, "train.max_steps": 2,
+        "data.data_dir": data_dir, "data.tokenizer_dir": tok_dir}
+cfg = replace(load(PretrainConfig, None, over), run=RunConfig(out=out, device="cpu"))
+first = warm_compile(cfg, int(vocab)) if what == "warm" else run_pretrain(cfg, show_progress=False)["first_step_s"]
+print(json.dumps({"first_step_s": first, "inductor": dict(counters["inductor"]),
+                  "aot_autograd": dict(counters["aot_autograd"])}))
+"""
+
+
+def run(what: str, tok_dir, corpus_dir, out, vocab: int, cache) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    p = subprocess.run([sys.executable, "-c", SCRIPT, what, str(tok_dir), str(corpus_dir), str(out), str(vocab)],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_a_warmed_up_config_trains_on_graphs_loaded_from_the_caches(tmp_path, tok, tok_dir, corpus_dir):
+    cache = tmp_path / "inductor"  # cold: a cache of this test's own
+    warm = run("warm", tok_dir, corpus_dir, tmp_path / "warm", tok.vocab_size, cache)
+    assert warm["inductor"]["fxgraph_cache_miss"] >= 2 and not warm["inductor"].get("fxgraph_cache_hit")
+    assert not (tmp_path / "warm").exists()  # nothing written but the caches
+    got = run("train", tok_dir, corpus_dir, tmp_path / "train", tok.vocab_size, cache)
+    # the forward and backward graphs, each loaded: none compiled again
+    assert got["inductor"]["fxgraph_cache_hit"] == warm["inductor"]["fxgraph_cache_miss"]
+    assert not got["inductor"].get("fxgraph_cache_miss") and got["aot_autograd"].get("autograd_cache_hit") == 1
+    assert (tmp_path / "train" / "metrics.jsonl").is_file()
+
+
+def test_warm_compile_refuses_an_eager_config_and_torchrun(monkeypatch):
+    from codechat.config.stages import PretrainConfig, load
+    from codechat.train.pretrain import warm_compile
+    with pytest.raises(ConfigError, match="train.compile is off"):
+        warm_compile(load(PretrainConfig, None, {"train.compile": False}), 256)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="not under torchrun"):
+        warm_compile(load(PretrainConfig, None, {"train.compile": True}), 256)
+
+
+class Jobs:
+    """A stand-in for the speedrun, with the attributes :class:`BackgroundJobs` reads."""
+
+    def __init__(self, job: Future, procs: list, estimate_s: float) -> None:
+        from codechat.speedrun.plan import plan
+        self.p = replace(plan(torch.device("cpu"), "tiny", 2.0), compile_estimate_s=estimate_s)
+        self._warmup, self._warmup_procs = job, procs
+
+
+def test_pretraining_waits_for_the_warmup_at_most_its_compile_estimate_and_stops_a_late_one():
+    from codechat.speedrun.background import BackgroundJobs
+    done = Future()
+    done.set_result(12.5)
+    got = BackgroundJobs._wait_warmup(Jobs(done, [], 5.0))
+    assert got["done"] and got["warmup_s"] == 12.5 and got["waited_s"] < 1.0
+    failed = Future()
+    failed.set_exception(RuntimeError("no GPU"))
+    got = BackgroundJobs._wait_warmup(Jobs(failed, [], 5.0))
+    assert not got["done"] and got["error"] == "RuntimeError: no GPU"
+    proc = mp.get_context("spawn").Process(target=time.sleep, args=(60,))
+    proc.start()
+    t0 = time.monotonic()
+    jobs = Jobs(Future(), [proc], 0.3)  # still compiling after its estimate: stopped, pretraining compiles itself
+    got = BackgroundJobs._wait_warmup(jobs)
+    proc.join(timeout=10)
+    assert not got["done"] and 0.3 <= got["waited_s"] < 5 and time.monotonic() - t0 < 15
+    assert not proc.is_alive() and jobs._warmup is None
