@@ -92,3 +92,14 @@ def test_pretraining_waits_for_the_warmup_at_most_its_compile_estimate_and_stops
     proc.join(timeout=10)
     assert not got["done"] and 0.3 <= got["waited_s"] < 5 and time.monotonic() - t0 < 15
     assert not proc.is_alive() and jobs._warmup is None
+
+
+def test_the_report_says_what_the_first_step_cost_and_what_the_warmup_did():
+    from codechat.speedrun.report import _first_step
+    assert _first_step({"first_step_s": 46.4}) == "46.4 s"
+    assert _first_step({"first_step_s": 4.2, "compile_warmup": {"done": True, "warmup_s": 61.2, "waited_s": 17.1}}) \
+        == "4.2 s; the graphs compiled beforehand in the background in 61 s (the stage waited 17 s for them)"
+    assert _first_step({"first_step_s": 40.2, "compile_warmup": {"done": False, "waited_s": 46.0}}).endswith(
+        "the background compile warm-up was stopped, late")
+    assert _first_step({"first_step_s": 40.2, "compile_warmup": {"done": False, "waited_s": 0.0,
+                                                                "error": "RuntimeError: x"}}).endswith("failed: RuntimeError: x")

@@ -140,6 +140,15 @@ def _throughput(pre: dict[str, Any]) -> str:
     return _fmt(pre["tokens_per_s"]) + (f"; {_fmt(p10)}" if p10 is not None else "")
 
 
+def _first_step(pre: dict[str, Any]) -> str:
+    """The first step's seconds, and what the compile warm-up (``compile_warmup``) did before it."""
+    w = pre.get("compile_warmup")
+    return f"{pre['first_step_s']:.1f} s" + (
+        "" if not w else f"; the graphs compiled beforehand in the background in {w['warmup_s']:.0f} s "
+                         f"(the stage waited {w['waited_s']:.0f} s for them)" if w["done"] else
+        f"; the background compile warm-up {'failed: ' + w['error'] if w.get('error') else 'was stopped, late'}")
+
+
 def _final_bpb_row(pre: dict[str, Any]) -> tuple[str, str]:
     """The headline val bits/byte row: the whole split, or the evenly spread part of it the stage's time allowed."""
     if pre.get("val_bpb_final_complete", True):
@@ -288,6 +297,7 @@ def speedrun_report(m: dict[str, Any]) -> str:
                 ", ".join(f"{k}={v}" for k, v in m["plan"]["pretrain_overrides"].items()))]
               if m.get("plan", {}).get("pretrain_overrides") else []),
             ("training time budget", f"{pre['train_budget_s']:.0f} s ({'compiled' if pre['compiled'] else 'eager'})"),
+            *([("first step (the compile, when compiled)", _first_step(pre))] if pre.get("first_step_s") else []),
             ("optimizer steps", pre["steps"]), ("tokens seen", pre["tokens_seen"]),
             ("tokens/s: median, slowest tenth of the logging windows below", _throughput(pre)),
             ("MFU", f"{pre['mfu']:.1%}" if pre["mfu"] is not None else "n/a (no known peak on this device)"),
