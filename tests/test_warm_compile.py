@@ -103,3 +103,20 @@ def test_the_report_says_what_the_first_step_cost_and_what_the_warmup_did():
         "the background compile warm-up was stopped, late")
     assert _first_step({"first_step_s": 40.2, "compile_warmup": {"done": False, "waited_s": 0.0,
                                                                 "error": "RuntimeError: x"}}).endswith("failed: RuntimeError: x")
+
+
+def test_the_speedrun_starts_the_warmup_on_its_planned_config_and_collects_it(tmp_path, monkeypatch):
+    from codechat.speedrun.plan import plan
+    from codechat.speedrun.run import Speedrun
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    p = replace(plan(torch.device("cpu"), "tiny", 2.0), compile=True, compile_estimate_s=1.0)  # worth compiling
+    s = Speedrun(p, tmp_path / "run", torch.device("cpu"), "cpu", 0, resume=False)
+    s._start_warmup()
+    assert s._warmup is None  # not on a CPU: its compile would only compete with the tokenizer and the corpus
+    s.dev = torch.device("cuda")  # as on one GPU (the config still says cpu: it compiles here)
+    s._start_warmup()  # before the tokenizer and the corpus exist: the warm-up needs neither
+    assert s._warmup is not None and len(s._warmup_procs) == 1
+    s.p = replace(s.p, compile_estimate_s=300.0)  # the wait's bound
+    got = s._wait_warmup()
+    assert got["done"] and 0 < got["warmup_s"] and 0 < got["waited_s"] < 300
+    assert (tmp_path / "inductor").is_dir() and not (tmp_path / "run" / "pretrain").exists()

@@ -84,7 +84,8 @@ class BackgroundJobs:
                 or not self._compile_for(p.pretrain_train_share * p.planned_s()["pretrain"], p.compile_estimate_s)):
             return
         pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
-        self._warmup = pool.submit(warm_compile, self._pretrain_cfg(0.0, True), self.data_cfg.vocab_size)
+        cfg = self._pretrain_cfg(p.pretrain_train_share * p.planned_s()["pretrain"], True, data=False)
+        self._warmup = pool.submit(warm_compile, cfg, self.data_cfg.vocab_size)
         self._warmup_procs = list(pool._processes.values())  # (see _start_background)
         pool.shutdown(wait=False)
 

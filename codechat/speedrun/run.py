@@ -333,13 +333,14 @@ class Speedrun(TuningStages, GenerationStages, RLStage, BackgroundJobs):
               + (" (computed in the background during pretraining)" if job else ""))
         return job.result() if job else validation_baselines(self.run)
 
-    def _pretrain_cfg(self, train_s: float, compile_on: bool) -> PretrainConfig:
-        """The pretraining stage's config: ``train_s`` seconds of training, compiled or not."""
+    def _pretrain_cfg(self, train_s: float, compile_on: bool, data: bool = True) -> PretrainConfig:
+        """The pretraining stage's config: ``train_s`` seconds of training, compiled or not; without
+        ``data``, its tokenizer and corpus unset (before the stages that build them)."""
         overrides = {"train.max_steps": 0, "train.time_budget_s": train_s, "train.compile": compile_on,
                      "train.save_every_s": self.p.checkpoint_every_s}
+        dirs = (self.run / "data", self.run / "tokenizer") if data else ("", "")
         return load(PretrainConfig, None, overrides, base=replace(
-            self.base, data=replace(self.data_cfg, data_dir=str(self.run / "data"),
-                                    tokenizer_dir=str(self.run / "tokenizer")),
+            self.base, data=replace(self.data_cfg, data_dir=str(dirs[0]), tokenizer_dir=str(dirs[1])),
             run=RunConfig(out=str(self.run / "pretrain"), seed=self.seed, device=self.device_arg, resume=self.resume)))
 
     def _pretrain(self, grant: float, tag: str) -> dict[str, Any]:
