@@ -42,8 +42,9 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                                                    "filtered by the SFT model's pass rate before GRPO")
     p.add_argument("--rl", choices=["auto", "on", "off"], default="auto",
                    help="the RL stage (GRPO on the pool's tasks that the SFT model sometimes solves): auto (default) "
-                        "runs it on a GPU when the pool holds more than the corpus's doctests (--mbpp or --tasks), "
-                        "never on a CPU; a stage that does not run takes no time from pretraining")
+                        "runs it on a GPU with a budget of 16 minutes or more when the pool holds more than the "
+                        "corpus's doctests (--mbpp or --tasks), never on a CPU; a stage that does not run takes no "
+                        "time from pretraining")
     p.add_argument("--data", metavar="SPEC", help="more chat-SFT sources, a mixture spec SOURCE[#FORMAT][:WEIGHT],... "
                                                   "(weight: copies per epoch), e.g. code_alpaca_2k.json:1")
     p.add_argument("--mid-share", type=float, default=0.0, metavar="F",
