@@ -61,10 +61,7 @@ class BackgroundJobs:
             self._doctests = pool.submit(write_corpus_tasks, list(p.sources), self.doctest_file,
                                          max_files=p.max_files, mbpp_file=p.mbpp or None,
                                          workers=max(1, (os.cpu_count() or 2) // 4), io_max_tasks=p.rl_io_tasks)
-        # the worker processes, started by the first submit (spawn), for _end_background: the executor
-        # forgets them at shutdown and has no public terminate before Python 3.14
-        self._background_procs = list(pool._processes.values())
-        pool.shutdown(wait=False)  # the processes end after their jobs
+        self._background_procs = _detach(pool)
 
     def _end_background(self) -> None:
         """Stop the background jobs now (a stopped or interrupted run): at exit Python would otherwise wait
@@ -80,14 +77,12 @@ class BackgroundJobs:
         the tokenizer and the corpus are built, so that pretraining's first step loads them instead of
         compiling."""
         p = self.p
-        if (self.dev.type != "cuda" or "WORLD_SIZE" in os.environ
-                or not self._compile_for(p.pretrain_train_share * p.planned_s()["pretrain"], p.compile_estimate_s)):
+        train_s = p.pretrain_train_share * p.planned_s()["pretrain"]
+        if self.dev.type != "cuda" or "WORLD_SIZE" in os.environ or not self._compile_for(train_s, p.compile_estimate_s):
             return
         pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
-        cfg = self._pretrain_cfg(p.pretrain_train_share * p.planned_s()["pretrain"], True, data=False)
-        self._warmup = pool.submit(warm_compile, cfg, self.data_cfg.vocab_size)
-        self._warmup_procs = list(pool._processes.values())  # (see _start_background)
-        pool.shutdown(wait=False)
+        self._warmup = pool.submit(warm_compile, self._pretrain_cfg(train_s, True, data=False), self.data_cfg.vocab_size)
+        self._warmup_procs = _detach(pool)
 
     def _wait_warmup(self) -> dict[str, Any]:
         """Wait for the compile warm-up, at most ``compile_estimate_s`` (a warm-up still compiling then
@@ -103,6 +98,15 @@ class BackgroundJobs:
         except Exception as e:  # pretraining compiles as it would have
             print(f"pretraining: the compile warm-up failed ({type(e).__name__}: {e}); compiling in the stage")
             return {"done": False, "error": f"{type(e).__name__}: {e}", "waited_s": time.monotonic() - t0}
+
+
+def _detach(pool: ProcessPoolExecutor) -> list[mp.process.BaseProcess]:
+    """Shut ``pool`` down without waiting (its processes end after their jobs) and return its processes,
+    started by the first submit (spawn): the executor forgets them at shutdown and has no public
+    terminate before Python 3.14, so :func:`_terminate` needs them."""
+    procs = list(pool._processes.values())
+    pool.shutdown(wait=False)
+    return procs
 
 
 def _terminate(procs: list[mp.process.BaseProcess]) -> None:
