@@ -42,7 +42,11 @@ line per figure, ``serve_c{C}_*`` streaming and ``serve_whole_c{C}_*`` not:
   one :meth:`codechat.engine.Engine.generate` call in this process, ``--requests`` times, same
   engine settings, on the server's cores, with its timeline as ``engine_c{C}_*``; ``*_vs_engine``:
   the serve tokens/s over it (HTTP, JSON, SSE and the requests' staggered arrivals cost the
-  difference; the two timelines say which).
+  difference; the two timelines say which);
+- ``engine_c{C}_loop_*``: the engine alone under the server's arrival pattern (:func:`closed_loop`:
+  each of C clients' ``--requests`` requests added in the step its last one finished), with its
+  timeline; ``*_vs_engine_loop``: serve over it. The one-batch baseline over the loop prices the
+  ragged arrivals and their admissions; the loop over serve, the HTTP front end and the turnaround.
 
 ``--py-spy`` samples the server (the engine process too) with ``py-spy record --threads --gil
 --subprocesses --nonblocking`` (on PATH or beside this Python) during the rounds at the largest
@@ -50,12 +54,15 @@ concurrency and prints each thread's share of the GIL and the top stacks (where 
 the limit, the engine thread's share falls as the event loop's grows). Not pausing the server, py-spy
 can misplace samples: on the CPU it put 65% of the front end in h11's header parser, which takes
 ~42 us a request when timed alone; read its stacks as hints. ``--out``
-writes every figure, the profiles and the settings as JSON.
+writes every figure, the profiles and the settings as JSON. ``--trace FILE`` profiles the closed loop
+at the largest concurrency with torch's profiler (the device's busy share, the top operations, a
+Chrome trace): where the engine's step loses time to the host under the server's arrivals.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import os
 import queue
@@ -69,6 +76,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -390,7 +398,67 @@ def engine_baseline(model_dir: Path, messages: list[str], args: argparse.Namespa
         sync()
         wall = time.perf_counter() - t0
         out[c] = {"tokens_s": done / wall} | timeline(before, engine.counters.as_dict(), wall)
+        sync()
+        t0, before = time.perf_counter(), engine.counters.as_dict()
+        done = closed_loop(engine, [[Request(ids[(k * args.requests + r) % len(ids)], cfg,
+                                             stop_ids=sorted(tok.special_ids)) for r in range(args.requests)]
+                                    for k in range(c)])
+        sync()
+        wall = time.perf_counter() - t0
+        out[c] |= {f"loop_{k}": v for k, v in
+                   ({"tokens_s": done / wall} | timeline(before, engine.counters.as_dict(), wall)).items()}
+    if args.trace:
+        c = max(args.concurrency)
+        out[c]["loop_profiled_gpu_busy"] = profile_loop(
+            engine, lambda: closed_loop(engine, [[Request(ids[(k * args.requests + r) % len(ids)], cfg,
+                                                          stop_ids=sorted(tok.special_ids))
+                                                  for r in range(args.requests)] for k in range(c)]), args.trace)
     return out
+
+
+def profile_loop(engine: Engine, loop: Callable[[], int], trace: str) -> float:
+    """Run ``loop`` once under torch's profiler; print its top operations, write the Chrome trace to
+    ``trace`` (gzipped when it ends in .gz) and return the device's busy share: its kernels' time,
+    summed, over the loop's wall time (under the profiler; 0 off CUDA)."""
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if engine.cuda else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        loop()
+        if engine.cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6
+    print(f"# the closed loop under the profiler: {wall:.3f} s, the device busy {busy:.3f} s of it "
+          f"({busy / wall:.1%}, kernels summed)")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70))
+    if engine.cuda:
+        print(events.table(sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=70))
+    raw = trace.removesuffix(".gz")
+    prof.export_chrome_trace(raw)
+    if trace.endswith(".gz"):
+        with open(raw, "rb") as f, gzip.open(trace, "wb") as g:
+            shutil.copyfileobj(f, g)
+        os.remove(raw)
+    return busy / wall
+
+
+def closed_loop(engine: Engine, clients: list[list[Request]]) -> int:
+    """The server's arrival pattern without the server: each client's requests one after another, the
+    next added to the engine in the step its last finished (no HTTP, no turnaround); returns the
+    tokens generated. Against the one-batch baseline this prices the ragged arrivals and the
+    admissions; against ``serve`` it prices the HTTP front end and the clients' turnaround."""
+    todo = [list(reversed(reqs)) for reqs in clients]
+    owner = {engine.add(todo[k].pop()): k for k in range(len(todo)) if todo[k]}
+    done = 0
+    while engine.has_work():
+        for t in engine.step():
+            if t.finish is not None and engine.done(t.request):
+                done += sum(len(s.token_ids) for s in engine.pop(t.request))
+                k = owner.pop(t.request)
+                if todo[k]:
+                    owner[engine.add(todo[k].pop())] = k
+    return done
 
 
 def main() -> None:
@@ -418,6 +486,9 @@ def main() -> None:
     ap.add_argument("--py-spy", action="store_true",
                     help="sample the server with py-spy (on PATH) during the rounds at the largest concurrency: "
                          "each thread's share of the GIL and the top stacks (files in --work)")
+    ap.add_argument("--trace", metavar="FILE",
+                    help="after the baselines, run the closed loop at the largest concurrency once more under "
+                         "torch's profiler: its top operations, the device's busy share, a Chrome trace in FILE")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "codechat-serve-load"),
                     help="where the tokenizer and random checkpoint are cached")
@@ -475,7 +546,9 @@ def main() -> None:
         for name in (f"serve_c{c}", f"serve_whole_c{c}"):
             if f"{name}_tokens_s" in figures:
                 figures[f"{name}_vs_engine"] = figures[f"{name}_tokens_s"] / base["tokens_s"]
-                print(f"{name}_vs_engine {figures[f'{name}_vs_engine']:.3f}")
+                figures[f"{name}_vs_engine_loop"] = figures[f"{name}_tokens_s"] / base["loop_tokens_s"]
+                print(f"{name}_vs_engine {figures[f'{name}_vs_engine']:.3f} (against the closed loop "
+                      f"{figures[f'{name}_vs_engine_loop']:.3f})")
     if args.out:
         Path(args.out).write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()},
                                               "model": str(model_dir), "server_cores": server_cores,

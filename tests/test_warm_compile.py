@@ -1,6 +1,7 @@
-"""Pretraining's compile warm-up (``codechat.train.pretrain.warm_compile``): compiled in one process on
-random tokens, the same config's pretraining in another process loads every graph from torch's
-on-disk caches instead of compiling it; and the speedrun's wait for it (``BackgroundJobs``)."""
+"""The compile warm-ups of pretraining and chat SFT (``codechat.train.pretrain.warm_compile``,
+``codechat.train.sft.warm_compile``): compiled in one process on random tokens, the same config's
+stage in another process loads every graph from torch's on-disk caches instead of compiling it; and
+the speedrun's start of them and wait for them (``BackgroundJobs``)."""
 from __future__ import annotations
 
 import json
@@ -65,30 +66,90 @@ def test_warm_compile_refuses_an_eager_config_and_torchrun(monkeypatch):
         warm_compile(load(PretrainConfig, None, {"train.compile": True}), 256)
 
 
+# chat SFT's: ``pretrain`` writes an eager 2-layer checkpoint (no graphs), ``warm`` compiles SFT's graphs
+# for its shape, ``sft`` runs 2 compiled SFT steps from it; each prints torch's cache counters as JSON
+SFT_SCRIPT = """
+import json, sys
+from torch._dynamo.utils import counters
+from codechat.config.sft import SFTConfig, SFTStageConfig
+from codechat.config.stages import PretrainConfig, RunConfig, TrainConfig, load, replace
+from codechat.train.pretrain import run_pretrain
+from codechat.train.sft import run_sft, warm_compile
+what, tok_dir, data_dir, out, vocab, data = sys.argv[1:]
+over = {"model.n_layer": 2, "model.n_embd": 64, "model.n_head": 2, "model.n_kv_head": 1, "model.max_seq_len": 64,
+        "data.seq_len": 64, "train.micro_batch_size": 2, "train.eval_tokens": 256, "train.max_steps": 1,
+        "data.data_dir": data_dir, "data.tokenizer_dir": tok_dir}
+pre = replace(load(PretrainConfig, None, over), run=RunConfig(out=out + "/pretrain", device="cpu"))
+sft = SFTStageConfig(init=out + "/pretrain", sft=SFTConfig(data=data, packing=True, decontaminate=False, max_length=64,
+                                                           max_prompt_length=32),
+                     train=TrainConfig(micro_batch_size=2, max_steps=2, eval_every=10**9, save_every=10**9, compile=True),
+                     run=RunConfig(out=out + "/sft", device="cpu"))
+if what == "pretrain":
+    run_pretrain(pre, show_progress=False)
+elif what == "warm":
+    warm_compile(sft, replace(pre.model, vocab_size=int(vocab)))
+else:
+    run_sft(sft, show_progress=False)
+print(json.dumps({"inductor": dict(counters["inductor"]), "aot_autograd": dict(counters["aot_autograd"])}))
+"""
+
+
+def test_a_warmed_up_sft_config_trains_on_graphs_loaded_from_the_caches(tmp_path, tok, tok_dir, corpus_dir):
+    cache = tmp_path / "inductor"
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"def f{i}(x):", "completion": f"    return x + {i} * x" * (1 + i % 3)})
+                            + "\n" for i in range(40)))
+
+    def run_sft_script(what: str) -> dict:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+        p = subprocess.run([sys.executable, "-c", SFT_SCRIPT, what, str(tok_dir), str(corpus_dir), str(tmp_path),
+                            str(tok.vocab_size), str(data)], capture_output=True, text=True, timeout=600, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    run_sft_script("pretrain")
+    warm = run_sft_script("warm")
+    assert warm["inductor"]["fxgraph_cache_miss"] >= 2 and not warm["inductor"].get("fxgraph_cache_hit")
+    got = run_sft_script("sft")  # every graph loaded, none compiled again
+    assert got["inductor"]["fxgraph_cache_hit"] == warm["inductor"]["fxgraph_cache_miss"]
+    assert not got["inductor"].get("fxgraph_cache_miss")
+    assert got["aot_autograd"]["autograd_cache_hit"] == warm["aot_autograd"]["autograd_cache_miss"] >= 1
+    assert (tmp_path / "sft" / "metrics.jsonl").is_file()
+
+
+def test_sft_warm_compile_refuses_unpacked_rows():
+    from codechat.config.sft import SFTConfig, SFTStageConfig
+    from codechat.config.stages import ModelConfig, TrainConfig
+    from codechat.train.sft import warm_compile
+    with pytest.raises(ConfigError, match="packing is off"):
+        warm_compile(SFTStageConfig(sft=SFTConfig(packing=False), train=TrainConfig(compile=True, max_steps=1)),
+                     ModelConfig())
+
+
 class Jobs:
     """A stand-in for the speedrun, with the attributes :class:`BackgroundJobs` reads."""
 
     def __init__(self, job: Future, procs: list, estimate_s: float) -> None:
         from codechat.speedrun.plan import plan
         self.p = replace(plan(torch.device("cpu"), "tiny", 2.0), compile_estimate_s=estimate_s)
-        self._warmup, self._warmup_procs = job, procs
+        self._warmup, self._warmup_procs, self._sft_warmup = job, procs, None
 
 
 def test_pretraining_waits_for_the_warmup_at_most_its_compile_estimate_and_stops_a_late_one():
     from codechat.speedrun.background import BackgroundJobs
     done = Future()
     done.set_result(12.5)
-    got = BackgroundJobs._wait_warmup(Jobs(done, [], 5.0))
+    got = BackgroundJobs._wait_warmup(Jobs(done, [], 5.0), "pretrain")
     assert got["done"] and got["warmup_s"] == 12.5 and got["waited_s"] < 1.0
     failed = Future()
     failed.set_exception(RuntimeError("no GPU"))
-    got = BackgroundJobs._wait_warmup(Jobs(failed, [], 5.0))
+    got = BackgroundJobs._wait_warmup(Jobs(failed, [], 5.0), "pretrain")
     assert not got["done"] and got["error"] == "RuntimeError: no GPU"
     proc = mp.get_context("spawn").Process(target=time.sleep, args=(60,))
     proc.start()
     t0 = time.monotonic()
     jobs = Jobs(Future(), [proc], 0.3)  # still compiling after its estimate: stopped, pretraining compiles itself
-    got = BackgroundJobs._wait_warmup(jobs)
+    got = BackgroundJobs._wait_warmup(jobs, "pretrain")
     proc.join(timeout=10)
     assert not got["done"] and 0.3 <= got["waited_s"] < 5 and time.monotonic() - t0 < 15
     assert not proc.is_alive() and jobs._warmup is None
@@ -116,7 +177,10 @@ def test_the_speedrun_starts_the_warmup_on_its_planned_config_and_collects_it(tm
     s.dev = torch.device("cuda")  # as on one GPU (the config still says cpu: it compiles here)
     s._start_warmup()  # before the tokenizer and the corpus exist: the warm-up needs neither
     assert s._warmup is not None and len(s._warmup_procs) == 1
+    assert s._sft_warmup is not None  # chat SFT's, after it in the same process
     s.p = replace(s.p, compile_estimate_s=300.0)  # the wait's bound
-    got = s._wait_warmup()
+    got = s._wait_warmup("pretrain")
     assert got["done"] and 0 < got["warmup_s"] and 0 < got["waited_s"] < 300
     assert (tmp_path / "inductor").is_dir() and not (tmp_path / "run" / "pretrain").exists()
+    s._end_background()  # SFT's warm-up stopped: its compile is the test above's
+    assert s._sft_warmup is None and not any(proc.is_alive() for proc in s._warmup_procs)

@@ -476,6 +476,7 @@ def _tuning_section(t: dict[str, Any], stage: str, title: str) -> list[str]:
         ("dropped", t["examples_dropped"]), ("excluded as overlapping HumanEval/MBPP", t["examples_decontaminated"]),
         ("supervised share of tokens", f"{t['supervised_token_share']:.1%}"),
         ("training time budget", f"{t['train_budget_s']:.0f} s ({'compiled' if t['compiled'] else 'eager'})"),
+        *([("first step (the compile)", _first_step(t))] if t.get("compiled") and t.get("first_step_s") else []),
         ("optimizer steps", t["steps"]),
         ("loss on a fixed set of its examples: step 0 -> end", f"{t['loss_initial']:.3f} -> {t['loss_final']:.3f}")]),
         ""] + ([f"![{title} loss curve]({stage}_loss.png)", ""] if t.get("data") else [])

@@ -136,7 +136,8 @@ class Speedrun(TuningStages, GenerationStages, RLStage, BackgroundJobs):
         self._mining: Future | None = None  # the SFT pairs being mined in another process
         self._doctests: Future | None = None  # the RL pool's doctest tasks being mined in another process
         self._warmup: Future | None = None  # pretraining's compile warm-up in another process (GPU)
-        self._warmup_procs: list[mp.process.BaseProcess] = []  # its process
+        self._sft_warmup: Future | None = None  # chat SFT's, in the same process after it
+        self._warmup_procs: list[mp.process.BaseProcess] = []  # their process
         self._background_procs: list[mp.process.BaseProcess] = []  # the processes of those jobs
 
     # ------------------------------------------------------------------ the loop
@@ -349,7 +350,7 @@ class Speedrun(TuningStages, GenerationStages, RLStage, BackgroundJobs):
         whole-split evaluation, which scores an evenly spread sample of the split when the stage's time runs
         out first."""
         p = self.p
-        warm = self._wait_warmup() if self._warmup is not None else None  # the wait comes out of training's time
+        warm = self._wait_warmup("pretrain") if self._warmup is not None else None  # the wait comes out of training's time
         train_s = p.pretrain_train_share * grant - (warm["waited_s"] if warm else 0.0)
         compile_on = self._compile_for(train_s, p.compile_estimate_s)
         print(f"{tag} pretraining {p.preset} for {train_s:.0f} s of its {grant:.0f} s on {self.dev}"

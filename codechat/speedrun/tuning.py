@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from codechat.config.sft import SFTConfig, SFTStageConfig
-from codechat.config.stages import OptimConfig, RunConfig, TrainConfig, pretrain_recipe
+from codechat.config.stages import OptimConfig, PretrainConfig, RunConfig, TrainConfig, pretrain_recipe
 from codechat.data.mining import without_ids
 from codechat.speedrun.plan import SpeedrunPlan
 from codechat.speedrun.report import plot_loss, read_metrics
@@ -90,8 +90,9 @@ class TuningStages:
         (``mined``: the background miner's counts, ``wait_s``: how long the stage waited for them)."""
         pre, p = self.m["pretrain"], self.p
         measured = pre.get("first_step_s") if pre.get("compiled") else None
-        train_s = p.sft_train_share * grant
-        compile_on = self._compile_for(train_s, measured or p.compile_estimate_s)
+        warm = self._wait_warmup("sft") if name == "sft" and self._sft_warmup is not None else None
+        train_s = p.sft_train_share * grant - (warm["waited_s"] if warm else 0.0)
+        compile_on = (warm or {}).get("done") or self._compile_for(train_s, measured or p.compile_estimate_s)
         print(f"{tag} {name} from {init}/ for {train_s:.0f} s of training in its {grant:.0f} s (the stage ending "
               f"within {self.time_left():.0f} s) on {spec}{' (compiled)' if compile_on else ' (eager)'}")
         sft = run_sft(self._sft_stage(init, name, SFTConfig(
@@ -105,6 +106,7 @@ class TuningStages:
                                                         f"on {self.dev.type}")
         pre_c, dec = sft["data"]["preflight"], sft["data"]["decontamination"] or {}
         return {"init": init, "steps": sft["step"], "train_budget_s": train_s, "compiled": compile_on, "data": spec,
+                "first_step_s": sft.get("first_step_s"), "compile_warmup": warm,
                 "sources": sft["data"].get("sources"), "mined_in_background": mined, "mining_wait_s": wait_s,
                 "examples_seen": pre_c["seen"], "examples_kept": pre_c["kept"],
                 "examples_prompt_truncated": pre_c["prompt_truncated"],
@@ -113,17 +115,31 @@ class TuningStages:
                 "supervised_token_share": sft["data"]["supervised_share"],
                 "loss_initial": evals[0], "loss_final": evals[-1], "train_loss_final": sft.get("loss")}
 
+    def _sft_warmup_cfg(self, pretrain: PretrainConfig) -> SFTStageConfig | None:
+        """Chat SFT's stage config as :meth:`_tune` will build it when compiled, for its compile warm-up
+        (:func:`codechat.train.sft.warm_compile`) beside ``pretrain`` (pretraining's config); None when
+        the plan has no chat SFT, or would run it eager by the planned grant."""
+        p = self.p
+        if "sft" not in p.stages or not self._compile_for(p.sft_train_share * p.planned_s()["sft"],
+                                                            p.compile_estimate_s):
+            return None
+        sft = SFTConfig(max_length=p.sft_max_length, max_prompt_length=p.sft_max_prompt_length, packing=True)
+        return self._sft_stage("pretrain", "sft", sft, p.sft_train_share * p.planned_s()["sft"], True,
+                               pretrain_micro_batch=pretrain.train.micro_batch_size)
+
     def _sft_stage(self, init: str, out: str, sft: SFTConfig, train_s: float, compile_on: bool, *,
-                   optim: OptimConfig | None = None, micro_batch_size: int = 0) -> SFTStageConfig:
+                   optim: OptimConfig | None = None, micro_batch_size: int = 0,
+                   pretrain_micro_batch: int = 0) -> SFTStageConfig:
         """An SFT stage from stage ``init`` into ``out`` of this run, ``micro_batch_size`` rows a step
-        (0: the plan's SFT micro-batch, else the pretraining one), with ``optim`` or by default half the
-        preset recipe's learning rate (whatever ``--pretrain.optim.lr`` says, so that a pretraining sweep
-        leaves SFT as it was), AdamW without weight decay, decaying linearly to 0 over ``train_s`` seconds."""
-        cfg = self.m["pretrain"]["config"]
+        (0: the plan's SFT micro-batch, else the pretraining one: ``pretrain_micro_batch``, by default the
+        one the pretraining stage ran with), with ``optim`` or by default half the preset recipe's learning
+        rate (whatever ``--pretrain.optim.lr`` says, so that a pretraining sweep leaves SFT as it was),
+        AdamW without weight decay, decaying linearly to 0 over ``train_s`` seconds."""
+        pretrain_micro_batch = pretrain_micro_batch or self.m["pretrain"]["config"]["train"]["micro_batch_size"]
         return SFTStageConfig(
             init=str(self.run / init), sft=sft,
             train=TrainConfig(time_budget_s=train_s, micro_batch_size=micro_batch_size or self.p.sft_micro_batch_size
-                              or cfg["train"]["micro_batch_size"],
+                              or pretrain_micro_batch,
                               log_every=10, eval_every=10**9, save_every=10**9,
                               save_every_s=self.p.checkpoint_every_s, compile=compile_on),
             optim=optim or OptimConfig(lr=pretrain_recipe(self.p.preset).optim.lr / 2, warmup_steps=10,

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -22,6 +20,7 @@ from ..tokenizer import Tokenizer, train_tokenizer
 from .plan import check_training_memory
 from .init import resolve_init
 from .trainer import Trainer
+from .warmup import warm_compile_trainer
 
 
 def bpb_evaluator(rows: torch.Tensor, token_bytes: torch.Tensor, batch_size: int) -> Callable[[GPT], dict[str, float]]:
@@ -154,31 +153,22 @@ def _trainer(cfg: PretrainConfig, world: World, train: Sequence[np.ndarray], val
 
 def warm_compile(cfg: PretrainConfig, vocab_size: int) -> float:
     """Compile pretraining's graphs for ``cfg`` (``train.compile`` on, a vocabulary of ``vocab_size``)
-    in this process on random tokens, so that torch's on-disk caches hold them (Inductor's FX graphs,
-    AOTAutograd's, Triton's kernels): the same config trained in another process then loads what it
-    would compile. It runs what :meth:`Trainer.fit` runs first, the evaluation of step 0 and one
-    training step, in a temporary directory, and writes nothing else. One process only (no
-    ``torchrun``). The speedrun calls it in a background process while it builds its tokenizer and
-    corpus (``benchmarks/RESULTS.md``: the first step, the compile, took 46-50 s of a 9-minute GPU
-    run's 179-238 s of pretraining). Returns its wall time in seconds.
+    into torch's on-disk caches on random tokens (:func:`~codechat.train.warmup.warm_compile_trainer`):
+    the same config trained in another process then loads what it would compile. The speedrun calls
+    it in a background process while it builds its tokenizer and corpus. Returns its wall time in seconds.
 
     Raises:
         ConfigError: ``cfg`` does not compile, or runs under ``torchrun``.
     """
-    _check(cfg.train.compile, "warm_compile: train.compile is off, nothing to compile")
-    _check("WORLD_SIZE" not in os.environ, "warm_compile runs in one process, not under torchrun")
-    t0 = time.perf_counter()
-    world = init_world(cfg.run.device, cfg.train.pp)
     T, rows = cfg.data.seq_len, cfg.train.micro_batch_size
     rng = np.random.default_rng(0)
     windows = max(2 * rows, -(-cfg.train.eval_tokens // T)) + 1  # as many evaluation rows as a real split gives
     shard = lambda: rng.integers(0, vocab_size, size=windows * (T + 1), dtype=np.int64)  # noqa: E731
-    with tempfile.TemporaryDirectory(prefix="codechat-warm-compile-") as tmp:
-        cfg = replace(cfg, model=replace(cfg.model, vocab_size=vocab_size), run=replace(cfg.run, out=tmp, resume=False))
-        cfg, trainer = _trainer(cfg, world, [shard()], [shard()], torch.ones(vocab_size, dtype=torch.long), Path(tmp),
-                                meta={}, echo=lambda _: None, show_progress=False)
-        trainer.run_eval()
-        trainer.train_step([trainer.batches.next_batch() for _ in range(cfg.train.accum_steps(world.dp_size))])
-        if world.device.type == "cuda":
-            torch.cuda.synchronize(world.device)
-    return time.perf_counter() - t0
+
+    def build(world: World, tmp: Path) -> tuple[Trainer, list]:
+        run_cfg = replace(cfg, model=replace(cfg.model, vocab_size=vocab_size),
+                          run=replace(cfg.run, out=str(tmp), resume=False))
+        run_cfg, trainer = _trainer(run_cfg, world, [shard()], [shard()], torch.ones(vocab_size, dtype=torch.long),
+                                    tmp, meta={}, echo=lambda _: None, show_progress=False)
+        return trainer, [trainer.batches.next_batch() for _ in range(run_cfg.train.accum_steps(world.dp_size))]
+    return warm_compile_trainer(cfg.train, cfg.run.device, build)

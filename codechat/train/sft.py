@@ -22,19 +22,23 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from .. import checkpoint as ckpt
 from codechat.config.sft import SFTStageConfig
-from codechat.config.stages import ConfigError, replace, save_yaml, to_dict
+from codechat.config.stages import ConfigError, ModelConfig, replace, save_yaml, to_dict
 from ..data.mixture import Mixture
 from ..data.spec import missing_sources
 from codechat.chat.budget import RenderedExample
 from ..data.sft import SFTLoader, collate, preflight
-from codechat.parallel.world import RankSlice, init_world
-from ..model import GPT, IGNORE_INDEX
+from codechat.parallel.world import RankSlice, World, init_world
+from ..data.batch import Batch
+from ..model import GPT, IGNORE_INDEX, build_model
 from codechat.config.atomic import write_text
 from .plan import check_training_memory
 from .init import resolve_init
 from .trainer import Trainer
+from .warmup import warm_compile_trainer
 
 
 def fixed_examples_loss(examples: list[RenderedExample], pad_id: int, batch_size: int
@@ -143,3 +147,39 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True, deadline: float 
     return {**result, "data": data_report, "rendered": loader.counts.as_dict(),
             "realised_sources": mixture.report(), "epochs": cfg.train.epochs or None,
             "steps_per_epoch": math.ceil(examples_per_epoch * rows_per_example / rows_per_step)}
+
+
+def warm_compile(cfg: SFTStageConfig, model: ModelConfig) -> float:
+    """Compile chat SFT's graphs for ``cfg`` (``train.compile`` on, ``sft.packing`` on) and a model of
+    ``model``'s shape into torch's on-disk caches, on random weights and random packed rows
+    (:func:`~codechat.train.warmup.warm_compile_trainer`): ``cfg``'s SFT from a checkpoint of that shape,
+    run in another process, then loads the graphs it would compile. Packed rows are always
+    ``max_length`` long (:class:`~codechat.data.sft.SFTLoader`), so one training step's shapes are
+    every step's. ``cfg.init`` is not read. The speedrun calls it in a background process while it
+    pretrains. Returns its wall time in seconds.
+
+    Raises:
+        ConfigError: ``cfg`` does not compile or does not pack, or runs under ``torchrun``.
+    """
+    if not cfg.sft.packing:
+        raise ConfigError("sft warm_compile: --sft.packing is off, so every batch's length differs; "
+                          "only packed rows have one shape to compile ahead")
+    T, rows = cfg.sft.max_length or model.max_seq_len, cfg.train.micro_batch_size
+    g = torch.Generator().manual_seed(0)
+
+    def batch() -> Batch:
+        """``rows`` packed rows of two documents each, the first half of each document a prompt."""
+        inputs = torch.randint(0, model.vocab_size, (rows, T), generator=g)
+        labels = torch.randint(0, model.vocab_size, (rows, T), generator=g)
+        pos = torch.arange(T)
+        doc_ids = (pos >= T // 2).long().expand(rows, T).contiguous()
+        labels[:, (pos % (T // 2)) < T // 4] = IGNORE_INDEX
+        return Batch(inputs, labels, doc_ids, rows * T)
+
+    def build(world: World, tmp: Path) -> tuple[Trainer, list[Batch]]:
+        trainer = Trainer(build_model(model, world.device).train(), train=cfg.train, optim=cfg.optim,
+                          run=replace(cfg.run, out=str(tmp), resume=False), batches=None, out_dir=tmp,
+                          meta={"stage": "sft"}, show_progress=False, world=world,
+                          lora=cfg.lora if cfg.peft == "lora" else None)
+        return trainer, [batch() for _ in range(cfg.train.accum_steps(world.dp_size))]
+    return warm_compile_trainer(cfg.train, cfg.run.device, build)
