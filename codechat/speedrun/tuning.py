@@ -89,10 +89,14 @@ class TuningStages:
         decontaminated against HumanEval and MBPP's test split); its figures for the metrics and report
         (``mined``: the background miner's counts, ``wait_s``: how long the stage waited for them)."""
         pre, p = self.m["pretrain"], self.p
-        measured = pre.get("first_step_s") if pre.get("compiled") else None
         warm = self._wait_warmup("sft") if name == "sft" and self._sft_warmup is not None else None
         train_s = p.sft_train_share * grant - (warm["waited_s"] if warm else 0.0)
-        compile_on = (warm or {}).get("done") or self._compile_for(train_s, measured or p.compile_estimate_s)
+        # with its graphs in the caches the stage compiles: its first step loads them. Else the compile's
+        # cost is pretraining's: its warm-up's seconds, or its first step's when it had none
+        pre_warm = pre.get("compile_warmup") or {}
+        measured = pre_warm["warmup_s"] if pre_warm.get("done") else pre.get("first_step_s") if pre.get("compiled") \
+            else None
+        compile_on = bool((warm or {}).get("done")) or self._compile_for(train_s, measured or p.compile_estimate_s)
         print(f"{tag} {name} from {init}/ for {train_s:.0f} s of training in its {grant:.0f} s (the stage ending "
               f"within {self.time_left():.0f} s) on {spec}{' (compiled)' if compile_on else ' (eager)'}")
         sft = run_sft(self._sft_stage(init, name, SFTConfig(
@@ -118,10 +122,11 @@ class TuningStages:
     def _sft_warmup_cfg(self, pretrain: PretrainConfig) -> SFTStageConfig | None:
         """Chat SFT's stage config as :meth:`_tune` will build it when compiled, for its compile warm-up
         (:func:`codechat.train.sft.warm_compile`) beside ``pretrain`` (pretraining's config); None when
-        the plan has no chat SFT, or would run it eager by the planned grant."""
+        the plan has no chat SFT or does not compile. Its budget alone would not pay for the compile at 9
+        minutes (~24 s of its 56, H100), so without a warm-up it may run eager; with one, it compiles
+        for nothing."""
         p = self.p
-        if "sft" not in p.stages or not self._compile_for(p.sft_train_share * p.planned_s()["sft"],
-                                                            p.compile_estimate_s):
+        if "sft" not in p.stages or not p.compile:
             return None
         sft = SFTConfig(max_length=p.sft_max_length, max_prompt_length=p.sft_max_prompt_length, packing=True)
         return self._sft_stage("pretrain", "sft", sft, p.sft_train_share * p.planned_s()["sft"], True,
