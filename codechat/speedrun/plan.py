@@ -38,6 +38,12 @@ MID_STAGES = ("mid",)
 #: two passes batched as one), and is bounded by ``funcall_eval_limit`` and ``funcall_tokens``, not by
 #: its grant: its share is the planner's estimate of that work, time it leaves unused passes on.
 EXTRA_SHARES = {"mbpp": 0.06, "funcall": 0.08, "funcall_eval": 0.04}
+#: The same on a GPU. Two 9-minute H100 runs at 32366a8 (benchmarks/RESULTS.md, twelfth session) ended 55
+#: and 57 s early: MBPP took 17 and 16 s of its 32 planned, the held-out function calls 4 and 2.5 s of
+#: 22, and function-calling SFT, granted 92 s by the stages before it, trained ~200 epochs of its 238
+#: conversations to a loss of 0.0006. Now: MBPP 24 s, function-calling SFT 27 s (still ~70 epochs) and
+#: its evaluation 8 s at 9 minutes; pretraining, before them, gets the rest.
+GPU_EXTRA_SHARES = {"mbpp": 0.045, "funcall": 0.05, "funcall_eval": 0.015}
 
 #: Shares of the whole budget per stage. CPU: 12 minutes with today's 9 of pretraining; the
 #: stages before pretraining and the generation stages end early on a fast machine (2026-12-01,
@@ -56,6 +62,8 @@ EXTRA_SHARES = {"mbpp": 0.06, "funcall": 0.08, "funcall_eval": 0.04}
 #: 9, the baselines 0 of 2; that time now goes to pretraining, before them (+22 s at 8.5 minutes).
 #: With these shares a 6.8-minute run used 403 of its 408 s; its SFT took 63 s of 50 planned (~20 s
 #: outside training: reading and decontaminating the 65k mined pairs) and HumanEval 22 of 27.
+#: Two 9-minute H100 runs at 32366a8 (twelfth session): samples 5 and 3 s of 15, HumanEval 16 and 14 s of
+#: 31: samples 0.035 -> 0.02 and eval 0.07 -> 0.05, to pretraining (not yet measured at equal wall time).
 #: ``rl`` on a GPU (0.16, taken from pretraining's 0.64, issue 34) is an estimate, not yet measured:
 #: at 9 minutes ~86 s for the pass-rate filter (a fifth), GRPO (two fifths: ~30 steps if a step takes
 #: ~1 s) and HumanEval + MBPP again on ``rl/`` (the rest; 18-27 and 20-25 s on ``sft/`` in the runs
@@ -74,8 +82,8 @@ CPU_MIN_S = {"tokenizer": 1.0, "data": 2.0, "baseline": 1.0, "pretrain": 10.0, "
              "chat": 4.0, "eval": 12.0, "rl": 20.0, "mbpp": 10.0, "funcall": 12.0, "funcall_eval": 8.0, "mid": 20.0}
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.77, "samples": 0.025,
               "sft": 0.06, "chat": 0.01, "eval": 0.025, "rl": 0.015}
-GPU_SHARES = {"tokenizer": 0.025, "data": 0.075, "baseline": 0.002, "pretrain": 0.49, "samples": 0.035,
-              "sft": 0.13, "chat": 0.013, "eval": 0.07, "rl": 0.16}
+GPU_SHARES = {"tokenizer": 0.025, "data": 0.075, "baseline": 0.002, "pretrain": 0.525, "samples": 0.02,
+              "sft": 0.13, "chat": 0.013, "eval": 0.05, "rl": 0.16}
 
 
 @dataclass(frozen=True)
@@ -332,10 +340,12 @@ LICENSES = {"pretraining corpus": "this Python's standard library (PSF License)"
             "HumanEval (evaluation only)": "OpenAI's HumanEval, MIT License, shipped in codechat/data/shipped"}
 
 
-def with_stages(shares: dict[str, float], extra: tuple[str, ...]) -> dict[str, float]:
-    """``shares`` shrunk to make room for the :data:`EXTRA_SHARES` of the stages ``extra``."""
-    scale = 1.0 - sum(EXTRA_SHARES[s] for s in extra)
-    return {**{k: v * scale for k, v in shares.items()}, **{s: EXTRA_SHARES[s] for s in extra}}
+def with_stages(shares: dict[str, float], extra: tuple[str, ...], gpu: bool) -> dict[str, float]:
+    """``shares`` shrunk to make room for the stages ``extra``'s shares (:data:`GPU_EXTRA_SHARES` on a
+    GPU, else :data:`EXTRA_SHARES`)."""
+    extra_shares = GPU_EXTRA_SHARES if gpu else EXTRA_SHARES
+    scale = 1.0 - sum(extra_shares[s] for s in extra)
+    return {**{k: v * scale for k, v in shares.items()}, **{s: extra_shares[s] for s in extra}}
 
 
 def with_mid(p: SpeedrunPlan, mid_share: float, mid_data: str = "") -> SpeedrunPlan:
@@ -470,7 +480,7 @@ def plan(device: torch.device, preset: str | None, time_budget_min: float | None
         extra = (MBPP_STAGES if mbpp else ()) + (FUNCALL_STAGES if funcall_data else ())
         return replace(base, funcall_data=str(funcall_data), mbpp=str(mbpp), sft_data=sft_data,
                        rl_tasks=f"mbpp:{mbpp}+{base.rl_tasks}" if mbpp else base.rl_tasks,
-                       shares=with_stages(base.shares, extra))
+                       shares=with_stages(base.shares, extra, device.type == "cuda"))
     stdlib = sysconfig.get_paths()["stdlib"]
     if device.type == "cuda":
         budget = time_budget_min or GPU_TIME_BUDGET_MIN
