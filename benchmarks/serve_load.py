@@ -18,9 +18,12 @@ split is printed and kept in ``--out`` (``server_cores``, ``client_cores``).
     PYTHONPATH=. python benchmarks/serve_load.py --preset d20 --device cuda [--out $OUT/serve.json]
     PYTHONPATH=. python benchmarks/serve_load.py --preset tiny --vocab-size 2048 --device cpu --quick
 
-Before the timed rounds one warm-up round (streaming) runs at the largest concurrency (CUDA graph
-capture and compilation for every batch size happen there). Then, per mode and concurrency C, one
-line per figure, ``serve_c{C}_*`` streaming and ``serve_whole_c{C}_*`` not:
+Before the timed rounds, warm-up rounds (streaming, 2 requests a client) run at every concurrency,
+the largest first: the server captures its CUDA graphs and compiles on first use, and a batch size or
+prefill length first met in a timed round costs it seconds there (a fresh H100 measured 0.38x after a
+warm-up round of one request a client at 64 clients only, whose requests all started and ended
+together: ``benchmarks/RESULTS.md``, twelfth session). Then, per mode and concurrency C, one line per
+figure, ``serve_c{C}_*`` streaming and ``serve_whole_c{C}_*`` not:
 
 - ``requests_s``: requests finished / the round's wall seconds (first send to last answer);
 - ``tokens_s``: completion tokens (from each answer's ``usage``) / the same seconds;
@@ -522,8 +525,8 @@ def main() -> None:
     profiles: dict[str, dict] = {}
     rounds = [(mode, c) for mode in args.modes for c in args.concurrency]
     try:
-        one_round(url, messages, max(args.concurrency), 1, args.new_tokens, True, args.client_procs, proc.pid,
-                  client_cores)  # warm-up
+        for c in sorted(args.concurrency, reverse=True):  # warm-up: staggered arrivals meet every batch size
+            one_round(url, messages, c, 2, args.new_tokens, True, args.client_procs, proc.pid, client_cores)
         for mode, c in rounds:
             stream = mode == "stream"
             name = f"serve_c{c}" if stream else f"serve_whole_c{c}"

@@ -56,3 +56,25 @@ def test_gil_profile_names_each_thread_after_its_process_with_subprocesses(serve
     p = serve_load.gil_profile(raw, 1000 / serve_load.PY_SPY_RATE)
     assert p["gil_share"] == {"server MainThread": pytest.approx(0.3), "engine process MainThread": pytest.approx(0.2)}
     assert p["top"][1]["stack"] == "step < run"
+
+
+def test_the_closed_loop_sends_each_clients_next_request_when_its_last_finished(serve_load):
+    """Every request runs once, a client's one after another: with 3 clients, 3 rows at most at a time."""
+    import torch
+    from codechat.config.stages import preset
+    from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
+    from codechat.model import build_model
+    torch.manual_seed(0)
+    engine = Engine(build_model(preset("tiny", vocab_size=256, max_seq_len=64)).eval(), EngineConfig(slots=8))
+    cfg = SamplingConfig(5, 0.0, 0, 1.0)
+    clients = [[Request([1 + k, 2 + r, 3], cfg) for r in range(4)] for k in range(3)]
+    most, step = 0, engine.step
+
+    def counted() -> list:
+        nonlocal most
+        out = step()
+        most = max(most, engine.busy()[0] + engine.busy()[1])
+        return out
+    engine.step = counted
+    assert serve_load.closed_loop(engine, clients) == 3 * 4 * 5  # every request's 5 tokens (no stop ids)
+    assert most <= 3 and engine.counters.prefills >= 4 and not engine.has_work()
