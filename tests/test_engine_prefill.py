@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from codechat.config.stages import preset
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.engine import runner
-from codechat.engine.prefill import BUCKETS, Prefill, copy_prompt
+from codechat.engine import prefill
+from codechat.engine.prefill import BUCKETS, Prefill, copy_prompt, graph_chunks
 from codechat.engine.runner import KVCache
 from codechat.model import build_model
 
@@ -128,6 +129,35 @@ def test_a_bucket_captured_after_a_larger_ones_prefill_reads_no_stale_index(grap
         torch.testing.assert_close(graphed._prefill_run(prompts, slots), eager._prefill_run(prompts, slots),
                                    rtol=1e-5, atol=1e-5)
     assert list(graphed._prefill_run.graphs) == [256, 128]
+
+
+def test_prompts_split_in_order_into_runs_of_at_most_the_limit():
+    assert graph_chunks([70, 50, 60, 10], 128) == [range(0, 2), range(2, 4)]
+    assert graph_chunks([200, 5, 130], 128) == [range(0, 1), range(1, 2), range(2, 3)]  # an oversized one alone
+    assert graph_chunks([128], 128) == [range(0, 1)] and graph_chunks([], 128) == []
+
+
+@torch.inference_mode()
+def test_a_prefill_over_the_largest_bucket_runs_as_several_replays_equal_to_the_op_by_op_one(graphs_on_cpu,
+                                                                                           monkeypatch):
+    """Past the largest bucket (here 128 tokens), prompts that each fit go in runs of replays, each
+    run's hidden states kept before the next replay overwrites the graph's outputs."""
+    monkeypatch.setattr(prefill, "BUCKETS", (64, 128))
+    monkeypatch.setattr(prefill, "GRAPH_TOKENS", 128)
+    eager, graphed = make_engine(), make_engine()
+    captured = graphs_on_cpu(graphed)
+    # 230 tokens: 120 + 110, both runs through the 128-token graph (the second replay overwrites its outputs)
+    prompts, slots = [prompt(70, 11), prompt(50, 12), prompt(60, 13), prompt(50, 14)], [[0], [1, 2], [3], [4]]
+    torch.testing.assert_close(graphed._prefill_run(prompts, slots), eager._prefill_run(prompts, slots),
+                               rtol=1e-5, atol=1e-5)
+    assert list(graphed._prefill_run.graphs) == [128] and [c.replays for c in captured] == [2]
+    P = graphed.cache.positions
+    for g, e in zip((*graphed.cache.k, *graphed.cache.v), (*eager.cache.k, *eager.cache.v)):
+        torch.testing.assert_close(g[:5, :P - 1], e[:5, :P - 1], rtol=1e-5, atol=1e-5)
+    long = [prompt(140, 15), prompt(5, 16)]  # one prompt over the largest bucket: op by op, no replay
+    torch.testing.assert_close(graphed._prefill_run(long, [[5], [6]]), eager._prefill_run(long, [[5], [6]]),
+                               rtol=1e-5, atol=1e-5)
+    assert [c.replays for c in captured] == [2]
 
 
 @torch.inference_mode()

@@ -16,9 +16,13 @@ CUDA, with FlashAttention's variable-length kernel and CUDA graphs, a prefill of
 - each prompt's keys and values go to its first slot inside the graph; the request's other samples'
   slots (``n > 1``) get a copy of them afterwards (:func:`copy_prompt`, 4 ops a layer).
 
-A longer prefill (its host cost then matters less than its device time), the CPU and devices
-without the varlen kernel take the op-by-op path, which writes every slot itself. Both give the
-same keys, values and hidden states (``tests/test_engine_prefill.py``).
+A longer prefill of prompts that each fit the largest bucket runs as several replays, the prompts
+split in order into runs of at most :data:`GRAPH_TOKENS` tokens (:func:`graph_chunks`): launched op
+by op, such a prefill cost the host 10-20 ms, over a decode launch's device time, at admissions of
+14-17 rows of serve's 64-client rounds (``benchmarks/RESULTS.md``, twelfth session). A prompt longer
+than that (its host cost then matters less than its device time), the CPU and devices without the
+varlen kernel take the op-by-op path, which writes every slot itself. Both give the same keys,
+values and hidden states (``tests/test_engine_prefill.py``).
 """
 from __future__ import annotations
 
@@ -48,6 +52,19 @@ def copy_prompt(cache: KVCache, src: int, dst: Sequence[int], n: int) -> None:
     for t in (*cache.k, *cache.v):
         flat = t.view(torch.uint8).view(S * P, -1)
         flat.index_copy_(0, to, flat[frm])
+
+
+def graph_chunks(lengths: Sequence[int], limit: int) -> list[range]:
+    """Indices of prompts of ``lengths`` split in order into runs of at most ``limit`` tokens each
+    (a prompt over ``limit`` alone in its run)."""
+    out: list[range] = []
+    start, total = 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and total + n > limit:
+            out.append(range(start, i))
+            start, total = i, 0
+        total += n
+    return out + [range(start, len(lengths))] if lengths else out
 
 
 def _offsets(prompts: Sequence[Sequence[int]]) -> list[int]:
@@ -88,6 +105,15 @@ class Prefill:
         """Prefill ``prompts`` (token ids, each non-empty) into ``slots`` (each prompt's slots, at least
         one: its samples' rows); returns (len(prompts), C) final-norm hidden states of each prompt's
         last token, in the inference dtype (valid until the next call: use it, on the same stream, first)."""
+        n = sum(map(len, prompts))
+        if self.graphs_on and n > GRAPH_TOKENS and max(map(len, prompts)) <= GRAPH_TOKENS:
+            # several replays; each one's outputs copied before the next overwrites them (stream order)
+            return torch.cat([self._replay([prompts[i] for i in run], [slots[i] for i in run]).clone()
+                              for run in graph_chunks([len(p) for p in prompts], GRAPH_TOKENS)])
+        return self._replay(prompts, slots)
+
+    def _replay(self, prompts: Sequence[Sequence[int]], slots: Sequence[Sequence[int]]) -> torch.Tensor:
+        """:meth:`__call__` as one replay of the smallest bucket's graph, or op by op where none holds it."""
         n = sum(map(len, prompts))
         bucket = next((b for b in BUCKETS if b >= n), None) if self.graphs_on else None
         if bucket is None or len(prompts) > self.cache.slots:
