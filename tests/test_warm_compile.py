@@ -155,6 +155,20 @@ def test_pretraining_waits_for_the_warmup_at_most_its_compile_estimate_and_stops
     assert not proc.is_alive() and jobs._warmup is None
 
 
+def test_sfts_warmup_is_waited_for_within_its_own_bound_and_leaves_pretrainings_alone():
+    from codechat.speedrun.background import BackgroundJobs
+    pre, sft = Future(), Future()
+    sft.set_result(3.5)
+    jobs = Jobs(pre, [], 300.0)
+    jobs._sft_warmup = sft
+    got = BackgroundJobs._wait_warmup(jobs, "sft", 0.5)
+    assert got["done"] and got["warmup_s"] == 3.5 and jobs._sft_warmup is None and jobs._warmup is pre
+    jobs._sft_warmup = Future()  # still compiling: stopped at the bound given, not compile_estimate_s's 300 s
+    t0 = time.monotonic()
+    got = BackgroundJobs._wait_warmup(jobs, "sft", 0.3)
+    assert not got["done"] and time.monotonic() - t0 < 5 and jobs._sft_warmup is None
+
+
 def test_the_report_says_what_the_first_step_cost_and_what_the_warmup_did():
     from codechat.speedrun.report import _first_step
     assert _first_step({"first_step_s": 46.4}) == "46.4 s"

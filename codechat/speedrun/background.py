@@ -93,17 +93,17 @@ class BackgroundJobs:
                                            replace(cfg.model, vocab_size=self.data_cfg.vocab_size))
         self._warmup_procs = _detach(pool)
 
-    def _wait_warmup(self, stage: str) -> dict[str, Any]:
-        """Wait for ``stage``'s compile warm-up (``pretrain`` or ``sft``), at most ``compile_estimate_s``
-        (a warm-up still compiling then would only compete with the stage's own compile: it is stopped,
-        and with it any warm-up after it); what it did, for the metrics."""
+    def _wait_warmup(self, stage: str, at_most_s: float | None = None) -> dict[str, Any]:
+        """Wait for ``stage``'s compile warm-up (``pretrain`` or ``sft``), at most ``at_most_s`` (default
+        ``compile_estimate_s``; a warm-up still compiling then would only compete with the stage's own
+        compile: it is stopped, and with it any warm-up after it); what it did, for the metrics."""
         if stage == "pretrain":
             job, self._warmup = self._warmup, None
         else:
             job, self._sft_warmup = self._sft_warmup, None
         t0 = time.monotonic()
         try:
-            return {"done": True, "warmup_s": job.result(timeout=self.p.compile_estimate_s),
+            return {"done": True, "warmup_s": job.result(timeout=at_most_s or self.p.compile_estimate_s),
                     "waited_s": time.monotonic() - t0}
         except FutureTimeout:
             _terminate(self._warmup_procs)

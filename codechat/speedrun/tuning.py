@@ -89,8 +89,12 @@ class TuningStages:
         decontaminated against HumanEval and MBPP's test split); its figures for the metrics and report
         (``mined``: the background miner's counts, ``wait_s``: how long the stage waited for them)."""
         pre, p = self.m["pretrain"], self.p
-        warm = self._wait_warmup("sft") if name == "sft" and self._sft_warmup is not None else None
-        train_s = p.sft_train_share * grant - (warm["waited_s"] if warm else 0.0)
+        train_s = p.sft_train_share * grant
+        # SFT's warm-up ran beside pretraining: still running, it is waited for at most what the stage's own
+        # compile may cost (compile_max_share of its training time), the wait coming out of that time
+        warm = self._wait_warmup("sft", p.compile_max_share * train_s) if name == "sft" and self._sft_warmup \
+            is not None else None
+        train_s -= warm["waited_s"] if warm else 0.0
         # with its graphs in the caches the stage compiles: its first step loads them. Else the compile's
         # cost is pretraining's: its warm-up's seconds, or its first step's when it had none
         pre_warm = pre.get("compile_warmup") or {}
