@@ -465,3 +465,21 @@ def test_load_weights_makes_generation_follow_the_new_weights(prompts):
     other = build(seed=3)
     eng.load_weights(other)  # another GPT of the same shape
     assert tokens(eng.generate(reqs)) == [[greedy_reference(other, list(r.prompt), 10)] for r in reqs]
+
+
+def test_warm_up_meets_every_batch_bucket_greedy_and_sampled_and_every_prefill_bucket_that_fits(model):
+    """What :func:`codechat.engine.warmup.warm_up` runs (on CUDA each first meeting compiles or captures)."""
+    from codechat.engine import warmup
+    eng = Engine(model, EngineConfig(slots=6, max_len=MAX_LEN, max_prefill_tokens=300))
+    launches, prefilled = set(), []
+    decode, prefill = eng._decode_steps, eng._prefill_run
+    eng._decode_steps = lambda b, kind, max_used=None: launches.add((b, kind.sampled)) or decode(b, kind, max_used)
+    eng._prefill_run = lambda prompts, slots: prefilled.append(sum(map(len, prompts))) or prefill(prompts, slots)
+    assert warmup.warm_up(eng) > 0
+    assert eng.batch_buckets() == [1, 2, 4, 6]
+    assert launches == {(b, s) for b in (1, 2, 4, 6) for s in (False, True)}
+    assert {128, 256} <= set(prefilled) and max(prefilled) <= 300  # 512 needs more than max_prefill_tokens
+    assert not eng.has_work() and eng.counters.steps == 0 and not eng._outputs
+    eng.add(Request([1, 2, 3], SamplingConfig(max_new_tokens=2)))
+    with pytest.raises(RuntimeError, match="before the first one"):
+        warmup.warm_up(eng)

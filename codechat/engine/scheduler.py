@@ -49,6 +49,7 @@ from .prefill import Prefill
 from .runner import InferenceModel, KVCache, capture_graph
 from .sampling import RowParams, row_seed, sample
 from .types import CPU_CACHE_BYTES, EngineConfig, Request, Sample, Token
+from .warmup import warm_up
 
 
 
@@ -114,6 +115,8 @@ class Engine:
         self._next_id = 0
         self._active_rows: tuple[int, ...] = ()
         self.counters = StepCounters()  # the step timeline in totals (serve's /health, benchmarks)
+        # seconds warm_up took (compiling and capturing every bucket first; CUDA and config.warm_up only)
+        self.warm_up_s = warm_up(self) if cuda and c.warm_up else 0.0
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -287,7 +290,7 @@ class Engine:
             return None
         steps = 1 if masked else self.decode_steps
         top = max(r.slot for r in rows) + 1
-        b = next(k for k in self._buckets() if k >= top)
+        b = next(k for k in self.batch_buckets() if k >= top)
         key = tuple(r.slot for r in rows)
         if key != self._active_rows:
             mask = [False] * self.slots
@@ -331,7 +334,8 @@ class Engine:
         self.counters.launch_rows += len(rows)
         return self._launch(rows, out, [r.slot for r in rows])
 
-    def _buckets(self) -> list[int]:
+    def batch_buckets(self) -> list[int]:
+        """The decode batch sizes a launch is padded to (one compile and graph each): 1, 2, 4, ... and ``slots``."""
         out, k = [], 1
         while k < self.slots:
             out.append(k)

@@ -39,6 +39,9 @@ class EngineConfig:
             CUDA (the host's per-step work — graph launch, read-back, bookkeeping — is paid once
             per 4 tokens) and 1 elsewhere. Tokens then come back that many at a time, and a
             waiting request joins up to that many steps later. Samples do not depend on it.
+        warm_up: on CUDA, compile and capture every decode batch bucket (greedy and sampled rows)
+            and every prefill bucket as the engine is built (:func:`codechat.engine.warmup.warm_up`),
+            so that no request pays that first-use work; ``codechat serve`` turns it on.
         kv_cache_dtype: ``auto`` (the inference dtype) or ``fp8``: keys and values stored as
             float8 e4m3 with one scale per layer and KV head for each (as vLLM's
             ``kv_cache_dtype="fp8"``; :func:`codechat.engine.runner.kv_scales`), half the bytes a
@@ -60,6 +63,7 @@ class EngineConfig:
     attention: str = "auto"
     decode_steps: int = 0
     kv_cache_dtype: str = "auto"
+    warm_up: bool = False
 
     def __post_init__(self) -> None:
         if self.decode_steps < 0:

@@ -57,6 +57,10 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="where the engine runs: a process of its own (default; its own GIL, commands and tokens "
                         "cross a pipe) or a thread of the HTTP front end's process (sharing its GIL: on a 2-core "
                         "CPU non-streaming load got 0.57x the tokens/s; benchmarks/RESULTS.md, serving)")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="start without compiling and capturing every batch and prompt bucket first (CUDA; by "
+                        "default they are, so that the first requests do not pay for it: "
+                        "codechat/engine/warmup.py)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default info: one line per request)")
     p.set_defaults(func=_cmd_serve)
@@ -114,7 +118,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     config = ServeConfig(model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
                          max_messages=args.max_messages, max_tokens=args.max_tokens, max_n=args.max_n,
                          queue_size=args.queue_size, retry_after_s=args.retry_after_s)
-    engine_config = EngineConfig(slots=args.slots, max_len=args.max_len)
+    engine_config = EngineConfig(slots=args.slots, max_len=args.max_len, warm_up=not args.no_warm_up)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
@@ -132,7 +136,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(worker, tok, config, api_key=api_key)
     where = "a process of its own" if args.engine == "process" else "a thread"
     print(f"codechat serve: {path} as {config.model_name!r} on http://{args.host}:{args.port} (chat page at /; "
-          f"{worker.slots} slots, context {worker.max_len}, {worker.device}, the engine in {where}; API key "
+          f"{worker.slots} slots, context {worker.max_len}, {worker.device}, the engine in {where}"
+          f"{f', warmed up in {worker.warm_up_s:.0f} s' if worker.warm_up_s else ''}; API key "
           f"{'required' if api_key else 'not required'})", flush=True)
     warning = bind_warning(args.host, api_key)
     if warning:

@@ -74,8 +74,8 @@ class EngineProcess(EngineClient):
             if error is not None:
                 raise error
             raise RuntimeError(f"the engine process failed to start:\n{trace}")
-        self.slots, self.max_len, self.vocab_size, self.device = (info[k] for k in ("slots", "max_len", "vocab_size",
-                                                                                  "device"))
+        self.slots, self.max_len, self.vocab_size, self.device, self.warm_up_s = (
+            info[k] for k in ("slots", "max_len", "vocab_size", "device", "warm_up_s"))
         threading.Thread(target=self._read, name="codechat-engine-reader", daemon=True).start()
         return self
 
@@ -185,7 +185,7 @@ def _engine_main(conn: Any, model: str, device: str, engine_config: EngineConfig
     threading.Thread(target=read, name="codechat-engine-commands", daemon=True).start()
     loop = EngineLoop(engine, commands, deliver=deliver, settle=settle)
     send(("ready", {"slots": engine.slots, "max_len": engine.max_len, "vocab_size": engine.vocab_size,
-                    "device": str(engine.device)}))
+                    "device": str(engine.device), "warm_up_s": engine.warm_up_s}))
     loop.run()
 
 

@@ -235,12 +235,14 @@ class EngineLoop:
 class EngineClient:
     """The server's side of an :class:`EngineLoop`: numbered jobs and calls, the row budget, and the
     hand-over of tokens and outcomes to each caller's event loop. Subclasses send the commands
-    (:meth:`_send`) and set ``slots``, ``max_len``, ``vocab_size`` and ``device`` (the engine's)."""
+    (:meth:`_send`) and set ``slots``, ``max_len``, ``vocab_size``, ``device`` and ``warm_up_s`` (the
+    engine's)."""
 
     slots: int
     max_len: int
     vocab_size: int
     device: str
+    warm_up_s: float  # the engine's warm-up as it started (0: none)
 
     def __init__(self, queue_size: int) -> None:
         self.queue_size = queue_size
@@ -375,7 +377,7 @@ class EngineWorker(EngineClient):
         super().__init__(queue_size)
         self.engine = engine
         self.slots, self.max_len, self.vocab_size = engine.slots, engine.max_len, engine.vocab_size
-        self.device = str(engine.device)
+        self.device, self.warm_up_s = str(engine.device), engine.warm_up_s
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         loop = EngineLoop(engine, self._commands, self.deliver, self.settle, self.wanted)
         self._thread = threading.Thread(target=loop.run, name="codechat-engine", daemon=True)
