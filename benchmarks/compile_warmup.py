@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,6 @@ print(json.dumps({"s": time.perf_counter() - t0, "fxgraph_hit": counters["induct
 
 
 def main() -> None:
-    import pickle
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="", help="model preset (default: the plan's for --minutes)")
     ap.add_argument("--minutes", type=float, default=9.0, help="the speedrun budget whose plan gives the configs")
