@@ -363,14 +363,43 @@ def test_codechat_rl_filters_its_pool_with_the_policy_and_skips_when_too_few_rem
     assert main([*args[:args.index("--out") + 1], str(tmp_path / "few"), *args[args.index("--out") + 2:]]) == 2
     err = capsys.readouterr().err
     few = json.loads((tmp_path / "few" / "filter.json").read_text())
-    # 32 can never be kept from a pool of 30: the filter stops after its first batch (4 tasks: 32 slots / 8)
-    assert few["sampled"] == 4 and few["pool"] == 30
+    # 32 can never be kept from a pool of 30: the filter stops after its first task
+    assert few["sampled"] == 1 and few["pool"] == 30
     never, always = (sum(c == v for n, c in few["counts"].values()) for v in (0, 8))
-    assert f"error: {few['kept']} of 4 sampled pool tasks (30 in the pool)" in err, err
+    assert f"error: {few['kept']} of 1 sampled pool tasks (30 in the pool)" in err, err
     assert f"({never} never solved, {always} always solved;" in err
     assert "GRPO needs at least 32 (rl.min_tasks), so RL is skipped" in err
     assert not (tmp_path / "few" / "metrics.jsonl").exists()
     assert issubclass(TooFewTasks, ConfigError)
+
+
+def test_the_filter_streams_tasks_into_the_engine_and_counts_as_a_batch_does(policy, tmp_path):
+    """``stream_passes`` feeds tasks only while the engine's rows stay at 1.5x its slots, the next joining as
+    rows finish, and counts each task's passes exactly as ``collect`` does with the same seeds (a sample's
+    stream is its task's seed and index, whatever else is in the batch)."""
+    from codechat.data.tasks import load_tasks
+    from codechat.engine import Engine, EngineConfig, SamplingConfig
+    from codechat.train.rollouts import Judge, collect, stream_passes
+    model, tok, _ = ckpt.load_model(policy, torch.device("cpu"))
+    tasks = load_tasks(f"tasks:{write_tasks(tmp_path / 'pool.jsonl')}")
+    engine = Engine(model, EngineConfig(slots=16))
+    sampling = SamplingConfig(16, temperature=1.0)
+    judge = Judge("binary", workers=2)
+    seeds = [100 + i for i in range(len(tasks))]
+    busy: list[int] = []
+
+    def feed():
+        for t, s in zip(tasks, seeds):
+            busy.append(sum(engine.busy()))
+            yield t, s
+    try:
+        streamed = {t.task_id: c for t, c in stream_passes(engine, tok, feed(), judge, group_size=4, sampling=sampling)}
+        batch = collect(engine, tok, tasks, seeds, judge, group_size=4, sampling=sampling).passes_per_task(4)
+    finally:
+        judge.close()
+    assert streamed == {t.task_id: c for t, c in zip(tasks, batch)} and 0 < sum(batch) < 40
+    assert max(busy) + 4 <= 24 and busy[:6] == [0, 4, 8, 12, 16, 20]  # 6 tasks of 4 rows fill 1.5 x 16
+    assert not engine.has_work() and not engine._outputs
 
 
 def test_the_held_out_slice_is_a_seeded_draw_that_leaves_min_tasks_to_train_on():

@@ -5,12 +5,14 @@ pool is decontaminated against HumanEval."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from dataclasses import dataclass
 
 import pytest
 
 from codechat.config.stages import ConfigError
+from codechat.train import task_pool
 from codechat.train.grpo import RLConfig
 from codechat.train.task_pool import filter_pool, in_bounds, load_pool, solution_size, too_few_message
 
@@ -20,22 +22,39 @@ class Stub:
     task_id: str
 
 
-def stub_policy(passing: dict[str, int], calls: list):
-    """A policy whose samples of task ``t`` pass ``passing[t]`` times out of n, whatever the seed."""
-    def sample(tasks, seeds):
-        calls.append([t.task_id for t in tasks])
-        assert len(seeds) == len(tasks) and len(set(seeds)) == len(seeds)
-        return [passing[t.task_id] for t in tasks]
+class Clock:
+    """``time`` for :mod:`codechat.train.task_pool` whose ``perf_counter`` moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def stub_policy(passing: dict[str, int], calls: list, chunk: int = 64, clock: Clock | None = None):
+    """A policy whose samples of task ``t`` pass ``passing[t]`` times out of n, whatever the seed: it takes
+    ``chunk`` tasks from the feed (fewer when the feed stops), recorded in ``calls``, spends one second of
+    ``clock`` on them, then yields their verdicts in reverse (a sampler may finish tasks in any order)."""
+    def sample(feed):
+        seeds: set[int] = set()
+        while part := list(itertools.islice(feed, chunk)):
+            calls.append([t.task_id for t, _ in part])
+            seeds.update(s for _, s in part)
+            if clock is not None:
+                clock.now += 1.0
+            yield from ((t, passing[t.task_id]) for t, _ in reversed(part))
+        assert len(seeds) == sum(map(len, calls))
     return sample
 
 
-def test_the_filter_keeps_exactly_the_tasks_in_its_bounds():
+def test_the_filter_keeps_exactly_the_tasks_in_its_bounds(monkeypatch):
     passing = {f"t{c}_{i}": c for c in range(9) for i in range(3)}  # 0..8 of 8 samples pass, three tasks each
     tasks = [Stub(t) for t in passing]
     for lo, hi, rates in ((0.0, 1.0, range(1, 8)), (0.05, 0.95, range(1, 8)), (0.25, 0.75, range(2, 7)),
                           (0.5, 0.5, [4]), (0.0, 0.0, [])):
         calls: list = []
-        res = filter_pool(tasks, stub_policy(passing, calls), n=8, min_rate=lo, max_rate=hi, seed=3, chunk=5)
+        res = filter_pool(tasks, stub_policy(passing, calls, chunk=5), n=8, min_rate=lo, max_rate=hi, seed=3)
         assert res.kept == [t for t in passing if passing[t] in rates], (lo, hi)  # pool order
         assert res.counts == {t: (8, c) for t, c in passing.items()} and (res.pool, res.sampled) == (27, 27)
         assert [len(c) for c in calls] == [5] * 5 + [2] and sorted(sum(calls, [])) == sorted(passing)
@@ -50,18 +69,22 @@ def test_the_filter_keeps_exactly_the_tasks_in_its_bounds():
     assert in_bounds(8, 1, 0.0, 1.0) and not in_bounds(8, 0, 0.0, 1.0) and not in_bounds(8, 8, 0.0, 1.0)
     # the order tasks are sampled in is a function of the seed; a deadline leaves the rest out
     first: list = []
-    filter_pool(tasks, stub_policy(passing, first), n=8, min_rate=0, max_rate=1, seed=4, chunk=5)
+    filter_pool(tasks, stub_policy(passing, first, chunk=5), n=8, min_rate=0, max_rate=1, seed=4)
     assert first != calls
     late: list = []
-    res = filter_pool(tasks, stub_policy(passing, late), n=8, min_rate=0, max_rate=1, seed=3, chunk=5,
-                      deadline_s=1e-9)
+    monkeypatch.setattr(task_pool, "time", clock := Clock())
+    res = filter_pool(tasks, stub_policy(passing, late, chunk=5, clock=clock), n=8, min_rate=0, max_rate=1, seed=3,
+                      deadline_s=0.5)  # passed after the first five tasks
     assert len(late) == 1 and res.sampled == 5 and res.pool == 27 and set(res.kept) <= set(late[0])
+    # a sampler that asks for one task at a time: the deadline passes while it samples the first
+    assert filter_pool(tasks, stub_policy(passing, [], chunk=1, clock=clock), n=8, min_rate=0, max_rate=1, seed=3,
+                       deadline_s=0.5).sampled == 1
     # stops once the tasks kept and those left cannot reach `need` (22 tasks are left after the first 5)
     early: list = []
-    res_need = filter_pool(tasks, stub_policy(passing, early), n=8, min_rate=0, max_rate=1, seed=3, chunk=5, need=26)
+    res_need = filter_pool(tasks, stub_policy(passing, early, chunk=5), n=8, min_rate=0, max_rate=1, seed=3, need=26)
     kept_first = sum(0 < passing[t] < 8 for t in early[0])
     assert len(early) == (1 if kept_first + 22 < 26 else 2) and res_need.sampled == 5 * len(early)
-    assert len(filter_pool(tasks, stub_policy(passing, []), n=8, min_rate=0, max_rate=1, seed=3, chunk=5,
+    assert len(filter_pool(tasks, stub_policy(passing, [], chunk=5), n=8, min_rate=0, max_rate=1, seed=3,
                            need=21).counts) == 27  # 21 of 27 are in the bounds: never out of reach
     msg = too_few_message(res, 32, 0.0, 1.0)
     assert msg.startswith(f"{len(res.kept)} of 5 sampled pool tasks (27 in the pool)") and "at least 32" in msg
@@ -86,20 +109,21 @@ def test_solution_size_counts_the_reference_program_and_leaves_docstrings_out():
     assert solution_size(Sized("d", None)) == solution_size(Sized("e", "def (:")) > 10**9  # sampled last
 
 
-def test_the_filter_samples_the_smallest_solutions_first_under_a_deadline():
+def test_the_filter_samples_the_smallest_solutions_first_under_a_deadline(monkeypatch):
     """The shortest references go first (equal sizes in the seeded shuffle's order), so a deadline after
     the first chunk samples them; ``random`` keeps the shuffle alone."""
     sizes = {f"t{i}": i for i in range(12)}
     tasks = [Sized(t, "def f():\n" + "    x = 1\n" * (k + 1) + "    return x\n") for t, k in sorted(sizes.items())][::-1]
     calls: list = []
-    filter_pool(tasks, stub_policy({t: 1 for t in sizes}, calls), n=8, min_rate=0, max_rate=1, seed=5, chunk=4)
+    filter_pool(tasks, stub_policy({t: 1 for t in sizes}, calls, chunk=4), n=8, min_rate=0, max_rate=1, seed=5)
     assert calls == [["t0", "t1", "t2", "t3"], ["t4", "t5", "t6", "t7"], ["t8", "t9", "t10", "t11"]]
     late: list = []
-    res = filter_pool(tasks, stub_policy({t: 1 for t in sizes}, late), n=8, min_rate=0, max_rate=1, seed=5, chunk=4,
-                      deadline_s=1e-9)
+    monkeypatch.setattr(task_pool, "time", clock := Clock())
+    res = filter_pool(tasks, stub_policy({t: 1 for t in sizes}, late, chunk=4, clock=clock), n=8, min_rate=0,
+                      max_rate=1, seed=5, deadline_s=0.5)
     assert late == [["t0", "t1", "t2", "t3"]] and res.kept == ["t3", "t2", "t1", "t0"]  # kept: pool order
     shuffled: list = []
-    filter_pool(tasks, stub_policy({t: 1 for t in sizes}, shuffled), n=8, min_rate=0, max_rate=1, seed=5, chunk=4,
+    filter_pool(tasks, stub_policy({t: 1 for t in sizes}, shuffled, chunk=4), n=8, min_rate=0, max_rate=1, seed=5,
                 order="random")
     assert sorted(sum(shuffled, [])) == sorted(sizes) and shuffled != calls
     with pytest.raises(ValueError, match="smallest, random"):

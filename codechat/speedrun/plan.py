@@ -228,7 +228,8 @@ class SpeedrunPlan:
     rl_filter_share: float = 0.2  # of the RL stage's grant the filter may sample for
     rl_train_share: float = 0.4  # of the grant spent training; the rest scores HumanEval (and MBPP) on rl/
     # Rows the RL engine decodes at once (0: rl_prompts_per_step x rl_group_size, one GRPO step's): the
-    # filter samples slots / rl_filter_samples pool tasks a batch, so a GPU gets a wider engine.
+    # filter streams pool tasks into that many rows (a new task's samples join as rows finish), so a GPU
+    # gets a wider engine.
     rl_engine_slots: int = 0
     funcall_tokens: int = 64  # max new tokens per evaluated assistant turn
     funcall_eval_limit: int = 10  # held-out conversations evaluated (0: all)

@@ -73,6 +73,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ from .init import resolve_init
 from .metrics_log import MetricsLog, restart_jsonl
 from .rl import ADVANTAGE_SCALES, LOSS_NORMS, group_advantages
 from .rl_heldout import score_slice, split_heldout
-from .rollouts import REWARD_KINDS, Judge, Rollout, collect
+from .rollouts import REWARD_KINDS, Judge, Rollout, collect, stream_passes
 from .stop import active
 from .task_pool import FILTER_ORDERS, TooFewTasks, filter_pool, load_pool, too_few_message
 from .trainer import Trainer
@@ -270,11 +271,10 @@ def pass_rate_filter(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLCo
         return [t for t in tasks if t.task_id in kept]
     g = cfg.filter_samples
 
-    def sample(part: list, seeds: list[int]) -> list[int]:
-        return collect(engine, tok, part, seeds, judge, group_size=g, sampling=sampling).passes_per_task(g)
+    def sample(feed: Iterator[tuple[Any, int]]) -> Iterator[tuple[Any, int]]:
+        return stream_passes(engine, tok, feed, judge, group_size=g, sampling=sampling)
     res = filter_pool(tasks, sample, n=g, min_rate=cfg.filter_min, max_rate=cfg.filter_max, seed=seed,
-                      chunk=max(1, engine.slots // g), deadline_s=cfg.filter_deadline_s, need=cfg.min_tasks,
-                      order=cfg.filter_order)
+                      deadline_s=cfg.filter_deadline_s, need=cfg.min_tasks, order=cfg.filter_order)
     figures = res.as_dict(cfg.filter_min, cfg.filter_max)
     if main:
         write_text(path, json.dumps(figures, indent=1))

@@ -16,9 +16,9 @@ the :class:`~codechat.eval.sandbox.ExecResult`; function-call tasks are scored i
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from codechat.data.task import Task
 from codechat.eval import rewards as R
@@ -155,6 +155,29 @@ class Judge:
             self._pool = self._box = None
 
 
+def _request_of(engine: Any, tok: Any, task: Task, seed: int, group_size: int, sampling: Any) -> tuple[Any, list[int], bool]:
+    """The engine request of ``group_size`` samples of ``task`` (its prompt rendered to leave room for
+    ``sampling.max_new_tokens``, cut to half the engine's context at most), its prompt ids, and
+    whether old turns were dropped or the prompt cut to fit."""
+    from dataclasses import replace
+
+    from codechat.chat.budget import render_for_completion_within
+    from codechat.chat.calls import FUNCTION_CALL_TOKEN
+    from codechat.engine import Request
+    new = min(sampling.max_new_tokens, engine.max_len // 2)
+    ids, counts = render_for_completion_within(tok, task.prompt, engine.max_len - new)
+    stops = sorted(tok.special_ids - {tok.special_id(FUNCTION_CALL_TOKEN)})
+    request = Request(ids, replace(sampling, max_new_tokens=new), samples=group_size, seed=seed, stop_ids=stops)
+    return request, ids, bool(counts.turns_dropped or counts.prompt_tokens_cut)
+
+
+def _rollout(engine: Any, tok: Any, ev: Any, task_id: str, prompt_ids: list[int]) -> Rollout:
+    """The :class:`Rollout` of the finished row of token event ``ev`` (the judge never sees the stop id)."""
+    s = engine.output(ev.request)[ev.sample]
+    answer = s.token_ids[:-1] if s.finish == "stop" else s.token_ids
+    return Rollout(task_id, prompt_ids, list(s.token_ids), list(s.logprobs), s.finish, text=tok.decode(answer))
+
+
 def collect(engine: Any, tok: Any, tasks: Sequence[Task], seeds: Sequence[int], judge: Judge, *,
             group_size: int, sampling: Any) -> RolloutBatch:
     """Sample ``group_size`` completions of every task and judge them; rollouts task-major.
@@ -172,21 +195,13 @@ def collect(engine: Any, tok: Any, tasks: Sequence[Task], seeds: Sequence[int], 
     Raises:
         ValueError: a prompt that leaves no room to generate even after dropping old turns.
     """
-    from dataclasses import replace
-
-    from codechat.chat.budget import render_for_completion_within
-    from codechat.chat.calls import FUNCTION_CALL_TOKEN
-    from codechat.engine import Request
-    stops = sorted(tok.special_ids - {tok.special_id(FUNCTION_CALL_TOKEN)})
-    new = min(sampling.max_new_tokens, engine.max_len // 2)
-    cfg = replace(sampling, max_new_tokens=new)
     owner: dict[int, tuple[int, list[int]]] = {}
     truncated = 0
     t0 = time.perf_counter()
     for j, (task, seed) in enumerate(zip(tasks, seeds)):
-        ids, counts = render_for_completion_within(tok, task.prompt, engine.max_len - new)
-        truncated += bool(counts.turns_dropped or counts.prompt_tokens_cut)
-        owner[engine.add(Request(ids, cfg, samples=group_size, seed=seed, stop_ids=stops))] = (j, ids)
+        request, ids, cut = _request_of(engine, tok, task, seed, group_size, sampling)
+        truncated += cut
+        owner[engine.add(request)] = (j, ids)
     slots: list[Rollout | None] = [None] * (len(tasks) * group_size)
     futures: list[Future] = []
     while engine.has_work():
@@ -194,10 +209,7 @@ def collect(engine: Any, tok: Any, tasks: Sequence[Task], seeds: Sequence[int], 
             if ev.finish is None or ev.request not in owner:
                 continue
             j, ids = owner[ev.request]
-            s = engine.output(ev.request)[ev.sample]
-            answer = s.token_ids[:-1] if s.finish == "stop" else s.token_ids  # the judge never sees the stop id
-            r = Rollout(tasks[j].task_id, ids, list(s.token_ids), list(s.logprobs), s.finish, text=tok.decode(answer))
-            slots[j * group_size + ev.sample] = r
+            r = slots[j * group_size + ev.sample] = _rollout(engine, tok, ev, tasks[j].task_id, ids)
             f = judge.submit(tasks[j], r)
             if f is not None:
                 futures.append(f)
@@ -211,4 +223,53 @@ def collect(engine: Any, tok: Any, tasks: Sequence[Task], seeds: Sequence[int], 
     return RolloutBatch(slots, generate_s=t1 - t0, judge_s=t2 - t1, prompts_truncated=truncated)  # type: ignore[arg-type]
 
 
-__all__ = ["REWARD_KINDS", "Rollout", "RolloutBatch", "Judge", "collect"]
+def stream_passes(engine: Any, tok: Any, feed: Iterable[tuple[Task, int]], judge: Judge, *, group_size: int,
+                  sampling: Any) -> Iterator[tuple[Task, int]]:
+    """Sample ``group_size`` completions of each ``(task, seed)`` of ``feed`` and yield ``(task, passed)``
+    (samples that passed every test) as each task's samples are judged, in the order they finish.
+
+    ``feed`` is read only while the engine has room: its rows running and queued stay at one and a half
+    times its slots, so the next tasks' rows join as earlier rows finish (continuous batching) rather
+    than a batch waiting for its longest row. :func:`codechat.train.task_pool.filter_pool`'s sampler.
+
+    Raises:
+        ValueError: a prompt that leaves no room to generate even after dropping old turns.
+    """
+    target = engine.slots + engine.slots // 2
+    feed = iter(feed)
+    owner: dict[int, tuple[Task, list[int]]] = {}  # request id -> task, prompt ids
+    groups: dict[int, list[Future | None]] = {}  # request id -> its rows' verdicts (None: not finished)
+    rollouts: dict[int, list[Rollout]] = {}
+    more = True
+    while True:
+        while more and sum(engine.busy()) + group_size <= target:
+            try:
+                task, seed = next(feed)
+            except StopIteration:
+                more = False
+                break
+            request, ids, _ = _request_of(engine, tok, task, seed, group_size, sampling)
+            rid = engine.add(request)
+            owner[rid], groups[rid], rollouts[rid] = (task, ids), [None] * group_size, []
+        if not groups:
+            return
+        if engine.has_work():
+            for ev in engine.step():
+                if ev.finish is None or ev.request not in owner:
+                    continue
+                task, ids = owner[ev.request]
+                r = _rollout(engine, tok, ev, task.task_id, ids)
+                rollouts[ev.request].append(r)
+                done: Future = Future()
+                done.set_result(None)
+                groups[ev.request][ev.sample] = judge.submit(task, r) or done
+        else:  # every row generated: wait for a verdict rather than spin
+            wait([f for fs in groups.values() for f in fs if f is not None], return_when=FIRST_COMPLETED)
+        for rid in [rid for rid, fs in groups.items() if all(f is not None and f.done() for f in fs)]:
+            for f in groups.pop(rid):
+                f.result()
+            engine.pop(rid)
+            yield owner.pop(rid)[0], sum(r.passed for r in rollouts.pop(rid))
+
+
+__all__ = ["REWARD_KINDS", "Rollout", "RolloutBatch", "Judge", "collect", "stream_passes"]

@@ -2,8 +2,8 @@
 
 A group of rollouts whose rewards are all equal has advantages exactly 0 (:func:`codechat.train.rl.group_advantages`):
 a task the policy never solves, or always solves, teaches nothing. So before step 0 the RL stage
-samples ``n`` completions of every pool task with the current policy (batched through the engine,
-:func:`codechat.train.rollouts.collect`), and keeps the tasks whose pass rate ``c / n`` is neither 0
+samples ``n`` completions of every pool task with the current policy (streamed through the engine,
+:func:`codechat.train.rollouts.stream_passes`), and keeps the tasks whose pass rate ``c / n`` is neither 0
 nor 1 and lies in ``[min_rate, max_rate]`` (DAPO's dynamic sampling, Yu et al. 2025 §3.2, done once
 up front; the seed system keeps ``[0.05, 0.95]``, and with ``n = 8`` the defaults ``[0, 1]`` keep
 the same tasks: rates 1/8 .. 7/8). Fewer than ``min_tasks`` kept tasks skip RL
@@ -30,7 +30,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,24 +167,28 @@ class FilterResult:
         return out
 
 
-def filter_pool(tasks: Sequence, sample: Callable[[list, list[int]], list[int]], *, n: int, min_rate: float,
-                max_rate: float, seed: int, chunk: int = 64, deadline_s: float = 0.0, need: int = 0,
+def filter_pool(tasks: Sequence, sample: Callable[[Iterator[tuple[Any, int]]], Iterator[tuple[Any, int]]], *,
+                n: int, min_rate: float, max_rate: float, seed: int, deadline_s: float = 0.0, need: int = 0,
                 order: str = "smallest") -> FilterResult:
     """Sample ``n`` completions of every task of ``tasks`` and keep those in the bounds (module docstring).
 
+    The tasks are fed to ``sample`` one at a time, as it asks for them, so an engine stays full: it
+    takes new tasks while earlier ones still decode (:func:`codechat.train.rollouts.stream_passes`),
+    and no batch waits for its longest row before the next starts.
+
     Args:
         tasks: the pool (objects with ``task_id``).
-        sample: ``sample(tasks, seeds) -> passed`` counts, one per task (how many of its ``n``
-            samples passed every test); the RL stage's is the engine and the sandbox
-            (:func:`codechat.train.rollouts.collect`), tests pass a stub policy.
+        sample: ``sample(feed)``: takes ``(task, seed)`` pairs from the iterator ``feed`` as it has room
+            and yields ``(task, passed)`` as each task's ``n`` samples are judged (``passed``: how many
+            passed every test), in any order; the RL stage's is the engine and the sandbox
+            (:func:`codechat.train.rollouts.stream_passes`), tests pass a stub policy.
         n: samples per task (>= 2).
         min_rate, max_rate: the kept rates, ``0 <= min_rate <= max_rate <= 1``.
         seed: the order the tasks are sampled in (a seeded shuffle, then ``order``) and each task's
             sampling seed.
-        chunk: tasks sampled together (one engine batch of ``chunk * n`` rows at most).
-        deadline_s: > 0: start no chunk after the first once this many seconds have passed; the tasks not
-            sampled are left out.
-        need: > 0: stop as soon as the tasks kept so far and those not yet sampled together fall short
+        deadline_s: > 0: feed no task after the first once this many seconds have passed; the tasks not
+            fed are left out (those fed are judged).
+        need: > 0: feed no more once the tasks kept so far and those not yet judged together fall short
             of it (the stage would skip RL whatever the rest gave).
         order: ``smallest`` (tasks by :func:`solution_size`, ascending) or ``random`` (:data:`FILTER_ORDERS`).
 
@@ -202,17 +206,20 @@ def filter_pool(tasks: Sequence, sample: Callable[[list, list[int]], list[int]],
         size = [solution_size(t) for t in tasks]
         queue.sort(key=size.__getitem__)  # stable: equal sizes keep the shuffle's order
     counts: dict[str, tuple[int, int]] = {}
-    t0 = time.perf_counter()
     kept_so_far = 0
-    for at in range(0, len(queue), chunk):
-        if at and deadline_s and time.perf_counter() - t0 > deadline_s:  # the first chunk always runs
-            break
-        if at and kept_so_far + len(queue) - at < need:
-            break
-        part = [tasks[i] for i in queue[at:at + chunk]]
-        passed = sample(part, [derive_seed(seed, f"filter:{t.task_id}") for t in part])
-        counts.update((t.task_id, (n, int(c))) for t, c in zip(part, passed))
-        kept_so_far += sum(in_bounds(n, int(c), min_rate, max_rate) for c in passed)
+    t0 = time.perf_counter()
+
+    def feed() -> Iterator[tuple[Any, int]]:
+        for k, i in enumerate(queue):
+            if k and deadline_s and time.perf_counter() - t0 > deadline_s:  # the first task always runs
+                return
+            if k and kept_so_far + len(queue) - len(counts) < need:  # not yet judged: fed or not
+                return
+            yield tasks[i], derive_seed(seed, f"filter:{tasks[i].task_id}")
+
+    for task, c in sample(feed()):
+        counts[task.task_id] = (n, int(c))
+        kept_so_far += in_bounds(n, int(c), min_rate, max_rate)
     kept = [t.task_id for t in tasks if t.task_id in counts and in_bounds(*counts[t.task_id], min_rate, max_rate)]
     return FilterResult(counts, kept, len(tasks), len(counts), time.perf_counter() - t0)
 
