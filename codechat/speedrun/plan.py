@@ -231,6 +231,9 @@ class SpeedrunPlan:
     # filter streams pool tasks into that many rows (a new task's samples join as rows finish), so a GPU
     # gets a wider engine.
     rl_engine_slots: int = 0
+    # Rollouts a GRPO micro-batch holds (forward and backward at once; the loss is a sum over the step's
+    # tokens, so the update is the same whatever it is): wider on a GPU, where eager launches dominate.
+    rl_micro_batch_size: int = 8
     funcall_tokens: int = 64  # max new tokens per evaluated assistant turn
     funcall_eval_limit: int = 10  # held-out conversations evaluated (0: all)
 
@@ -493,7 +496,7 @@ def plan(device: torch.device, preset: str | None, time_budget_min: float | None
                             pretrain_train_share=0.82, sft_train_share=0.78, sft_max_length=1024,
                             sft_max_prompt_length=512, sft_micro_batch_size=8, sft_mine_other_weight=0.1,
                             eval_limit=0, eval_n=20, eval_tokens=512, funcall_tokens=256, funcall_eval_limit=0,
-                            rl_engine_slots=256)
+                            rl_engine_slots=256, rl_micro_batch_size=32)
     chosen = preset or "tiny"
     return SpeedrunPlan(chosen, time_budget_min or CPU_TIME_BUDGET_MIN, (stdlib,), dict(CPU_SHARES), max_files,
                         min_s=dict(CPU_MIN_S), final_eval_min_s=8.0, compile=pretrain_recipe(chosen).train.compile,
