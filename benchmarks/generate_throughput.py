@@ -14,7 +14,7 @@ Every timed call follows one identical warm-up call (CUDA graph capture, compila
 cache allocation land there) and is wall time with ``torch.cuda.synchronize`` on both sides; a
 figure is the median over ``--repeats`` timed calls. Both sides generate exactly ``new`` tokens a
 row (no stop id, ``min_new_tokens``). ``--no-cuda-graphs`` / ``--no-compile`` turn the engine's
-CUDA graphs / compilation off; ``--kv-cache-dtype fp8`` gives it an FP8 KV cache. The first line names the device, torch and transformers versions,
+CUDA graphs / compilation off. The first line names the device, torch and transformers versions,
 the preset and the engine settings; then the figures, one line each:
 
 - ``check_fp32_max_abs_diff``: max |logit difference| of our GPT and the converted HF model, both
@@ -156,8 +156,6 @@ def main() -> None:
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True, help="EngineConfig.compile")
     ap.add_argument("--hbm-bytes-per-s", type=float, default=4.8e12, help="memory bandwidth (H200: 4.8e12)")
     ap.add_argument("--decode-steps", type=int, default=0, help="EngineConfig.decode_steps (0: the engine's choice)")
-    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
-                    help="EngineConfig.kv_cache_dtype (fp8: float8 e4m3 keys and values, per-head scales; CUDA)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and sampling")
     ap.add_argument("--device", default="auto", help="auto, cuda, cpu, ...")
     ap.add_argument("--out", default="", help="write the table as JSON here (e.g. $OUT/generate.json)")
@@ -199,7 +197,7 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     print(f"device: {name}; torch {torch.__version__}; transformers {transformers.__version__}; preset "
           f"{args.preset}: {model.num_params() / 1e6:.1f}M params; prompt {P}, {new} new tokens, greedy; engine "
-          f"cuda_graphs={args.cuda_graphs and cuda} compile={args.compile and cuda} kv_cache_dtype={args.kv_cache_dtype}")
+          f"cuda_graphs={args.cuda_graphs and cuda} compile={args.compile and cuda}")
 
     figures: dict[str, float] = {}
 
@@ -231,8 +229,7 @@ def main() -> None:
     slots = max(len(prompts) for prompts, _ in work.values())
     longest = max(len(p) for prompts, _ in work.values() for p in prompts)
     engine = Engine(model, EngineConfig(slots=slots, max_len=longest + new + 8, cuda_graphs=args.cuda_graphs,
-                                        compile=args.compile, decode_steps=args.decode_steps,
-                                        kv_cache_dtype=args.kv_cache_dtype))
+                                        compile=args.compile, decode_steps=args.decode_steps))
 
     def report(side: str, row: str, seconds: float) -> float:
         prompts, n = work[row]

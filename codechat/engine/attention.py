@@ -36,8 +36,6 @@ TARGET_PROGRAMS = 1280
 BLOCK_N = 32
 #: Splits per sequence at most.
 MAX_SPLITS = 64
-#: The largest finite float8 e4m3 value: an FP8 cache's entries are saturated there.
-FP8_MAX = 448.0
 
 
 def available(device: torch.device) -> bool:
@@ -53,36 +51,24 @@ def num_splits(batch: int, n_kv_head: int, positions: int, block_n: int = BLOCK_
 
 
 def decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                               v_cache: torch.Tensor, used: torch.Tensor, k_scale: torch.Tensor | None = None,
-                               v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                               v_cache: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
     """Plain-PyTorch decode attention: same arguments, result and cache writes as
-    :func:`decode_attention` (an FP8 cache is read multiplied by its scales, in ``q``'s dtype)."""
+    :func:`decode_attention`."""
     b, H, D = q.shape
     P, Hkv = k_cache.size(1), k_cache.size(2)
     last = (used - 1).long()
     rows = torch.arange(b, device=q.device)
-    fp8 = k_scale is not None
     k_cache.index_put_((rows, last), k)
     v_cache.index_put_((rows, last), v)
-    kc, vc = k_cache[:b], v_cache[:b]
-    if fp8:
-        kc, vc = ((c.float() * s[:, None]).to(q.dtype) for c, s in ((kc, k_scale), (vc, v_scale)))
     mask = (torch.arange(P, device=q.device) < used.unsqueeze(1)).view(b, 1, 1, P)
-    y = F.scaled_dot_product_attention(q.unsqueeze(2), kc.transpose(1, 2), vc.transpose(1, 2),
+    y = F.scaled_dot_product_attention(q.unsqueeze(2), k_cache[:b].transpose(1, 2), v_cache[:b].transpose(1, 2),
                                        attn_mask=mask, enable_gqa=H != Hkv)
     return y.squeeze(2)
 
 
-def fp8_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """What an FP8 cache stores of keys or values ``x`` (..., Hkv, D): divided by ``scale`` (Hkv,) per
-    head, saturated at ±448 and rounded to ``torch.float8_e4m3fn`` (as the kernel writes them)."""
-    return (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-
-
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, used: torch.Tensor, splits: int | None = None, block_n: int = BLOCK_N,
-                     num_warps: int = 4, num_stages: int = 3, k_scale: torch.Tensor | None = None,
-                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                     num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     """Softmax attention of one new token per sequence over its first ``used`` positions, the last
     of which is the new token's: its key and value are ``k``, ``v``, which are also written into
     the cache at ``[r, used[r] - 1]`` (nothing else in the cache is written).
@@ -95,9 +81,6 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
             The last dimension must be contiguous. Slot ``r``'s positions ``0..used[r] - 2`` are
             attended as stored; what is stored at ``used[r] - 1`` is ignored, then overwritten.
         used: (b,) int32 or int64, positions attended per row, each in ``1..P``.
-        k_scale, v_scale: (Hkv,) fp32, for a cache of ``torch.float8_e4m3fn``: it holds keys and values
-            divided by them (:func:`fp8_quantize`, which ``k`` and ``v`` have been through too), and is read
-            multiplied by them. None otherwise.
         splits: splits per sequence (default :func:`num_splits`); ``block_n`` (keys per loop
             step), ``num_warps``, ``num_stages``: the kernel's launch settings (benchmarks tune them).
 
@@ -105,13 +88,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
         (b, H, D) in ``q``'s dtype, scaled by ``1/sqrt(D)``.
 
     Raises:
-        RuntimeError: Triton is not installed. ValueError: an FP8 cache without both scales.
+        RuntimeError: Triton is not installed.
     """
     if triton is None:
         raise RuntimeError("decode_attention needs Triton; use decode_attention_reference")
-    fp8 = k_cache.dtype == torch.float8_e4m3fn
-    if fp8 != (k_scale is not None and v_scale is not None):
-        raise ValueError("an FP8 cache needs k_scale and v_scale, and only an FP8 cache takes them")
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     b, H, D = q.shape
     P, Hkv = k_cache.size(1), k_cache.size(2)
@@ -121,14 +101,14 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     lse = torch.empty(b, H, ns, device=q.device, dtype=torch.float32)
     BD = triton.next_power_of_2(D)
     _partial[(b, Hkv, ns)](
-        q, k, v, k_cache, v_cache, used, part, lse, k_scale if fp8 else used, v_scale if fp8 else used,
+        q, k, v, k_cache, v_cache, used, part, lse,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
         1.0 / math.sqrt(D), ns, D,
-        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_D=BD, BLOCK_N=block_n, FP8=fp8,
-        num_warps=num_warps, num_stages=num_stages)
+        G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_D=BD, BLOCK_N=block_n, num_warps=num_warps,
+        num_stages=num_stages)
     out = torch.empty_like(q)
     _combine[(b, H)](part, lse, out, part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
                      out.stride(0), out.stride(1), ns, D, BLOCK_S=triton.next_power_of_2(ns), BLOCK_D=BD,
@@ -138,11 +118,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
 
 if triton is not None:
     @triton.jit
-    def _partial(Q, KN, VN, K, V, USED, PART, LSE, KS, VS,
+    def _partial(Q, KN, VN, K, V, USED, PART, LSE,
                  sqb, sqh, sknb, sknh, svnb, svnh, skb, skp, skh, svb, svp, svh, spb, sph, sps, slb, slh,
                  sm_scale, NS, D,
-                 G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                 FP8: tl.constexpr):
+                 G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
         b = tl.program_id(0)
         hk = tl.program_id(1)
         s = tl.program_id(2)
@@ -161,13 +140,6 @@ if triton is not None:
                     mask=gmask[:, None] & dmask[None, :], other=0.0)
         k_new = tl.load(KN + b * sknb + hk * sknh + offs_d, mask=dmask, other=0.0).to(K.dtype.element_ty)
         v_new = tl.load(VN + b * svnb + hk * svnh + offs_d, mask=dmask, other=0.0).to(V.dtype.element_ty)
-        k_use = k_new  # as attended: an FP8 cache's entries in q's dtype, times the head's scale later
-        v_use = v_new
-        if FP8:
-            ks = tl.load(KS + hk)
-            vs = tl.load(VS + hk)
-            k_use = k_new.to(Q.dtype.element_ty)
-            v_use = v_new.to(Q.dtype.element_ty)
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -177,25 +149,17 @@ if triton is not None:
             is_new = (pos == last)[:, None]
             kv_mask = nmask[:, None] & dmask[None, :]
             k = tl.load(K + b * skb + pos[:, None] * skp + hk * skh + offs_d[None, :], mask=kv_mask, other=0.0)
-            if FP8:
-                k = k.to(Q.dtype.element_ty)
-            k = tl.where(is_new, k_use[None, :], k)
+            k = tl.where(is_new, k_new[None, :], k)
             qk = tl.dot(q, tl.trans(k)).to(tl.float32) * sm_scale
-            if FP8:
-                qk = qk * ks
             qk = tl.where(nmask[None, :], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(qk - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(V + b * svb + pos[:, None] * svp + hk * svh + offs_d[None, :], mask=kv_mask, other=0.0)
-            if FP8:
-                v = v.to(Q.dtype.element_ty)
-            v = tl.where(is_new, v_use[None, :], v)
+            v = tl.where(is_new, v_new[None, :], v)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             m_i = m_new
-        if FP8:
-            acc = acc * vs
         nonempty = l_i > 0
         out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
         lse = tl.where(nonempty, m_i + tl.log(tl.where(nonempty, l_i, 1.0)), float("-inf"))

@@ -41,7 +41,7 @@ GRAPH_TOKENS = BUCKETS[-1]
 
 def copy_prompt(cache: KVCache, src: int, dst: Sequence[int], n: int) -> None:
     """Copy positions ``0..n-1`` of slot ``src`` to slots ``dst``, every layer's keys and values
-    (bitwise: an FP8 cache included)."""
+    (bitwise)."""
     if not dst:
         return
     S, P = cache.slots, cache.positions

@@ -19,10 +19,6 @@ in a CUDA graph once per batch size and replayed. Decode attention on CUDA is th
 kernel of :mod:`.attention` when Triton is installed (FlashAttention's kernel gives each
 sequence-head one program: ~15 us a layer at batch 1); elsewhere
 ``F.scaled_dot_product_attention`` with a length mask.
-
-With an FP8 cache (``EngineConfig.kv_cache_dtype="fp8"``) keys and values are stored as float8 e4m3
-divided by a scale per layer and KV head (:func:`kv_scales`: bounds that the weights guarantee, so no
-value overflows), and the Triton kernel multiplies them back as it reads.
 """
 from __future__ import annotations
 
@@ -76,53 +72,11 @@ def _relu2(up: torch.Tensor) -> torch.Tensor:
     return F.relu(up).square()
 
 
-#: The FP8 cache's dtype (4 exponent bits, 3 mantissa bits, no infinities; largest value ±448).
-FP8 = torch.float8_e4m3fn
-
-
-@torch.no_grad()
-def kv_scales(weights: dict[str, torch.Tensor], n_layer: int, n_head: int, n_kv: int, head_dim: int
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scales of an FP8 cache: (n_layer, n_kv) fp32 for keys and for values, each ``bound / 448`` where
-    ``bound`` is the largest magnitude the layer's weights allow in that head, whatever the input.
-
-    A block's attention input is ``h = rms_norm(x) * g`` (``g``: its ``ln1`` gain), whose entries are at
-    most ``|g_c| sqrt(C)`` (no entry of a vector of RMS 1 passes ``sqrt(C)``); so a projection row ``w``
-    gives at most ``sum_c |w_c| |g_c| sqrt(C)``. With QK-norm a key is ``rms_norm(k) * g_k`` instead,
-    at most ``|g_k,d| sqrt(D)``. RoPE rotates the pairs ``(d, d + D/2)``: at most the root of their
-    bounds' squares. Values get no rotation. Loose bounds cost nothing at the top (no value can
-    overflow) and little below: FP8 e4m3 keeps 3 mantissa bits over 2^-6 .. 448, and a head's
-    typical values sit within a few thousand of its bound (about ``C`` for random weights).
-
-    Args:
-        weights: :class:`InferenceModel`'s weights (``{i}.wqkv`` (H*D + 2*Hkv*D, C), ``{i}.ln1`` (C,),
-            ``{i}.kn`` (D,) with QK-norm).
-    Returns:
-        ``(k_scale, v_scale)``, positive, on the weights' device.
-    """
-    ks, vs = [], []
-    for i in range(n_layer):
-        wqkv, g = weights[f"{i}.wqkv"].float(), weights[f"{i}.ln1"].float()
-        row_bound = (wqkv.abs() * g.abs()).sum(1) * g.numel() ** 0.5  # (rows,)
-        k_rows = row_bound[n_head * head_dim:(n_head + n_kv) * head_dim].view(n_kv, head_dim)
-        v_rows = row_bound[(n_head + n_kv) * head_dim:].view(n_kv, head_dim)
-        kn = weights.get(f"{i}.kn")
-        if kn is not None:  # QK-norm: every head's key is a unit-RMS vector times kn
-            k_rows = (kn.float().abs() * head_dim ** 0.5).expand(n_kv, head_dim)
-        half = head_dim // 2
-        pair = (k_rows[:, :half].square() + k_rows[:, half:].square()).sqrt()  # RoPE's rotated pairs
-        ks.append(pair.amax(1))
-        vs.append(v_rows.amax(1))
-    top = decode_kernels.FP8_MAX
-    return (torch.stack(ks) / top).clamp(min=1e-12), (torch.stack(vs) / top).clamp(min=1e-12)
-
-
 @dataclass
 class KVCache:
     """Keys and values of ``slots`` sequences: ``k[layer]``/``v[layer]`` (slots, max_len + 1,
-    n_kv_head, head_dim) in the inference dtype, or :data:`FP8` (divided by the layer's per-head scales:
-    :func:`kv_scales`). The extra position takes the one step a finished row may still run before the
-    host learns that it stopped."""
+    n_kv_head, head_dim) in the inference dtype. The extra position takes the one step a finished
+    row may still run before the host learns that it stopped."""
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
@@ -194,16 +148,13 @@ class InferenceModel:
         attention: decode attention, ``auto`` (the Triton split-KV kernel of
             :mod:`codechat.engine.attention` on CUDA when Triton is installed, else FlashAttention's
             varlen kernel where it serves, else SDPA), ``triton``, ``flash`` or ``sdpa``.
-        kv_cache_dtype: ``auto`` (the cache in ``dtype``) or ``fp8`` (:data:`FP8` with :attr:`k_scale`,
-            :attr:`v_scale`, (n_layer, n_kv_head) fp32, from :func:`kv_scales` at every :meth:`load`).
 
     Raises:
-        ValueError: an ``attention`` this device, dtype or head size cannot run; ``fp8`` without the
-            Triton kernel (the only decode path that reads an FP8 cache).
+        ValueError: an ``attention`` this device, dtype or head size cannot run.
     """
 
     def __init__(self, model: GPT, dtype: torch.dtype, max_len: int, compile: bool = False,
-                 attention: str = "auto", kv_cache_dtype: str = "auto") -> None:
+                 attention: str = "auto") -> None:
         c = model.cfg
         self.cfg, self.dtype = c, dtype
         self.device = model.embed_tokens.weight.device
@@ -216,12 +167,6 @@ class InferenceModel:
             raise ValueError(f"attention={attention!r} cannot run here (device {self.device}, {dtype}, head_dim "
                              f"{c.head_dim}); choose one of {[k for k, v in can.items() if v]}")
         self.decode_backend = attention
-        self.fp8 = kv_cache_dtype == "fp8"
-        if self.fp8 and attention != "triton":
-            raise ValueError(f"kv_cache_dtype='fp8' needs the Triton decode kernel (CUDA with Triton installed); this "
-                             f"engine decodes with {attention} on {self.device.type}: use kv_cache_dtype='auto'")
-        self.cache_dtype = FP8 if self.fp8 else dtype
-        self.k_scale = self.v_scale = None
         cos, sin = rope_tables(c.head_dim, max_len + 1, c.rope_theta, self.device)
         self.cos, self.sin = cos, sin
         self.weights: dict[str, torch.Tensor] = {}
@@ -258,13 +203,6 @@ class InferenceModel:
                 self.weights[name] = w.detach().to(self.device, self.dtype, memory_format=torch.contiguous_format,
                                                    copy=True)
         self.weights.setdefault("lm_head", self.weights["embed"])  # tied: one tensor
-        if self.fp8:  # in place after the first call, as the weights: captured graphs read these tensors
-            scales = kv_scales(self.weights, self.cfg.n_layer, self.n_head, self.n_kv, self.head_dim)
-            if self.k_scale is None:
-                self.k_scale, self.v_scale = scales
-            else:
-                self.k_scale.copy_(scales[0])
-                self.v_scale.copy_(scales[1])
 
     def nbytes(self) -> int:
         """Bytes of weights one decode step reads: all but the embedding table, of which it reads
@@ -334,9 +272,6 @@ class InferenceModel:
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             ks, vs = (k, v) if src is None else (k[src], v[src])
-            if self.fp8:
-                ks = decode_kernels.fp8_quantize(ks, self.k_scale[layer])
-                vs = decode_kernels.fp8_quantize(vs, self.v_scale[layer])
             cache.k[layer].index_put_((slot, pos), ks)
             cache.v[layer].index_put_((slot, pos), vs)
             if self.flash:
@@ -366,11 +301,6 @@ class InferenceModel:
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             kc, vc = cache.k[layer], cache.v[layer]
             if self.decode_backend == "triton":  # the kernel writes k and v into the cache itself
-                if self.fp8:
-                    ks, vs = self.k_scale[layer], self.v_scale[layer]
-                    return decode_kernels.decode_attention(q, decode_kernels.fp8_quantize(k, ks),
-                                                           decode_kernels.fp8_quantize(v, vs), kc, vc, used,
-                                                           k_scale=ks, v_scale=vs)
                 return decode_kernels.decode_attention(q, k, v, kc, vc, used)
             kc.index_put_((rows, lengths), k)
             vc.index_put_((rows, lengths), v)

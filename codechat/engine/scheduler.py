@@ -76,17 +76,15 @@ class Engine:
                              "positions past what it was trained on are untrained; lower max_len (0: the model's)")
         self.max_len = c.max_len or model.cfg.max_seq_len
         self.decode_steps = c.decode_steps or (4 if cuda else 1)
-        self.model = InferenceModel(model, dtype, self.max_len, compile=c.compile and cuda, attention=c.attention,
-                                    kv_cache_dtype=c.kv_cache_dtype)
+        self.model = InferenceModel(model, dtype, self.max_len, compile=c.compile and cuda, attention=c.attention)
         self.device, self.cuda = dev, cuda
         mc = model.cfg
-        kv_dtype = self.model.cache_dtype
-        per_slot = 2 * mc.n_layer * (self.max_len + 1) * mc.n_kv_head * mc.head_dim * kv_dtype.itemsize
+        per_slot = 2 * mc.n_layer * (self.max_len + 1) * mc.n_kv_head * mc.head_dim * dtype.itemsize
         slots = c.slots
         if slots == 0:
             room = c.cache_memory_frac * torch.cuda.mem_get_info(dev)[0] if cuda else CPU_CACHE_BYTES
             slots = max(1, min(256 if cuda else 16, int(room // per_slot)))
-        self.cache = KVCache.empty(mc.n_layer, slots, self.max_len, mc.n_kv_head, mc.head_dim, dev, kv_dtype)
+        self.cache = KVCache.empty(mc.n_layer, slots, self.max_len, mc.n_kv_head, mc.head_dim, dev, dtype)
         S = self.slots = slots
         z = lambda dt: torch.zeros(S, dtype=dt, device=dev)  # noqa: E731
         self.tokens, self.lengths, self.counter, self.seed = z(torch.long), z(torch.long), z(torch.long), z(torch.long)

@@ -42,12 +42,6 @@ class EngineConfig:
         warm_up: on CUDA, compile and capture every decode batch bucket (greedy and sampled rows)
             and every prefill bucket as the engine is built (:func:`codechat.engine.warmup.warm_up`),
             so that no request pays that first-use work; ``codechat serve`` turns it on.
-        kv_cache_dtype: ``auto`` (the inference dtype) or ``fp8``: keys and values stored as
-            float8 e4m3 with one scale per layer and KV head for each (as vLLM's
-            ``kv_cache_dtype="fp8"``; :func:`codechat.engine.runner.kv_scales`), half the bytes a
-            decode step reads and twice the slots in the same memory. Decode attention then reads the
-            cache through the Triton kernel only (CUDA with Triton installed; refused elsewhere); a
-            prompt's own prefill attends to its unrounded keys and values.
 
     Raises:
         ValueError: a value out of range.
@@ -62,7 +56,6 @@ class EngineConfig:
     cache_memory_frac: float = 0.5
     attention: str = "auto"
     decode_steps: int = 0
-    kv_cache_dtype: str = "auto"
     warm_up: bool = False
 
     def __post_init__(self) -> None:
@@ -75,8 +68,6 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         if self.attention not in ("auto", "triton", "flash", "sdpa"):
             raise ValueError(f"attention must be auto, triton, flash or sdpa, got {self.attention!r}")
-        if self.kv_cache_dtype not in ("auto", "fp8"):
-            raise ValueError(f"kv_cache_dtype must be auto or fp8, got {self.kv_cache_dtype!r}")
         if not 0.0 < self.cache_memory_frac <= 1.0:
             raise ValueError(f"cache_memory_frac must be in (0, 1], got {self.cache_memory_frac}")
 
