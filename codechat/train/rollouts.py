@@ -155,7 +155,8 @@ class Judge:
             self._pool = self._box = None
 
 
-def _request_of(engine: Any, tok: Any, task: Task, seed: int, group_size: int, sampling: Any) -> tuple[Any, list[int], bool]:
+def _request_of(engine: Any, tok: Any, task: Task, seed: int, group_size: int,
+                sampling: Any) -> tuple[Any, list[int], bool]:
     """The engine request of ``group_size`` samples of ``task`` (its prompt rendered to leave room for
     ``sampling.max_new_tokens``, cut to half the engine's context at most), its prompt ids, and
     whether old turns were dropped or the prompt cut to fit."""
