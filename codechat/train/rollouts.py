@@ -239,7 +239,8 @@ def stream_passes(engine: Any, tok: Any, feed: Iterable[tuple[Task, int]], judge
     target = engine.slots + engine.slots // 2
     feed = iter(feed)
     owner: dict[int, tuple[Task, list[int]]] = {}  # request id -> task, prompt ids
-    groups: dict[int, list[Future | None]] = {}  # request id -> its rows' verdicts (None: not finished)
+    left: dict[int, int] = {}  # request id -> rows not yet finished
+    verdicts: dict[int, list[Future]] = {}  # request id -> its finished rows' judging (code tasks)
     rollouts: dict[int, list[Rollout]] = {}
     more = True
     while True:
@@ -251,8 +252,8 @@ def stream_passes(engine: Any, tok: Any, feed: Iterable[tuple[Task, int]], judge
                 break
             request, ids, _ = _request_of(engine, tok, task, seed, group_size, sampling)
             rid = engine.add(request)
-            owner[rid], groups[rid], rollouts[rid] = (task, ids), [None] * group_size, []
-        if not groups:
+            owner[rid], left[rid], verdicts[rid], rollouts[rid] = (task, ids), group_size, [], []
+        if not owner:
             return
         if engine.has_work():
             for ev in engine.step():
@@ -261,15 +262,16 @@ def stream_passes(engine: Any, tok: Any, feed: Iterable[tuple[Task, int]], judge
                 task, ids = owner[ev.request]
                 r = _rollout(engine, tok, ev, task.task_id, ids)
                 rollouts[ev.request].append(r)
-                done: Future = Future()
-                done.set_result(None)
-                groups[ev.request][ev.sample] = judge.submit(task, r) or done
+                left[ev.request] -= 1
+                if (f := judge.submit(task, r)) is not None:
+                    verdicts[ev.request].append(f)
         else:  # every row generated: wait for a verdict rather than spin
-            wait([f for fs in groups.values() for f in fs if f is not None], return_when=FIRST_COMPLETED)
-        for rid in [rid for rid, fs in groups.items() if all(f is not None and f.done() for f in fs)]:
-            for f in groups.pop(rid):
+            wait([f for fs in verdicts.values() for f in fs], return_when=FIRST_COMPLETED)
+        for rid in [rid for rid in owner if not left[rid] and all(f.done() for f in verdicts[rid])]:
+            for f in verdicts.pop(rid):
                 f.result()
             engine.pop(rid)
+            del left[rid]
             yield owner.pop(rid)[0], sum(r.passed for r in rollouts.pop(rid))
 
 
