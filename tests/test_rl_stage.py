@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from codechat import checkpoint as ckpt
 from codechat.cli import main
 from codechat.config.sft import SFTConfig, SFTStageConfig
 from codechat.config.stages import ConfigError, TrainConfig, OptimConfig, RunConfig, load
+from codechat.speedrun.rl_stage import AFTER_RL_EVAL_SHARE, RLStage
 from codechat.train.grpo import RLStageConfig, TaskSchedule, run_rl
 from codechat.train.sft import run_sft
 from codechat.train.stop import RunStopped
@@ -295,11 +297,27 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     he = out["humaneval"]  # HumanEval scored again, on the RL checkpoint
     assert he["stage"] == "rl" and he["problems"] == 1 and (run / "eval" / "humaneval-rl" / "results.json").is_file()
     assert 0 <= out["reward_first"] <= 1 and len(out["curve"]) == out["steps"] and (run / "rl_reward.png").is_file()
+    # no HumanEval stage finished on sft/ yet: the evaluations after GRPO keep the plan's share of the grant
+    assert out["evals_reserved_s"] == pytest.approx(p.rl_evals_share * 20.0)
+    assert set(out["setup_s"]) == {"policy", "pool", "trainer", "engine", "filter", "heldout_before"}
+    assert all(v >= 0 for v in out["setup_s"].values())
+    # with it, they keep what HumanEval and MBPP took on sft/, scaled to the problems a deadline left out
+    s.m["stages"]["eval"].update(status="done", wall_s=17.0)
+    assert s._evals_after_rl_s(20.0)[0] == pytest.approx(17.0 / AFTER_RL_EVAL_SHARE)
+    m = {"stages": {"eval": {"status": "done", "wall_s": 17.0}, "mbpp": {"status": "done", "wall_s": 16.0}},
+         "eval": {"humaneval": {"problems": 1, "problems_planned": 2}}, "mbpp": {"problems": 320, "problems_planned": 500}}
+    with_mbpp = SimpleNamespace(p=SimpleNamespace(mbpp="mbpp.jsonl", rl_evals_share=0.4), m=m)
+    kept, why = RLStage._evals_after_rl_s(with_mbpp, 20.0)
+    assert kept == pytest.approx((34.0 + 25.0) / AFTER_RL_EVAL_SHARE) and "HumanEval and MBPP" in why
+    m["stages"]["mbpp"]["status"] = "failed"
+    assert RLStage._evals_after_rl_s(with_mbpp, 20.0)[0] == pytest.approx(0.4 * 20.0)
     s.m["rl"], s.m["stages"]["rl"]["status"] = out, "done"
     s.m["stages"]["rl"]["granted_s"] = 20.0
     s.m["stages"]["eval"]["status"] = "done"
     report = speedrun_report(s.m)
     assert "## RL (GRPO)" in report and f"{out['steps']} (stopped: budget)" in report
+    assert "; before step 0 (s): policy " in report and "; kept for the evaluations after it 8 s" in report
+    assert "first 5 steps -> last 5" in report
     assert out["settings"]["group_size"] == p.rl_group_size and out["settings"]["tasks_per_step"] == 4
     assert "| held-out slice of the kept tasks (2, never trained on): pass@1 before -> after |" in report
     assert "| the slice's mined tasks (2) on `pretrain/`, base mode" in report

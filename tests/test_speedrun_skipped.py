@@ -202,14 +202,14 @@ def test_rl_auto_plans_grpo_only_where_its_pool_can_keep_enough_tasks_and_gives_
 def test_plan_overrides_set_typed_fields_refuse_the_rest_and_come_back_on_resume(tmp_path):
     from codechat.speedrun.plan import with_plan_overrides
     cpu = torch.device("cpu")
-    p = with_plan_overrides(plan(cpu, "tiny", 2.0), {"rl_prompts_per_step": "4", "rl_train_share": "0.5",
+    p = with_plan_overrides(plan(cpu, "tiny", 2.0), {"rl_prompts_per_step": "4", "rl_evals_share": "0.5",
                                                       "compile": "false", "sft_mine_style": "signature"})
-    assert (p.rl_prompts_per_step, p.rl_train_share, p.compile, p.sft_mine_style) == (4, 0.5, False, "signature")
-    assert p.plan_overrides == {"rl_prompts_per_step": "4", "rl_train_share": "0.5", "compile": "false",
+    assert (p.rl_prompts_per_step, p.rl_evals_share, p.compile, p.sft_mine_style) == (4, 0.5, False, "signature")
+    assert p.plan_overrides == {"rl_prompts_per_step": "4", "rl_evals_share": "0.5", "compile": "false",
                                 "sft_mine_style": "signature"}
     for key, value, fragment in (("mbpp", "x.jsonl", "set it with --mbpp"), ("shares", "{}", "not a setting"),
                                  ("nope", "1", "not a setting"), ("rl_group_size", "4.5", "a number without a fraction"),
-                                 ("compile", "maybe", "true or false"), ("rl_train_share", "-1", "must be >= 0"),
+                                 ("compile", "maybe", "true or false"), ("rl_evals_share", "-1", "must be >= 0"),
                                  ("checkpoint_every_s", "5", "--checkpoint-every-s")):
         with pytest.raises(ConfigError, match=fragment):
             with_plan_overrides(plan(cpu, "tiny", 2.0), {key: value})
@@ -219,7 +219,7 @@ def test_plan_overrides_set_typed_fields_refuse_the_rest_and_come_back_on_resume
     m = Stubbed(p, run, cpu, "cpu", 0, resume=False).execute()
     assert m["plan"]["plan_overrides"]["rl_prompts_per_step"] == "4"
     resumed = Stubbed(plan(cpu, "tiny", 2.0), run, cpu, "cpu", 0, resume=True)  # the flags not given again
-    assert resumed.p.rl_prompts_per_step == 4 and resumed.p.rl_train_share == 0.5
+    assert resumed.p.rl_prompts_per_step == 4 and resumed.p.rl_evals_share == 0.5
     assert resumed.p.plan_overrides == p.plan_overrides
 
 

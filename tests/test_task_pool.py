@@ -86,6 +86,16 @@ def test_the_filter_keeps_exactly_the_tasks_in_its_bounds(monkeypatch):
     assert len(early) == (1 if kept_first + 22 < 26 else 2) and res_need.sampled == 5 * len(early)
     assert len(filter_pool(tasks, stub_policy(passing, [], chunk=5), n=8, min_rate=0, max_rate=1, seed=3,
                            need=21).counts) == 27  # 21 of 27 are in the bounds: never out of reach
+    # `enough`: no task is fed once that many are kept; those fed are all judged
+    one: list = []
+    res_enough = filter_pool(tasks, stub_policy(passing, one, chunk=1), n=8, min_rate=0, max_rate=1, seed=3, enough=4)
+    fed = [t for (t,) in one]
+    assert len(res_enough.kept) == 4 and 0 < passing[fed[-1]] < 8 and res_enough.sampled == len(fed) < 27
+    assert sum(0 < passing[t] < 8 for t in fed[:-1]) == 3  # the last task fed made the fourth
+    five: list = []
+    res5 = filter_pool(tasks, stub_policy(passing, five, chunk=5), n=8, min_rate=0, max_rate=1, seed=3, enough=4)
+    in_bounds_fed = [sum(0 < passing[t] < 8 for t in c) for c in five]
+    assert sum(in_bounds_fed[:-1]) < 4 <= sum(in_bounds_fed) == len(res5.kept) and res5.sampled == 5 * len(five) < 27
     msg = too_few_message(res, 32, 0.0, 1.0)
     assert msg.startswith(f"{len(res.kept)} of 5 sampled pool tasks (27 in the pool)") and "at least 32" in msg
     with pytest.raises(ValueError, match="n >= 2"):
@@ -134,7 +144,8 @@ def test_the_filter_samples_the_smallest_solutions_first_under_a_deadline(monkey
     ({"filter_samples": 1}, "a pass rate needs at least 2 samples"),
     ({"filter_min": 0.7, "filter_max": 0.3}, "0 <= min <= max <= 1"),
     ({"min_tasks": 0}, "rl.min_tasks >= 1"),
-    ({"filter_order": "easiest"}, "rl.filter_order must be one of smallest, random")])
+    ({"filter_order": "easiest"}, "rl.filter_order must be one of smallest, random"),
+    ({"filter_samples": 8, "heldout_tasks": 8, "filter_enough": 39}, "before it kept rl.min_tasks")])
 def test_filter_settings_that_cannot_work_are_refused_when_built(setting, fragment):
     with pytest.raises(ConfigError, match=fragment):
         RLConfig(**setting)

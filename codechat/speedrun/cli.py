@@ -66,7 +66,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                 "codechat.speedrun.plan.GPU_RECIPE_OVERRIDES (Muon at lr 2e-3, ReLU² MLP, logits soft-capped at 15, "
                 "embedding LR x5, linear decay to 0) unless told otherwise. SFT keeps half the preset's own learning rate. "
                 "The plan's own settings (codechat.speedrun.plan.SpeedrunPlan's numbers, flags and texts): "
-                "--plan.FIELD VALUE, e.g. --plan.rl_prompts_per_step 4 --plan.rl_train_share 0.5; recorded in "
+                "--plan.FIELD VALUE, e.g. --plan.rl_prompts_per_step 4 --plan.rl_evals_share 0.5; recorded in "
                 "metrics.json and the report, and kept by --resume.")
     p.set_defaults(func=_run, accepts_overrides=True)
 

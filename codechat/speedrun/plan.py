@@ -64,10 +64,13 @@ GPU_EXTRA_SHARES = {"mbpp": 0.045, "funcall": 0.05, "funcall_eval": 0.015}
 #: outside training: reading and decontaminating the 65k mined pairs) and HumanEval 22 of 27.
 #: Two 9-minute H100 runs at 32366a8 (twelfth session): samples 5 and 3 s of 15, HumanEval 16 and 14 s of
 #: 31: samples 0.035 -> 0.02 and eval 0.07 -> 0.05, to pretraining (not yet measured at equal wall time).
-#: ``rl`` on a GPU (0.16, taken from pretraining's 0.64, issue 34) is an estimate, not yet measured:
-#: at 9 minutes ~86 s for the pass-rate filter (a fifth), GRPO (two fifths: ~30 steps if a step takes
-#: ~1 s) and HumanEval + MBPP again on ``rl/`` (the rest; 18-27 and 20-25 s on ``sft/`` in the runs
-#: above). On a CPU the tiny model keeps too few tasks and the stage ends after the filter's first batch.
+#: ``rl`` on a GPU, taken from pretraining's share only when RL is planned (:func:`with_rl`): 0.16 at
+#: a06a26b, whose 9-minute H100 run (benchmarks/RESULTS.md, fourteenth session) granted the stage 88 s:
+#: ~15 s loading the policy, the pool and the engine, 21 s of filter, 26 s of GRPO (19 steps of ~0.8 s
+#: after a 4.9 s first) and 31 s for HumanEval + MBPP on ``rl/``, which needed ~47 s (their time on
+#: ``sft/``). 0.2 (~97 s planned at 9 minutes) is the estimate for ~30 steps with the filter stopping at
+#: ``rl_filter_enough`` and the evaluations given their measured time, not yet measured. On a CPU the tiny
+#: model keeps too few tasks and the stage ends after the filter's first batch.
 #: The stages whose time is what the others leave: pretraining, which gains from every second. Each other
 #: stage gets its share of the budget but at least its ``min_s`` (:meth:`SpeedrunPlan.allocate`); mid-training
 #: too, since it loads and renders its data as SFT does before its first step.
@@ -82,8 +85,8 @@ CPU_MIN_S = {"tokenizer": 1.0, "data": 2.0, "baseline": 1.0, "pretrain": 10.0, "
              "chat": 4.0, "eval": 12.0, "rl": 20.0, "mbpp": 10.0, "funcall": 12.0, "funcall_eval": 8.0, "mid": 20.0}
 CPU_SHARES = {"tokenizer": 0.05, "data": 0.035, "baseline": 0.01, "pretrain": 0.77, "samples": 0.025,
               "sft": 0.06, "chat": 0.01, "eval": 0.025, "rl": 0.015}
-GPU_SHARES = {"tokenizer": 0.025, "data": 0.075, "baseline": 0.002, "pretrain": 0.525, "samples": 0.02,
-              "sft": 0.13, "chat": 0.013, "eval": 0.05, "rl": 0.16}
+GPU_SHARES = {"tokenizer": 0.025, "data": 0.075, "baseline": 0.002, "pretrain": 0.485, "samples": 0.02,
+              "sft": 0.13, "chat": 0.013, "eval": 0.05, "rl": 0.2}
 
 
 @dataclass(frozen=True)
@@ -226,7 +229,14 @@ class SpeedrunPlan:
     # 0: no cap): the doctests alone are ~31 tasks, and MBPP's train split is also in chat SFT.
     rl_io_tasks: int = 1000
     rl_filter_share: float = 0.2  # of the RL stage's grant the filter may sample for
-    rl_train_share: float = 0.4  # of the grant spent training; the rest scores HumanEval (and MBPP) on rl/
+    # The filter stops once this many tasks are kept (0: no such stop): rl_min_tasks to train on and
+    # rl_heldout_tasks set aside take 64; 96 leaves GRPO's ~30 steps of 8 tasks 64 to draw from. The 9-minute
+    # H100 run at a06a26b kept 172 of 726 tasks sampled in 21 s (24%): 96 would have taken ~400, ~12 s.
+    rl_filter_enough: int = 96
+    # GRPO trains until the evaluations after it are due: HumanEval (and MBPP) on rl/ get the seconds the
+    # same evaluations took on sft/ in this run (RLStage._evals_after_rl_s); this share of the grant when
+    # those figures are missing. At a06a26b they had 31 s of the 88 s grant and MBPP stopped at 320 of 500.
+    rl_evals_share: float = 0.4
     # Rows the RL engine decodes at once (0: rl_prompts_per_step x rl_group_size, one GRPO step's): the
     # filter streams pool tasks into that many rows (a new task's samples join as rows finish), so a GPU
     # gets a wider engine.
@@ -294,6 +304,10 @@ class SpeedrunPlan:
         if self.sft_mine_other_weight < 0 or self.background_mine_workers < 0:
             raise ConfigError(f"sft_mine_other_weight and background_mine_workers must be >= 0, got "
                               f"{self.sft_mine_other_weight} and {self.background_mine_workers}")
+        if self.rl_filter_enough and self.rl_filter_enough < self.rl_min_tasks + self.rl_heldout_tasks:
+            raise ConfigError(f"rl_filter_enough={self.rl_filter_enough} would stop the pass-rate filter before it kept "
+                              f"rl_min_tasks + rl_heldout_tasks = {self.rl_min_tasks + self.rl_heldout_tasks} tasks; "
+                              "raise it, or 0 for no such stop")
         if self.checkpoint_every_s <= 0:
             raise ConfigError(f"--checkpoint-every-s must be > 0, got {self.checkpoint_every_s}")
 
@@ -385,7 +399,9 @@ def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
       a pool of 1,223 with 896 corpus tasks, pool pass@1 0.52%) tasks, fewer than ``rl_min_tasks`` (32):
       RL's 71 s came out of pretraining and went unused. The one 9-minute run that kept more (192 of 358,
       1952296) had a pool of MBPP train tasks whose answers chat SFT had shown it (pool pass@1 35.5%),
-      and GRPO then changed no score beyond its interval.
+      and GRPO then changed no score beyond its interval. With the streaming filter (H100, a06a26b) it kept
+      172 of 726 in 21 s, but GRPO got 19 steps of the stage's 88 s, and neither the mean reward nor the
+      held-out slice moved beyond its noise, while pretraining lost 50 s (val 0.622 against 0.601).
     - 16 minutes (H100, 1952296): the filter kept 86 of 358 tasks and GRPO made 36 steps.
     - The doctests mined from a GPU run's whole corpus alone are ~31 tasks, fewer than 32 before the
       filter even runs.
@@ -406,9 +422,9 @@ def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
                if device.type != "cuda" else
                "--rl auto: off, the pool would be the corpus's doctests alone (~31 tasks, fewer than the 32 GRPO "
                "needs); add --mbpp FILE or --tasks SPEC, or --rl on" if not pool else
-               f"--rl auto: off below a {RL_AUTO_MIN_BUDGET_MIN:g}-minute GPU budget (in 9 minutes the pass-rate "
-               "filter kept 7 to 18 tasks, fewer than the 32 GRPO needs, and RL's time came out of pretraining); "
-               "--rl on to run it anyway")
+               f"--rl auto: off below a {RL_AUTO_MIN_BUDGET_MIN:g}-minute GPU budget (in 9 minutes GRPO made 19 "
+               "steps that moved neither the reward nor the held-out tasks, and its time came out of "
+               "pretraining); --rl on to run it anyway")
     else:
         on, why = choice == "on", f"--rl {choice}"
     if on:

@@ -26,17 +26,22 @@ from codechat.train.task_pool import POOL_SEPARATOR
 
 #: Seconds chat SFT waits for the RL pool's background mining, to leave its functions out of the SFT pairs.
 RL_TASKS_WAIT_S = 15.0
+#: The share of the time kept after GRPO that HumanEval and MBPP on ``rl/`` need: before them the held-out
+#: slice is scored again with the trained policy (32 tasks x 8 samples, ~1-2 s on a GPU) and on ``pretrain/``
+#: (within a tenth of the time left).
+AFTER_RL_EVAL_SHARE = 0.85
 
 
 class RLStage:
     """The RL stage of :class:`~codechat.speedrun.run.Speedrun`, which provides ``p`` (the plan), ``run``
-    (the run directory), ``seed``, ``device_arg``, ``resume``, ``deadline`` (the running stage's
-    wall-clock end, ``time.monotonic()``) and ``time_left()``, ``_doctests`` (the background doctest
-    miner's future, or None) and ``_score()``."""
+    (the run directory), ``m`` (the run's metrics so far: the stages' seconds and figures), ``seed``,
+    ``device_arg``, ``resume``, ``deadline`` (the running stage's wall-clock end, ``time.monotonic()``) and
+    ``time_left()``, ``_doctests`` (the background doctest miner's future, or None) and ``_score()``."""
 
     p: SpeedrunPlan
     run: Path
     deadline: float
+    m: dict[str, Any]
     _doctests: Future | None
 
     @property
@@ -94,25 +99,26 @@ class RLStage:
         Skipped, with the filter's counts, when fewer than ``rl_min_tasks`` tasks are kept."""
         from codechat.train.grpo import RLConfig, RLStageConfig, run_rl
         p, t0, out_dir, tasks = self.p, time.monotonic(), self.run / "rl", self._rl_pool_spec()
-        # the filter's deadline (0 would mean none): at least its first batch, more as the grant allows
-        filter_s, train_s = max(1.0, p.rl_filter_share * grant), p.rl_train_share * grant
+        # the filter's deadline (0 would mean none): at least its first task, more as the grant allows
+        filter_s = max(1.0, p.rl_filter_share * grant)
+        # GRPO stops in time for the evaluations on rl/; its own budget is the most it could get
+        evals_s, evals_why = self._evals_after_rl_s(grant)
+        train_s = max(1.0, self.time_left() - evals_s)
         print(f"{tag} RL pool {tasks}: pass-rate filter ({p.rl_filter_samples} samples a task, at most "
-              f"{filter_s:.0f} s), then GRPO for {train_s:.0f} s of training in its {grant:.0f} s (the stage ending "
-              f"within {self.time_left():.0f} s) when >= {p.rl_min_tasks} tasks remain (tiered reward, groups of "
-              f"{p.rl_group_size})")
+              f"{filter_s:.0f} s, stopping at {p.rl_filter_enough or 'all'} kept), then GRPO when >= {p.rl_min_tasks} "
+              f"tasks remain (tiered reward, groups of {p.rl_group_size}) until {evals_s:.0f} s before the stage's "
+              f"end ({self.time_left():.0f} s from now), kept for {evals_why}")
         cfg = RLStageConfig(
             init=str(self.run / "sft"),
             rl=RLConfig(tasks=tasks, mbpp_file=p.mbpp, reward="tiered", group_size=p.rl_group_size,
                         prompts_per_step=p.rl_prompts_per_step, max_new_tokens=p.rl_tokens,
                         judge_workers=p.judge_workers, judge_timeout_s=p.eval_timeout_s,
                         filter_samples=p.rl_filter_samples, filter_min=p.rl_filter_min, filter_max=p.rl_filter_max,
-                        min_tasks=p.rl_min_tasks, filter_deadline_s=filter_s, engine_slots=p.rl_engine_slots,
-                        heldout_tasks=p.rl_heldout_tasks),
+                        min_tasks=p.rl_min_tasks, filter_deadline_s=filter_s, filter_enough=p.rl_filter_enough,
+                        engine_slots=p.rl_engine_slots, heldout_tasks=p.rl_heldout_tasks, check_references=False),
             train=TrainConfig(max_steps=0, time_budget_s=train_s, micro_batch_size=p.rl_micro_batch_size, log_every=1,
                               eval_every=10**9, save_every=10**9, save_every_s=p.checkpoint_every_s),
             run=RunConfig(out=str(out_dir), seed=self.seed, device=self.device_arg, resume=self.resume))
-        # GRPO stops in time for the evaluations on rl/ (their share of the grant, what is left of it)
-        evals_s = max(0.0, 1 - p.rl_filter_share - p.rl_train_share) * grant
         try:
             out = run_rl(cfg, show_progress=False, deadline=self.deadline - evals_s)
         except ConfigError as e:  # too few tasks kept, or a pool that does not load
@@ -140,11 +146,30 @@ class RLStage:
                     "loss_norm": r.loss_norm, "advantage_scale": r.advantage_scale}
         return {"skipped": False, "tasks": tasks, "settings": settings, "steps": out["step"], "stopped": out["stopped"],
                 "message": out["message"], "train_budget_s": train_s, "filter_budget_s": filter_s,
+                "evals_reserved_s": evals_s, "setup_s": out.get("setup_s"),
                 "train_wall_s": trained_s, **self._rl_pool(out_dir),
                 "curve": curve,
                 "reward_first": rows[0]["reward_mean"] if rows else None,
                 "reward_last": rows[-1]["reward_mean"] if rows else None,
                 "pass_rate_last": rows[-1]["pass_rate"] if rows else None, "heldout": out.get("heldout"), **after}
+
+    def _evals_after_rl_s(self, grant: float) -> tuple[float, str]:
+        """Seconds kept after GRPO for the evaluations on ``rl/``, and what they are: the seconds HumanEval
+        (and MBPP) took on ``sft/`` in this run (the same suites, samples and model; scaled up where a
+        deadline cut one short) over :data:`AFTER_RL_EVAL_SHARE`; ``rl_evals_share`` of the grant when a
+        figure is missing (a stage skipped or failed)."""
+        names = ("eval", "mbpp") if self.p.mbpp else ("eval",)
+        walls = []
+        for name in names:
+            st, res = self.m["stages"].get(name, {}), self.m.get(name) or {}
+            res = res.get("humaneval", res)
+            if st.get("status") != "done" or not res.get("problems"):
+                s = self.p.rl_evals_share * grant
+                return s, f"the evaluations on rl/ ({self.p.rl_evals_share:g} of the grant: no {name} figure on sft/)"
+            walls.append(st["wall_s"] * max(1.0, res["problems_planned"] / res["problems"]))
+        s = sum(walls) / AFTER_RL_EVAL_SHARE
+        return s, (f"the held-out slice and {' and '.join(('HumanEval', 'MBPP')[:len(names)])} on rl/ ("
+                   f"{' + '.join(f'{w:.0f}' for w in walls)} s on sft/, over {AFTER_RL_EVAL_SHARE:g})")
 
     def _heldout_on_pretrain(self, spec: str, heldout: dict[str, Any] | None, temperature: float,
                              tag: str) -> dict[str, Any] | None:

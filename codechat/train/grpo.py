@@ -137,12 +137,17 @@ class RLConfig:
     filter_max: float = 1.0
     min_tasks: int = 32
     filter_deadline_s: float = 0.0  # > 0: sample no more pool tasks after this many seconds (the rest are left out)
+    filter_enough: int = 0  # > 0: sample no more pool tasks once this many are kept (the rest are left out)
     # The order the filter samples the pool in: smallest reference solution first (a weak policy's solvable
     # tasks come first when the deadline cuts the pool short: codechat.train.task_pool), or random.
     filter_order: str = "smallest"
     # Kept tasks set aside, never trained on, scored before step 0 and after the last (codechat.train.rl_heldout;
     # heldout.json): at most this many, leaving min_tasks to train on (0: none). Needs the filter.
     heldout_tasks: int = 0
+    # Run every pool task's reference solution against its tests before step 0 (a failing one is an error
+    # naming the task). With the filter a task whose tests fail its reference is never solved, so never kept:
+    # the speedrun, whose mined tasks were run when mined, skips the check.
+    check_references: bool = True
     judge_workers: int = 2  # sandbox programs at once
     judge_timeout_s: float = 10.0
     judge_memory_mb: int = 1024
@@ -172,6 +177,9 @@ class RLConfig:
         _check(0.0 <= self.filter_min <= self.filter_max <= 1.0 and self.min_tasks >= 1 and self.filter_deadline_s >= 0,
                "rl.filter_min and rl.filter_max must satisfy 0 <= min <= max <= 1, rl.min_tasks >= 1 and "
                "rl.filter_deadline_s >= 0")
+        _check(self.filter_enough == 0 or self.filter_enough >= self.min_tasks + self.heldout_tasks,
+               f"rl.filter_enough={self.filter_enough} would stop the filter before it kept rl.min_tasks "
+               f"({self.min_tasks}) plus rl.heldout_tasks ({self.heldout_tasks}); raise it, or 0 for no such stop")
         _check(self.filter_order in FILTER_ORDERS,
                f"rl.filter_order must be one of {', '.join(FILTER_ORDERS)}, got {self.filter_order!r}")
         _check(self.heldout_tasks >= 0 and (self.heldout_tasks == 0 or self.filter_samples),
@@ -274,7 +282,8 @@ def pass_rate_filter(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLCo
     def sample(feed: Iterator[tuple[Any, int]]) -> Iterator[tuple[Any, int]]:
         return stream_passes(engine, tok, feed, judge, group_size=g, sampling=sampling)
     res = filter_pool(tasks, sample, n=g, min_rate=cfg.filter_min, max_rate=cfg.filter_max, seed=seed,
-                      deadline_s=cfg.filter_deadline_s, need=cfg.min_tasks, order=cfg.filter_order)
+                      deadline_s=cfg.filter_deadline_s, need=cfg.min_tasks, enough=cfg.filter_enough,
+                      order=cfg.filter_order)
     figures = res.as_dict(cfg.filter_min, cfg.filter_max)
     if main:
         write_text(path, json.dumps(figures, indent=1))
@@ -310,8 +319,11 @@ def _log_rollouts(out: Path, step: int, rollouts: list[Rollout], echo: Any) -> N
 
 def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | None = None) -> dict[str, Any]:
     """Run GRPO from ``cfg.init`` on ``cfg.rl.tasks``; returns the last metrics, ``stopped``
-    (``budget`` or ``dead``) and, when dead, ``message``. ``deadline``: the trainer's wall-clock
-    stop (:class:`~codechat.train.trainer.Trainer`), None for none.
+    (``budget`` or ``dead``), when dead ``message``, ``setup_s`` (seconds before step 0: loading the
+    ``policy``, the ``pool`` (its references run when ``rl.check_references``), the ``trainer``, the
+    ``engine``, and with the filter the ``filter`` and the held-out slice's scoring, ``heldout_before``)
+    and with a held-out slice ``heldout``. ``deadline``: the trainer's wall-clock stop
+    (:class:`~codechat.train.trainer.Trainer`), None for none.
 
     Raises:
         ConfigError: a missing --init, a torchrun world with a layout other than ``ddp`` or a
@@ -332,14 +344,22 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | 
     _check(rl.prompts_per_step % world.size == 0,
            f"rl.prompts_per_step={rl.prompts_per_step} does not divide over {world.size} ranks (whole groups per rank)")
     device = world.device
+    clock = [time.perf_counter()]
+    setup_s: dict[str, float] = {}  # seconds before step 0, by part (the result's setup_s)
+
+    def took(part: str) -> None:
+        clock.append(time.perf_counter())
+        setup_s[part] = clock[-1] - clock[-2]
     init_dir = resolve_init(cfg.init, out, world)
     model, tok, state = ckpt.load_model(init_dir, device)
+    took("policy")
     tasks, pool = load_pool(rl.tasks, mbpp_file=rl.mbpp_file, decontaminate=rl.decontaminate,
-                            **({"split": rl.split} if rl.split else {}), limit=rl.limit or None, check_references=True,
-                            workers=rl.judge_workers, timeout_s=rl.judge_timeout_s)
+                            **({"split": rl.split} if rl.split else {}), limit=rl.limit or None,
+                            check_references=rl.check_references, workers=rl.judge_workers, timeout_s=rl.judge_timeout_s)
     reward = rl.reward if rl.reward != "auto" else "funcall_tiered" if tasks[0].kind == "funcall" else "tiered"
     judge = Judge(reward, workers=rl.judge_workers, timeout_s=rl.judge_timeout_s, memory_mb=rl.judge_memory_mb)
     judge.check(tasks)
+    took("pool")
     out.mkdir(parents=True, exist_ok=True)
     if world.main:
         save_yaml(cfg, out / "config.yaml")
@@ -351,8 +371,10 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | 
                       show_progress=show_progress and world.main, world=world, deadline=deadline,
                       lora=cfg.lora if cfg.peft == "lora" else None)
     resumed = cfg.run.resume and trainer.resume()
+    took("trainer")
     per_rank = rl.prompts_per_step // world.size
     engine = Engine(model, EngineConfig(slots=rl.engine_slots or per_rank * rl.group_size))
+    took("engine")
     sampling = SamplingConfig(rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
     echo = print if world.main else (lambda *a, **k: None)
     heldout: list = []
@@ -360,9 +382,11 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | 
         if rl.filter_samples:
             model.eval()
             kept = pass_rate_filter(engine, tok, tasks, judge, rl, sampling, cfg.run.seed, out, world.main, resumed, echo)
+            took("filter")
             schedule.tasks, heldout = split_heldout(kept, rl.heldout_tasks, rl.min_tasks, cfg.run.seed)
             before = _heldout_before(engine, tok, heldout, judge, rl, sampling, cfg.run.seed, out, world.main, resumed,
                                      echo)
+            took("heldout_before")
         elif not (resumed and (out / "preflight.json").exists()):
             model.eval()
             pre = preflight(engine, tok, tasks, judge, rl, sampling, cfg.run.seed)  # every rank: the same figures
@@ -384,8 +408,10 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | 
         log = MetricsLog(out, trainer.step if resumed else None) if world.main else None
         if world.main:
             restart_jsonl(out / "rollouts.jsonl", trainer.step if resumed else None)
+        echo("before step 0: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in setup_s.items()))
         with active().polled():
             result = _loop(trainer, schedule, engine, tok, judge, update, log, rl, sampling, out, echo)
+        result["setup_s"] = setup_s
         if heldout:  # the slice again, with the trained policy and the same seeds
             engine.load_weights(model)
             model.eval()

@@ -169,7 +169,7 @@ class FilterResult:
 
 def filter_pool(tasks: Sequence, sample: Callable[[Iterator[tuple[Any, int]]], Iterator[tuple[Any, int]]], *,
                 n: int, min_rate: float, max_rate: float, seed: int, deadline_s: float = 0.0, need: int = 0,
-                order: str = "smallest") -> FilterResult:
+                enough: int = 0, order: str = "smallest") -> FilterResult:
     """Sample ``n`` completions of every task of ``tasks`` and keep those in the bounds (module docstring).
 
     The tasks are fed to ``sample`` one at a time, as it asks for them, so an engine stays full: it
@@ -190,6 +190,8 @@ def filter_pool(tasks: Sequence, sample: Callable[[Iterator[tuple[Any, int]]], I
             fed are left out (those fed are judged).
         need: > 0: feed no more once the tasks kept so far and those not yet judged together fall short
             of it (the stage would skip RL whatever the rest gave).
+        enough: > 0: feed no more once this many tasks are kept (those already fed are still judged, so a
+            few more may be kept): the time left goes to training instead of to tasks it has no steps for.
         order: ``smallest`` (tasks by :func:`solution_size`, ascending) or ``random`` (:data:`FILTER_ORDERS`).
 
     Raises:
@@ -214,6 +216,8 @@ def filter_pool(tasks: Sequence, sample: Callable[[Iterator[tuple[Any, int]]], I
             if k and deadline_s and time.perf_counter() - t0 > deadline_s:  # the first task always runs
                 return
             if k and kept_so_far + len(queue) - len(counts) < need:  # not yet judged: fed or not
+                return
+            if enough and kept_so_far >= enough:
                 return
             yield tasks[i], derive_seed(seed, f"filter:{tasks[i].task_id}")
 
