@@ -311,10 +311,22 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     assert kept == pytest.approx((34.0 + 25.0) / AFTER_RL_EVAL_SHARE) and "HumanEval and MBPP" in why
     m["stages"]["mbpp"]["status"] = "failed"
     assert RLStage._evals_after_rl_s(with_mbpp, 20.0)[0] == pytest.approx(0.4 * 20.0)
+    # MBPP cut short on rl/: sft/'s figures over the problems scored on both
+    paired = SimpleNamespace(run=tmp_path / "paired")
+    for d, per in (("mbpp", {"1": {"n": 10, "c": 2}, "2": {"n": 10, "c": 0}, "3": {"n": 10, "c": 10}}),
+                   ("mbpp-rl", {"1": {"n": 10, "c": 3}, "3": {"n": 10, "c": 10}})):
+        (paired.run / "eval" / d).mkdir(parents=True)
+        (paired.run / "eval" / d / "results.json").write_text(json.dumps({"per_task": per}))
+    same = RLStage._before_on_the_same_problems(paired, "mbpp", {"pass@k": {"pass@1": 0.65, "pass@10": 1.0}})
+    assert same["problems"] == 2 and same["pass@1"] == pytest.approx(0.6) and same["pass@k"]["pass@10"] == 1.0
+    assert RLStage._before_on_the_same_problems(paired, "humaneval", {"pass@k": {"pass@1": 0.0}}) is None
     s.m["rl"], s.m["stages"]["rl"]["status"] = out, "done"
     s.m["stages"]["rl"]["granted_s"] = 20.0
     s.m["stages"]["eval"]["status"] = "done"
+    out["humaneval"]["before_same_problems"] = {"problems": 1, "pass@k": {"pass@1": 0.5}, "pass@1": 0.5,
+                                                "pass@1_ci95": None}
     report = speedrun_report(s.m)
+    assert "| HumanEval (1 of 1 problems, the same before and after) | pass@1 | 50.00% |" in report
     assert "## RL (GRPO)" in report and f"{out['steps']} (stopped: budget)" in report
     assert "; before step 0 (s): policy " in report and "; kept for the evaluations after it 8 s" in report
     assert "first 5 steps -> last 5" in report
@@ -325,7 +337,7 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     assert sum(f["histogram"]["all"]) == f["sampled"]
     assert f"| GRPO settings | groups of {p.rl_group_size}, 4 tasks a step, adamw at lr 1e-05, KL weight 0," in report
     assert f"**{f['kept']} kept**" in report and "![RL reward curve](rl_reward.png)" in report
-    assert "| HumanEval | pass@1 |" in report and "before RL (`sft/`)" in report
+    assert "before RL (`sft/`)" in report
     assert "## HumanEval after RL" in report and "`rl/`, chat mode" in report
 
 

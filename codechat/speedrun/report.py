@@ -442,16 +442,19 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
         lines += ["![RL reward curve](rl_reward.png)", ""]
     before = [("HumanEval", m.get("eval", {}).get("humaneval"), r.get("humaneval")),
               ("MBPP (test split)", m.get("mbpp"), r.get("mbpp"))]
-    pairs = [(name, b, a) for name, b, a in before if b and a]
+    # (suite, its row label, sft/'s figures, rl/'s); a suite a deadline cut short on rl/: sft/ on the same problems
+    pairs = [(name, f"{name} ({a['problems']} of {b['problems']} problems, the same before and after)",
+              a["before_same_problems"], a) if a.get("before_same_problems") else (name, name, b, a)
+             for name, b, a in before if b and a]
     if pairs:
         def fig(h: dict[str, Any], k: str) -> str:
             ci = h.get("pass@1_ci95") if k == "pass@1" else None
             return f"{h['pass@k'][k]:.2%}" + (f" [{ci[0]:.2%}, {ci[1]:.2%}]" if ci else "")
         table = ["| suite | pass@k | before RL (`sft/`) | after RL (`rl/`) |", "|---|---|---|---|"]
-        table += [f"| {name} | {k} | {fig(b, k)} | {fig(a, k)} |" for name, b, a in pairs for k in a["pass@k"]
+        table += [f"| {label} | {k} | {fig(b, k)} | {fig(a, k)} |" for _, label, b, a in pairs for k in a["pass@k"]
                   if k in b["pass@k"]]
         lines += ["Before and after RL (pass@1 with its 95% bootstrap interval over problems):", "", *table, ""]
-        for name, _, a in pairs:
+        for name, _, _, a in pairs:
             lines += _code_eval_section(a, f"{name} after RL")
     return lines
 

@@ -139,6 +139,9 @@ class RLStage:
         if p.mbpp:
             after["mbpp"] = self._score(f"mbpp:{p.mbpp}", "MBPP", tag, n=p.mbpp_n, max_new_tokens=p.mbpp_tokens,
                                         limit=p.eval_limit or None, stage="rl")
+        for key in ("humaneval", "mbpp"):
+            if after.get(key) and (same := self._before_on_the_same_problems(key, after[key])):
+                after[key]["before_same_problems"] = same
         r, o = cfg.rl, cfg.optim
         settings = {"group_size": r.group_size, "tasks_per_step": r.prompts_per_step, "lr": o.lr, "optimizer": o.name,
                     "kl_beta": r.beta, "reward": r.reward, "temperature": r.temperature,
@@ -170,6 +173,23 @@ class RLStage:
         s = sum(walls) / AFTER_RL_EVAL_SHARE
         return s, (f"the held-out slice and {' and '.join(('HumanEval', 'MBPP')[:len(names)])} on rl/ ("
                    f"{' + '.join(f'{w:.0f}' for w in walls)} s on sft/, over {AFTER_RL_EVAL_SHARE:g})")
+
+    def _before_on_the_same_problems(self, suite: str, after: dict[str, Any]) -> dict[str, Any] | None:
+        """``sft/``'s figures on ``suite`` (``humaneval`` or ``mbpp``) over the problems ``rl/`` was scored on
+        (:func:`~codechat.eval.suites.pass_figures` of ``eval/<suite>/results.json`` restricted to
+        ``eval/<suite>-rl/``'s problems), when a deadline scored fewer on ``rl/``: a before/after pair over the
+        same problems. None when both scored the same problems or a results file is missing."""
+        from codechat.eval.suites import pass_figures
+        d = self.run / "eval"
+        try:
+            before = json.loads((d / suite / "results.json").read_text())["per_task"]
+            done = json.loads((d / f"{suite}-rl" / "results.json").read_text())["per_task"]
+        except (OSError, KeyError, ValueError):
+            return None
+        if set(done) == set(before) or not done or not set(done) <= set(before):
+            return None
+        ks = [int(k.split("@")[1]) for k in after["pass@k"]]
+        return {"problems": len(done), **pass_figures({t: before[t] for t in done}, ks)}
 
     def _heldout_on_pretrain(self, spec: str, heldout: dict[str, Any] | None, temperature: float,
                              tag: str) -> dict[str, Any] | None:
