@@ -201,8 +201,11 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
     assert earlier == {"date": "an earlier run"} and line["commit"] == "abc1234"
     assert line["command"] == f"codechat speedrun --out {out} {' '.join(SMALL)} --resume --record {history}"
     assert (line["total_wall_s"], line["val_bpb"]) == (m["total_wall_s"], m["pretrain"]["val_bpb_final"])
-    assert line["humaneval"] == {"pass@1": m["eval"]["humaneval"]["pass@k"]["pass@1"], "pass@10": None}  # n 2
-    assert line["mbpp"] == b["pass@k"] and line["funcall"]["parse_rate"] == f["parse_rate"]
+    he = m["eval"]["humaneval"]
+    assert line["humaneval"] == {"pass@1": he["pass@k"]["pass@1"], "pass@10": None,  # n 2
+                                 "pass@1_ci95": he["pass@1_ci95"], "problems": he["problems"]}
+    assert line["mbpp"] == {**b["pass@k"], "pass@1_ci95": b["pass@1_ci95"], "problems": b["problems"]}
+    assert line["funcall"]["parse_rate"] == f["parse_rate"]
     assert line["funcall"]["arguments_exact_match"] == f["arguments_exact_match"]
     assert line["funcall_strict"] == {k: f["strict"][k] for k in line["funcall"]}
     # the tiny model solves too few pool tasks: RL is skipped, with the filter's counts
@@ -292,12 +295,20 @@ def test_the_record_of_a_run_with_rl_names_its_steps_and_both_humaneval_figures(
     m = {"preset": "d12", "device": "cuda:0", "total_wall_s": 512.5, "pretrain": {"val_bpb_final": 0.61},
          "eval": {"humaneval": {"pass@k": {"pass@1": 0.011, "pass@10": 0.05}}},
          "rl": {"skipped": False, "steps": 37, "humaneval": {"pass@k": {"pass@1": 0.02, "pass@10": 0.07}},
-                "mbpp": {"pass@k": {"pass@1": 0.03, "pass@10": 0.08}}, "filter": {"kept": 45}, "pool": {"tasks": 410}},
-         "mbpp": {"pass@k": {"pass@1": 0.015, "pass@10": 0.06}}}
+                "mbpp": {"pass@k": {"pass@1": 0.03, "pass@10": 0.08}, "problems": 320,
+                         "before_same_problems": {"pass@k": {"pass@1": 0.01}, "problems": 320}},
+                "filter": {"kept": 45}, "pool": {"tasks": 410},
+                "curve": [{"reward_mean": r / 10} for r in range(7)]},
+         "mbpp": {"pass@k": {"pass@1": 0.015, "pass@10": 0.06}, "pass@1_ci95": [0.01, 0.02], "problems": 500}}
     line = record_line(m, "codechat speedrun --mbpp m.jsonl", "c0ffee")
-    assert line["humaneval"] == {"pass@1": 0.011, "pass@10": 0.05}
-    assert line["humaneval_after_rl"] == {"pass@1": 0.02, "pass@10": 0.07}
-    assert line["mbpp_after_rl"] == {"pass@1": 0.03, "pass@10": 0.08} and (line["rl_tasks_kept"], line["rl_pool"]) == (45, 410)
+    none = {"pass@1_ci95": None, "problems": None}
+    assert line["humaneval"] == {"pass@1": 0.011, "pass@10": 0.05, **none}
+    assert line["humaneval_after_rl"] == {"pass@1": 0.02, "pass@10": 0.07, **none}
+    assert line["mbpp"] == {"pass@1": 0.015, "pass@10": 0.06, "pass@1_ci95": [0.01, 0.02], "problems": 500}
+    assert line["mbpp_after_rl"] == {"pass@1": 0.03, "pass@10": 0.08, "pass@1_ci95": None, "problems": 320,
+                                     "before_same_problems": {"pass@1": 0.01, "pass@10": None, **none, "problems": 320}}
+    assert (line["rl_tasks_kept"], line["rl_pool"]) == (45, 410)
+    assert (line["rl_reward_first5"], line["rl_reward_last5"]) == (pytest.approx(0.2), pytest.approx(0.4))
     assert (line["rl_ran"], line["rl_steps"], line["funcall"], line["val_bpb"]) == (True, 37, None, 0.61)
     assert line["funcall_strict"] is None
     assert line["date"].endswith("Z") and line["commit"] == "c0ffee"

@@ -9,9 +9,11 @@ The line (every key always present; ``None`` where the run had no such stage)::
     preset, device  the model preset and the torch device
     total_wall_s    seconds of all stages (setup excluded), float
     val_bpb         whole-split validation bits per byte after pretraining
-    humaneval       {"pass@1": p, "pass@10": p} as fractions (None where k > n): the SFT model's
-    humaneval_after_rl  the same for the RL model, None when GRPO did not run
-    mbpp            {"pass@1": p, "pass@10": p} on MBPP's test split (with ``--mbpp``), the SFT model's
+    humaneval       {"pass@1": p, "pass@10": p, "pass@1_ci95": [lo, hi], "problems": n} as fractions (None where
+                    k > n; the interval over problems): the SFT model's
+    humaneval_after_rl  the same for the RL model, None when GRPO did not run; with ``before_same_problems``
+                    (the SFT model's figures over the same problems) when a deadline scored fewer problems
+    mbpp            the same on MBPP's test split (with ``--mbpp``), the SFT model's
     mbpp_after_rl   the same for the RL model, None when GRPO did not run (or without ``--mbpp``)
     funcall         parse_rate, schema_valid_rate, name_accuracy, arguments_exact_match, no_call_accuracy
                     (fractions) of the held-out function-calling evaluation (with ``--funcall-data``)
@@ -19,7 +21,8 @@ The line (every key always present; ``None`` where the run had no such stage)::
                     finished_parse_rate, finished_schema_valid_rate (over the calls begun and ended)
     funcall_strict  the same with every reply under the strict tool grammar (``--funcall-data``
                     with the grammar extra installed; None otherwise)
-    rl_ran          True when GRPO trained (not skipped), rl_steps its optimizer steps (0 when skipped)
+    rl_ran          True when GRPO trained (not skipped), rl_steps its optimizer steps (0 when skipped),
+                    rl_reward_first5 / rl_reward_last5 the mean reward over its first / last 5 steps
     rl_tasks_kept   tasks the pass-rate filter kept, of rl_pool tasks in the pool (None when no filter ran)
     rl_heldout      {"tasks": k, "before": p, "after": p, "before_ci95": [lo, hi], "after_ci95": [lo, hi]}:
                     pass@1 of the kept tasks GRPO never trained on, on sft/ and rl/ (None without a slice),
@@ -66,10 +69,16 @@ def current_commit() -> str | None:
     return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def _passk(ev: dict[str, Any] | None) -> dict[str, float | None] | None:
+def _passk(ev: dict[str, Any] | None) -> dict[str, Any] | None:
     if not ev:
         return None
-    return {k: ev.get("pass@k", {}).get(k) for k in ("pass@1", "pass@10")}
+    out = {**{k: ev.get("pass@k", {}).get(k) for k in ("pass@1", "pass@10")}, "pass@1_ci95": ev.get("pass@1_ci95"),
+           "problems": ev.get("problems")}
+    return {**out, "before_same_problems": _passk(same)} if (same := ev.get("before_same_problems")) else out
+
+
+def _mean_reward(curve: list[dict[str, Any]]) -> float | None:
+    return sum(r["reward_mean"] for r in curve) / len(curve) if curve else None
 
 
 def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str, Any]:
@@ -88,6 +97,8 @@ def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str
             if fc and fc.get("strict") else None,
             "mbpp_after_rl": _passk(rl.get("mbpp")) if rl_ran else None,
             "rl_ran": rl_ran, "rl_steps": int(rl.get("steps") or 0) if rl_ran else 0,
+            "rl_reward_first5": _mean_reward((rl.get("curve") or [])[:5]) if rl_ran else None,
+            "rl_reward_last5": _mean_reward((rl.get("curve") or [])[-5:]) if rl_ran else None,
             "rl_tasks_kept": (rl.get("filter") or {}).get("kept"), "rl_pool": (rl.get("pool") or {}).get("tasks"),
             "rl_heldout": {"tasks": h["before"]["tasks"], "before": h["before"]["pass@1"], "after": h["after"]["pass@1"],
                            "before_ci95": h["before"]["pass@1_ci95"], "after_ci95": h["after"]["pass@1_ci95"],
