@@ -77,7 +77,9 @@ def _passk(ev: dict[str, Any] | None) -> dict[str, Any] | None:
     return {**out, "before_same_problems": _passk(same)} if (same := ev.get("before_same_problems")) else out
 
 
-def _mean_reward(curve: list[dict[str, Any]]) -> float | None:
+def mean_reward(curve: list[dict[str, Any]]) -> float | None:
+    """The mean of ``reward_mean`` over GRPO curve rows ``curve`` (None for none): the record's and the report's
+    first-5 and last-5 figures."""
     return sum(r["reward_mean"] for r in curve) / len(curve) if curve else None
 
 
@@ -97,8 +99,8 @@ def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str
             if fc and fc.get("strict") else None,
             "mbpp_after_rl": _passk(rl.get("mbpp")) if rl_ran else None,
             "rl_ran": rl_ran, "rl_steps": int(rl.get("steps") or 0) if rl_ran else 0,
-            "rl_reward_first5": _mean_reward((rl.get("curve") or [])[:5]) if rl_ran else None,
-            "rl_reward_last5": _mean_reward((rl.get("curve") or [])[-5:]) if rl_ran else None,
+            "rl_reward_first5": mean_reward((rl.get("curve") or [])[:5]) if rl_ran else None,
+            "rl_reward_last5": mean_reward((rl.get("curve") or [])[-5:]) if rl_ran else None,
             "rl_tasks_kept": (rl.get("filter") or {}).get("kept"), "rl_pool": (rl.get("pool") or {}).get("tasks"),
             "rl_heldout": {"tasks": h["before"]["tasks"], "before": h["before"]["pass@1"], "after": h["after"]["pass@1"],
                            "before_ci95": h["before"]["pass@1_ci95"], "after_ci95": h["after"]["pass@1_ci95"],

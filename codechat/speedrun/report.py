@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from codechat.data.corpus import read_split
+from codechat.speedrun.record import mean_reward
 from codechat.tokenizer import Tokenizer
 
 
@@ -413,14 +414,13 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
                                           f"loss, advantages scaled by {g['advantage_scale']}"))
         setup = ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in (r.get("setup_s") or {}).items())
         reserved = f"; kept for the evaluations after it {r['evals_reserved_s']:.0f} s" if "evals_reserved_s" in r else ""
-        head, tail = [c["reward_mean"] for c in curve[:5]], [c["reward_mean"] for c in curve[-5:]]
         rows += [("steps", f"{r['steps']} (stopped: {r['stopped']})"),
                  ("time", f"the stage: planned {st['planned_s']:.0f} s, granted {st.get('granted_s', 0):.0f} s"
                           + (f"; before step 0 (s): {setup}" if setup else "")
                           + f"; GRPO done after {r['train_wall_s']:.0f} s{reserved}"),
                  ("mean reward: first step -> last; first 5 steps -> last 5",
                   f"{r['reward_first']:.3f} -> {r['reward_last']:.3f}"
-                  + (f"; {sum(head) / len(head):.3f} -> {sum(tail) / len(tail):.3f}" if curve else "")),
+                  + (f"; {mean_reward(curve[:5]):.3f} -> {mean_reward(curve[-5:]):.3f}" if curve else "")),
                  ("groups without signal (frac_reward_zero_std): first step -> last",
                   f"{curve[0]['frac_reward_zero_std']:.2f} -> {curve[-1]['frac_reward_zero_std']:.2f}" if curve else "-"),
                  ("rollouts passing every test, last step", f"{r['pass_rate_last']:.1%}")]

@@ -344,12 +344,13 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | 
     _check(rl.prompts_per_step % world.size == 0,
            f"rl.prompts_per_step={rl.prompts_per_step} does not divide over {world.size} ranks (whole groups per rank)")
     device = world.device
-    clock = [time.perf_counter()]
     setup_s: dict[str, float] = {}  # seconds before step 0, by part (the result's setup_s)
+    since = time.perf_counter()
 
     def took(part: str) -> None:
-        clock.append(time.perf_counter())
-        setup_s[part] = clock[-1] - clock[-2]
+        nonlocal since
+        now = time.perf_counter()
+        setup_s[part], since = now - since, now
     init_dir = resolve_init(cfg.init, out, world)
     model, tok, state = ckpt.load_model(init_dir, device)
     took("policy")
