@@ -291,6 +291,9 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     assert h["before"]["tasks"] == h["after"]["tasks"] == 2 and h["before"]["samples"] == p.rl_filter_samples
     assert set(h["before"]["solved"]) == set(h["after"]["solved"]) <= set(f["kept_ids"])
     assert all(0 <= x[k] <= 1 for x in (h["before"], h["after"]) for k in ("pass@1",))
+    for x in (h["before"], h["after"]):  # per part of the pool, summing back to the slice's pass@1
+        assert sum(b["tasks"] for b in x["by_part"].values()) == 2
+        assert sum(b["tasks"] * b["pass@1"] for b in x["by_part"].values()) / 2 == pytest.approx(x["pass@1"])
     b = out["heldout_pretrain"]  # the slice's tasks on pretrain/, as many samples a task, GRPO's temperature
     assert b["stage"] == "pretrain" and b["problems"] == 2 and b["n"] == p.rl_filter_samples and b["temperature"] == 1.0
     assert (run / "eval" / "rl-heldout-pretrain" / "results.json").is_file()
@@ -333,6 +336,11 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     assert out["settings"]["group_size"] == p.rl_group_size and out["settings"]["tasks_per_step"] == 4
     assert "| held-out slice of the kept tasks (2, never trained on): pass@1 before -> after |" in report
     assert "| the slice's mined tasks (2) on `pretrain/`, base mode" in report
+    part, b = next(iter(h["before"]["by_part"].items()))  # and per part of the pool, in the report and the record
+    assert f"a task, the same seeds); {part} ({b['tasks']}) {b['pass@1']:.1%} -> " in report
+    from codechat.speedrun.record import record_line
+    by_part = record_line(s.m, "codechat speedrun", None)["rl_heldout"]["by_part"]
+    assert by_part[part][:2] == [b["tasks"], b["pass@1"]] and sum(v[0] for v in by_part.values()) == 2
     assert f"| sampled tasks by samples passed (0, 1, ... of each task's {p.rl_filter_samples}) | all " in report
     assert sum(f["histogram"]["all"]) == f["sampled"]
     assert f"| GRPO settings | groups of {p.rl_group_size}, 4 tasks a step, adamw at lr 1e-05, KL weight 0," in report
@@ -441,3 +449,11 @@ def test_the_held_out_slice_is_a_seeded_draw_that_leaves_min_tasks_to_train_on()
     assert (train, held) == split_heldout(tasks, 8, 30, seed=3) and held != split_heldout(tasks, 8, 30, seed=4)[1]
     assert split_heldout(tasks, 8, 35, seed=3)[1].__len__() == 5  # min_train wins
     assert split_heldout(tasks, 8, 40, seed=3) == (tasks, []) and split_heldout(tasks, 0, 2, seed=3) == (tasks, [])
+
+
+def test_the_held_out_slice_is_broken_down_by_part_of_the_pool():
+    from codechat.train.rl_heldout import by_part
+    solved = {"MBPP/11": 8, "io/json.dumps": 1, "MBPP/12": 2, "doctest/a.b:3": 4, "plain": 0}
+    assert by_part(solved, 8) == {"MBPP": {"tasks": 2, "pass@1": 10 / 16}, "io": {"tasks": 1, "pass@1": 1 / 8},
+                                  "doctest": {"tasks": 1, "pass@1": 0.5}, "other": {"tasks": 1, "pass@1": 0.0}}
+    assert by_part({}, 8) == {}

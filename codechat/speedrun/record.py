@@ -25,8 +25,8 @@ The line (every key always present; ``None`` where the run had no such stage)::
                     rl_reward_first5 / rl_reward_last5 the mean reward over its first / last 5 steps
     rl_tasks_kept   tasks the pass-rate filter kept, of rl_pool tasks in the pool (None when no filter ran)
     rl_heldout      {"tasks": k, "before": p, "after": p, "before_ci95": [lo, hi], "after_ci95": [lo, hi]}:
-                    pass@1 of the kept tasks GRPO never trained on, on sft/ and rl/ (None without a slice),
-                    and ``pretrain``: of its corpus-mined tasks on pretrain/ in base mode (None: none such)
+                    pass@1 of the kept tasks GRPO never trained on, on sft/ and rl/ (None without a slice);
+                    ``pretrain``: of its corpus-mined tasks on pretrain/ in base mode (None: none such)
     rl_planned      False when the plan had no RL stage (``--rl off``, or ``auto``'s rule), with ``rl_reason``
     mid_share       the share of pretraining's time given to mid-training (``--mid-share``; 0: none)
     segments        the invocations the run took: 1, or more when stopped (``--stop-after-min``, SIGTERM)
@@ -104,7 +104,9 @@ def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str
             "rl_tasks_kept": (rl.get("filter") or {}).get("kept"), "rl_pool": (rl.get("pool") or {}).get("tasks"),
             "rl_heldout": {"tasks": h["before"]["tasks"], "before": h["before"]["pass@1"], "after": h["after"]["pass@1"],
                            "before_ci95": h["before"]["pass@1_ci95"], "after_ci95": h["after"]["pass@1_ci95"],
-                           "pretrain": (rl.get("heldout_pretrain") or {}).get("pass@1")}
+                           "pretrain": (rl.get("heldout_pretrain") or {}).get("pass@1"),
+                           "by_part": {part: [b["tasks"], b["pass@1"], h["after"]["by_part"][part]["pass@1"]]
+                                       for part, b in (h["before"].get("by_part") or {}).items()}}
             if rl_ran and (h := rl.get("heldout")) else None,
             "rl_planned": (m.get("plan") or {}).get("rl", True), "rl_reason": (m.get("plan") or {}).get("rl_reason", ""),
             "mid_share": (m.get("plan") or {}).get("mid_share", 0.0),

@@ -430,7 +430,9 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
         if h := r.get("heldout"):
             rows.append((f"held-out slice of the kept tasks ({h['before']['tasks']}, never trained on): pass@1 "
                          f"before -> after", f"{p1(h['before'])} -> {p1(h['after'])} ({h['before']['samples']} samples "
-                                             "a task, the same seeds)"))
+                                             "a task, the same seeds)" + "".join(  # per part of the pool
+                             f"; {part} ({b['tasks']}) {b['pass@1']:.1%} -> {h['after']['by_part'][part]['pass@1']:.1%}"
+                             for part, b in (h["before"].get("by_part") or {}).items())))
         if b := r.get("heldout_pretrain"):
             rows.append((f"the slice's mined tasks ({b['problems']}) on `pretrain/`, base mode (signature and "
                          "docstring continued): pass@1; tasks solved at least once",
@@ -504,3 +506,4 @@ def _time_table(stages: dict[str, dict[str, Any]], total: float) -> str:
     rows.append(f"| **total** | | {planned:.0f} s | | {total:.1f} s |")
     return ("## Time per stage (planned up front vs actual)\n\n| stage | status | planned | granted at start | actual |\n"
             "|---|---|---|---|---|\n" + "\n".join(rows))
+

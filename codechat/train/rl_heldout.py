@@ -7,6 +7,9 @@ with ``rl.filter_samples`` fresh samples (the same seeds both times, not the fil
 these tasks for their rates, so its own samples would flatter the "before"). The figure is pass@1 over
 the slice with its 95% bootstrap interval over tasks (:func:`codechat.eval.passk.bootstrap_interval`):
 whether GRPO learned something that carries to unseen tasks of the pool's kind, beside HumanEval and MBPP.
+The same per part of the pool (:func:`.task_pool.pool_part`: MBPP's train split, which chat SFT may also
+train on, against the mined ``io`` and ``doctest`` tasks), as the kept tasks are mostly MBPP's on a GPU
+(``benchmarks/RESULTS.md``, fifteenth session).
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import random
 from typing import Any, Sequence
 
 from .rollouts import Judge, collect
+from .task_pool import pool_part
 
 
 def split_heldout(tasks: Sequence, n: int, min_train: int, seed: int) -> tuple[list, list]:
@@ -35,6 +39,16 @@ def score_slice(engine: Any, tok: Any, tasks: Sequence, judge: Judge, samples: i
     solved = batch.passes_per_task(samples)
     rates = [c / samples for c in solved]
     ci = bootstrap_interval(rates)
+    counts = {t.task_id: c for t, c in zip(tasks, solved)}
     return {"tasks": len(tasks), "samples": samples, "pass@1": sum(rates) / len(rates) if rates else None,
-            "pass@1_ci95": list(ci) if ci else None, "solved": {t.task_id: c for t, c in zip(tasks, solved)},
+            "pass@1_ci95": list(ci) if ci else None, "solved": counts, "by_part": by_part(counts, samples),
             "seconds": batch.generate_s + batch.judge_s}
+
+
+def by_part(solved: dict[str, int], samples: int) -> dict[str, dict[str, float]]:
+    """``part -> {"tasks": k, "pass@1": p}`` of ``solved`` (task id -> samples passing, of ``samples``),
+    per part of the pool (:func:`.task_pool.pool_part`), in first-seen order."""
+    parts: dict[str, list[int]] = {}
+    for task_id, c in solved.items():
+        parts.setdefault(pool_part(task_id), []).append(c)
+    return {part: {"tasks": len(cs), "pass@1": sum(cs) / (len(cs) * samples)} for part, cs in parts.items()}

@@ -119,6 +119,12 @@ def solution_size(task: Any) -> int:
     return sum(1 for _ in ast.walk(tree)) - 2 * len(docs)  # a docstring is an Expr and its Constant
 
 
+def pool_part(task_id: str) -> str:
+    """The part of the pool a task comes from: its id's prefix before ``/`` (``io``, ``doctest``, ``MBPP``,
+    ...), ``other`` without one."""
+    return task_id.split("/", 1)[0] if "/" in task_id else "other"
+
+
 def in_bounds(n: int, c: int, min_rate: float, max_rate: float) -> bool:
     """Whether a task with ``c`` of ``n`` samples passing is kept: ``0 < c < n`` (its group has a
     signal) and ``min_rate <= c / n <= max_rate``."""
@@ -156,13 +162,11 @@ class FilterResult:
                 "counts": {k: list(v) for k, v in self.counts.items()}}
 
     def histogram(self) -> dict[str, list[int]]:
-        """Per part of the pool (a task id's prefix before ``/``: ``io``, ``doctest``, ``MBPP``, ...; ``other``
-        without one) and ``all``: how many sampled tasks passed 0, 1, ..., n of their n samples."""
+        """Per part of the pool (:func:`pool_part`) and ``all``: how many sampled tasks passed 0, 1, ..., n of their n samples."""
         n = max((m for m, _ in self.counts.values()), default=0)
         out: dict[str, list[int]] = {"all": [0] * (n + 1)}
         for task_id, (_, c) in self.counts.items():
-            part = task_id.split("/", 1)[0] if "/" in task_id else "other"
-            out.setdefault(part, [0] * (n + 1))[c] += 1
+            out.setdefault(pool_part(task_id), [0] * (n + 1))[c] += 1
             out["all"][c] += 1
         return out
 
