@@ -68,9 +68,10 @@ GPU_EXTRA_SHARES = {"mbpp": 0.045, "funcall": 0.05, "funcall_eval": 0.015}
 #: a06a26b, whose 9-minute H100 run (benchmarks/RESULTS.md, fourteenth session) granted the stage 88 s:
 #: ~15 s loading the policy, the pool and the engine, 21 s of filter, 26 s of GRPO (19 steps of ~0.8 s
 #: after a 4.9 s first) and 31 s for HumanEval + MBPP on ``rl/``, which needed ~47 s (their time on
-#: ``sft/``). 0.2 (~97 s planned at 9 minutes) is the estimate for ~30 steps with the filter stopping at
-#: ``rl_filter_enough`` and the evaluations given their measured time, not yet measured. On a CPU the tiny
-#: model keeps too few tasks and the stage ends after the filter's first batch.
+#: ``sft/``). At 0.2 (96 s planned at 9 minutes) two H100 runs at 2a91d01 (fifteenth session) granted it
+#: 134 and 115 s: with the filter stopping at 96 kept (9 s) GRPO made 150 steps in 81 s; filtering the whole
+#: pool (26 s) left it 30. On a CPU the tiny model keeps too few tasks and the stage ends after the filter's
+#: first batch.
 #: The stages whose time is what the others leave: pretraining, which gains from every second. Each other
 #: stage gets its share of the budget but at least its ``min_s`` (:meth:`SpeedrunPlan.allocate`); mid-training
 #: too, since it loads and renders its data as SFT does before its first step.
@@ -223,16 +224,19 @@ class SpeedrunPlan:
     rl_filter_max: float = 1.0
     rl_min_tasks: int = 32
     # Kept tasks GRPO never trains on, scored on sft/ and rl/ (codechat.train.rl_heldout): at most this
-    # many, leaving rl_min_tasks to train on. 32 tasks x 8 samples: pass@1's interval is ~+-8 points at 30%.
-    rl_heldout_tasks: int = 32
+    # many, leaving rl_min_tasks to train on. x 8 samples each; pass@1's 95% interval over tasks measured
+    # +-12 points on 32 tasks at 58% and +-4.6 on 96 at 28% (H100, 2a91d01): 96, so that a gain of a few
+    # points can clear it.
+    rl_heldout_tasks: int = 96
     # Input/output tasks of pure corpus functions mined into the pool on a GPU (codechat.data.io_tasks;
     # 0: no cap): the doctests alone are ~31 tasks, and MBPP's train split is also in chat SFT.
     rl_io_tasks: int = 1000
     rl_filter_share: float = 0.2  # of the RL stage's grant the filter may sample for
-    # The filter stops once this many tasks are kept (0: no such stop): rl_min_tasks to train on and
-    # rl_heldout_tasks set aside take 64; 96 leaves GRPO's ~30 steps of 8 tasks 64 to draw from. The 9-minute
-    # H100 run at a06a26b kept 172 of 726 tasks sampled in 21 s (24%): 96 would have taken ~400, ~12 s.
-    rl_filter_enough: int = 96
+    # The filter stops once this many tasks are kept (0: no such stop): rl_heldout_tasks set aside, the rest
+    # (>= rl_min_tasks) to train on. At 2a91d01 (H100, 9 minutes) stopping at 96 took 9 s (372 tasks
+    # sampled, 111 kept) and GRPO then drew its 79 training tasks ~15 times each in 150 steps; the whole pool
+    # took 26 s (884 sampled, 225 kept) and left GRPO 30 steps. 200 (~17 s estimated) keeps 104 to train on.
+    rl_filter_enough: int = 200
     # GRPO trains until the evaluations after it are due: HumanEval (and MBPP) on rl/ get the seconds the
     # same evaluations took on sft/ in this run (RLStage._evals_after_rl_s); this share of the grant when
     # those figures are missing. At a06a26b they had 31 s of the 88 s grant and MBPP stopped at 320 of 500.
@@ -401,7 +405,10 @@ def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
       1952296) had a pool of MBPP train tasks whose answers chat SFT had shown it (pool pass@1 35.5%),
       and GRPO then changed no score beyond its interval. With the streaming filter (H100, a06a26b) it kept
       172 of 726 in 21 s, but GRPO got 19 steps of the stage's 88 s, and neither the mean reward nor the
-      held-out slice moved beyond its noise, while pretraining lost 50 s (val 0.622 against 0.601).
+      held-out slice moved beyond its noise, while pretraining lost 50 s (val 0.622 against 0.601). At
+      2a91d01 (H100, two runs) GRPO made 150 and 30 steps; at 150 the reward on its training tasks rose
+      0.60 -> 0.80 and HumanEval / MBPP pass@1 0.88 -> 1.40% / 0.92 -> 1.24% (within their intervals),
+      but the held-out slice stayed flat (57.8 -> 56.6% on 32 tasks; 27.7 -> 27.7% on 96 in the other).
     - 16 minutes (H100, 1952296): the filter kept 86 of 358 tasks and GRPO made 36 steps.
     - The doctests mined from a GPU run's whole corpus alone are ~31 tasks, fewer than 32 before the
       filter even runs.
@@ -422,8 +429,8 @@ def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
                if device.type != "cuda" else
                "--rl auto: off, the pool would be the corpus's doctests alone (~31 tasks, fewer than the 32 GRPO "
                "needs); add --mbpp FILE or --tasks SPEC, or --rl on" if not pool else
-               f"--rl auto: off below a {RL_AUTO_MIN_BUDGET_MIN:g}-minute GPU budget (in 9 minutes GRPO made 19 "
-               "steps that moved neither the reward nor the held-out tasks, and its time came out of "
+               f"--rl auto: off below a {RL_AUTO_MIN_BUDGET_MIN:g}-minute GPU budget (in 9 minutes GRPO learned the tasks "
+               "it trained on but moved no held-out task beyond its noise, and its time came out of "
                "pretraining); --rl on to run it anyway")
     else:
         on, why = choice == "on", f"--rl {choice}"
