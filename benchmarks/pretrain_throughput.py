@@ -7,13 +7,16 @@ tokens, after warm-up steps, and prints one line per figure.
     python benchmarks/pretrain_throughput.py --preset 1b --compile --profile 2 --trace-dir /tmp/traces
     python benchmarks/pretrain_throughput.py --preset d12 --compile --compile-scope blocks
     torchrun --standalone --nproc_per_node=1 benchmarks/pretrain_throughput.py --preset 1b --compile --parallel fsdp
+    torchrun --standalone --nproc_per_node=1 benchmarks/pretrain_throughput.py --preset 1b --compile --ddp-bucket-cap-mb 200
 
 Under ``torchrun`` the model is wrapped for ``--parallel`` even in a world of one (NCCL on CUDA),
 so the DDP / FSDP paths can be timed against the plain one on a single GPU; one more step then
 runs under the profiler and ``collectives_per_step`` (``nccl:all_reduce``: DDP's buckets, FSDP's
 reduce-scatters and all-gathers where torch does not skip them over one rank) and
 ``fsdp_hooks_per_step`` (``FSDP::pre_forward``, ``FSDP::post_backward_reduce``, ...) show that the
-wrapper is in place and what it did; ``--ac full``
+wrapper is in place and what it did. ``--ddp-bucket-cap-mb`` sizes DDP's gradient buckets: compiled,
+TorchDynamo's DDPOptimizer compiles one graph per bucket (1b at torch's 25 MiB: ~180), so the bucket
+size trades the all-reduce's overlap with backward against Inductor's fusion and launches; ``--ac full``
 recomputes every block in the backward pass; ``--compile-scope blocks`` compiles each block, and
 the head with its loss, on its own instead of the whole model (regional compilation,
 ``train.compile_scope``). Figures: ``first_step_s`` (the first warm-up step: the compile included;
@@ -164,6 +167,8 @@ def main() -> None:
                     help="with --compile: the whole model, or each block on its own (train.compile_scope)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--parallel", default="ddp", choices=PARALLEL_STRATEGIES, help="layout under torchrun")
+    ap.add_argument("--ddp-bucket-cap-mb", type=float, default=25.0, metavar="MIB",
+                    help="DDP's gradient buckets under torchrun (train.ddp_bucket_cap_mb; torch's default 25)")
     ap.add_argument("--ac", default="none", choices=["none", "selective", "full"], help="activation checkpointing")
     ap.add_argument("--optim", default="adamw", choices=OPTIMIZERS, help="optim.name (default adamw)")
     ap.add_argument("--lora-rank", type=int, default=0, metavar="R",
@@ -190,7 +195,8 @@ def main() -> None:
     cfg = replace(recipe.model, vocab_size=args.vocab_size)
     model = build_model(cfg, device)
     train = TrainConfig(micro_batch_size=mbs, batch_size=mbs * world.size, max_steps=1, compile=args.compile,
-                        compile_scope=args.compile_scope, parallel=args.parallel, ac=args.ac)
+                        compile_scope=args.compile_scope, parallel=args.parallel, ac=args.ac,
+                        ddp_bucket_cap_mb=args.ddp_bucket_cap_mb)
     optim = OptimConfig(name=args.optim, warmup_steps=0)
     lora = LoraConfig(rank=args.lora_rank) if args.lora_rank else None
     fpt, peak = model.flops_per_token(seq), peak_flops(device)
@@ -209,6 +215,7 @@ def main() -> None:
             profile_steps(lambda i: trainer.train_step([batches[i % 4]]), args.profile, device, args.trace_dir,
                           f"codechat-{args.preset}")
         layout = f"{trainer.par.strategy} over {world.size}" if world.distributed else "plain (no torchrun)"
+        trainer_ddp = trainer.par.strategy == "ddp"
         if world.distributed:  # the wrapper's work in one more step: collectives and FSDP hooks
             from pretrain_profile import count_collectives
             collectives, hooks = count_collectives(lambda: trainer.train_step([batches[0]]))
@@ -218,7 +225,8 @@ def main() -> None:
         return
     print(f"device: {name}; torch {torch.__version__}; preset {args.preset}: {model.num_params() / 1e6:.1f}M params, "
           f"batch {mbs}x{seq}, compile={args.compile}{f' ({args.compile_scope})' if args.compile else ''}, "
-          f"{layout}, --ac {args.ac}, optim {args.optim}"
+          f"{layout}{f' (buckets of {args.ddp_bucket_cap_mb:g} MiB)' if trainer_ddp else ''}, --ac {args.ac}, "
+          f"optim {args.optim}"
           + (f", LoRA rank {args.lora_rank} on every projection of the frozen model (MFU counts 6N a token)"
              if args.lora_rank else ""))
     print(f"first_step_s: {first:.1f}")

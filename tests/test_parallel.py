@@ -121,7 +121,7 @@ def main():
     seen = set()  # the dtype of a block's weight as its forward sees it
     model.layers[0].mlp.down_proj.register_forward_pre_hook(lambda m, a: seen.add(str(m.weight.dtype)))
     trainer = Trainer(model, train=TrainConfig(max_steps=3, micro_batch_size=1, grad_accum=2, parallel=strategy,
-                                               dtype="bf16" if variant == "bf16" else "auto",
+                                               dtype="bf16" if variant == "bf16" else "auto", ddp_bucket_cap_mb=0.05,
                                                cpu_offload=variant == "offload"),
                       optim=OptimConfig(lr=1e-2, warmup_steps=0), run=RunConfig(out=sys.argv[2]),
                       batches=RankSlice(Global(), world), out_dir=sys.argv[2], show_progress=False, world=world)
@@ -139,7 +139,9 @@ def main():
                                      for t in shards["model"].values()))
     state = model._get_fsdp_state()._fsdp_param_group if strategy == "fsdp" else None  # FSDP2's own record
     if world.main:
-        print(json.dumps({"steps": out, "held": held, "seen": sorted(seen),
+        cap = getattr(trainer.par.module, "bucket_bytes_cap", None)  # DDP's, from train.ddp_bucket_cap_mb
+        buckets = len(trainer.par.module.reducer._get_zeros_like_grad_buckets()) if cap else None
+        print(json.dumps({"steps": out, "held": held, "seen": sorted(seen), "bucket_cap": cap, "buckets": buckets,
                           "params": sorted({str(p.dtype) for p in model.parameters()}),
                           "offloaded": sorted({f.offload_to_cpu for f in state.fsdp_params}) if state else None}))
 
@@ -194,6 +196,8 @@ def test_steps_keep_ranks_identical_and_normalise_unequal_token_counts_globally(
         assert report["offloaded"] == [False]
     else:  # replicas: each holds all (the checkpoint writes one copy)
         assert report["held"] == [whole, whole]
+        # buckets of train.ddp_bucket_cap_mb (0.05 MiB): the model's fp32 gradients over several of them
+        assert report["bucket_cap"] == int(0.05 * 1024 * 1024) and report["buckets"] > 1
 
 
 def test_fsdp_with_cpu_offload_trains_like_fsdp_and_refuses_what_it_cannot_do(worker_report, tmp_path, pretrain_args):

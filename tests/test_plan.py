@@ -332,6 +332,16 @@ def test_ddp_buckets_are_a_second_copy_of_the_gradients_and_match_the_measured_p
     assert ddp.activations > plain.activations
     lora = dict(one, lora_rank=16)
     assert estimate(PlanConfig(**lora, distributed=True)).activations == estimate(PlanConfig(**lora)).activations
+    # buckets larger than a block's gradients (train.ddp_bucket_cap_mb): the blocks' graphs whole, as without DDP
+    big = estimate(PlanConfig(**one, distributed=True, ddp_bucket_cap_mb=1024))
+    assert big.activations == plain.activations and big.buckets == ddp.buckets
+    from codechat.config.stages import TrainConfig
+    from codechat.train.plan import plan_config
+    cfg = plan_config(preset("1b"), TrainConfig(max_steps=1, micro_batch_size=8, ddp_bucket_cap_mb=1024), OptimConfig(),
+                      2048, distributed=True)
+    assert cfg.ddp_bucket_cap_mb == 1024
+    with pytest.raises(ConfigError, match="train.ddp_bucket_cap_mb must be > 0"):
+        TrainConfig(max_steps=1, ddp_bucket_cap_mb=0)
     assert estimate(PlanConfig(**one, distributed=True, parallel="fsdp")).buckets == 0
     assert estimate(PlanConfig(**one, gpus=8)).buckets == ddp.buckets  # replicas: every rank holds all buckets
 

@@ -331,6 +331,9 @@ class TrainConfig:
     compile: bool = False
     compile_scope: str = "model"  # what train.compile compiles: COMPILE_SCOPES
     parallel: str = "ddp"  # ddp | fsdp | hsdp: how a torchrun world shares the model (codechat.parallel.wrapper)
+    ddp_bucket_cap_mb: float = 25.0  # DDP's gradient bucket size, MiB (torch's default 25). Under train.compile
+    # TorchDynamo's DDPOptimizer cuts the compiled graph at every bucket's boundary (1b's ~4.4 GB of fp32
+    # gradients: ~180 graphs at 25): larger buckets, fewer graphs, less overlap of the all-reduce with backward
     ac: str = "none"  # activation checkpointing: none | selective (attention + every other matmul kept) | full (every
     # block recomputed from its input in the backward pass); codechat.parallel.wrapper.selective_contexts
     cpu_offload: bool = False  # fsdp/hsdp: the parameter, gradient and optimizer shards live in host memory and AdamW
@@ -368,6 +371,7 @@ class TrainConfig:
                "FP8 layer; drop --train.fp8_head or --pp")
         _check(self.compile_scope in COMPILE_SCOPES,
                f"train.compile_scope must be one of {', '.join(COMPILE_SCOPES)}, got {self.compile_scope!r}")
+        _check(self.ddp_bucket_cap_mb > 0, f"train.ddp_bucket_cap_mb must be > 0 (MiB), got {self.ddp_bucket_cap_mb}")
         _check(self.parallel in PARALLEL_STRATEGIES,
                f"train.parallel must be one of {', '.join(PARALLEL_STRATEGIES)}, got {self.parallel!r}")
         _check(not self.cpu_offload or (self.parallel in ("fsdp", "hsdp") and self.pp == 1),

@@ -28,7 +28,8 @@ class Parallel:
     ``pp_microbatches`` (:class:`codechat.parallel.pipeline.Pipeline`): :attr:`model` is then this rank's
     stage (train and optimise it) and :attr:`eval_model` the whole model's forward through the stages.
     ``param_dtype`` (bf16 or None): what FSDP/HSDP gather the parameters in, gradients then reduced
-    in fp32 (None: the parameters' own fp32). ``cpu_offload``: FSDP/HSDP keep the shards (and so
+    in fp32 (None: the parameters' own fp32). ``bucket_cap_mb``: DDP's gradient buckets, MiB
+    (``train.ddp_bucket_cap_mb``). ``cpu_offload``: FSDP/HSDP keep the shards (and so
     the gradients and the optimizer state built on them) in host memory, pinned on CUDA
     (``CPUOffloadPolicy``); :attr:`offloaded` tells the trainer to build its optimizer there.
 
@@ -40,7 +41,7 @@ class Parallel:
 
     def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp", ac: str = "none",
                  pp_schedule: str = "1f1b", pp_microbatches: int = 1, param_dtype: torch.dtype | None = None,
-                 cpu_offload: bool = False) -> None:
+                 cpu_offload: bool = False, bucket_cap_mb: float = 25.0) -> None:
         if strategy not in STRATEGIES:
             raise ConfigError(f"--parallel must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if cpu_offload and not world.distributed:
@@ -73,7 +74,7 @@ class Parallel:
         if self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
             ids = [world.device.index] if world.device.type == "cuda" else None
-            self.module = DistributedDataParallel(model, device_ids=ids,
+            self.module = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket_cap_mb,
                                                   gradient_as_bucket_view=DDP_GRADIENT_AS_BUCKET_VIEW)
             return
         from torch.distributed.device_mesh import init_device_mesh

@@ -55,7 +55,8 @@ starts, before any gradient exists: weights + optimizer + master + max(activatio
 buffers, grads + step) + margin. With ``--pp`` stages only the blocks are compiled (their
 activations are the compiled ones, the head's are eager); ``train.compile_scope`` ``blocks``
 compiles the head too (compiled logits) but has no whole-step graph: the peak is the eager one.
-Compiled under DDP, ``torch._dynamo``'s DDPOptimizer cuts the graph at every 25 MiB bucket; where a
+Compiled under DDP, ``torch._dynamo``'s DDPOptimizer cuts the graph at every bucket (``train.ddp_bucket_cap_mb``,
+25 MiB by default); where a
 block's trainable weights span more than one bucket, each piece is partitioned on its own and can
 no longer recompute across the cuts, so the blocks' activations are planned as eager ones (an
 upper bound: on a CPU, a small model cut at every matrix saved 95% of the eager bytes). The 1b
@@ -151,6 +152,7 @@ class PlanConfig:
     compiled: bool = False  # the step runs under torch.compile (train.compile): see activation_bytes
     compiled_blocks_only: bool = False  # train.compile_scope "blocks": blocks and head compiled apart (eager peak)
     cpu_offload: bool = False  # train.cpu_offload: FSDP/HSDP shards in host memory (AdamW only)
+    ddp_bucket_cap_mb: float = 25.0  # train.ddp_bucket_cap_mb: compiled DDP's graphs end at its buckets
     distributed: bool = False  # under torchrun: the DDP/FSDP wrapper is in place even at --gpus 1 (plain python: not)
     fp8: bool = False  # train.fp8 tensorwise / rowwise: see the module docstring's buffers
     gpu_mem_gib: float = DEFAULT_GPU_MEM_GIB
@@ -269,7 +271,8 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
     in_flight = cfg.pp if first else 1  # 1F1B: stage 0 holds pp micro-batches in flight, the last one
     buckets = ddp_bucket_bytes(n_train, cfg.grad_bytes) if cfg.ddp_wrapped else 0.0
     # compiled DDP: DDPOptimizer cuts the graph at every bucket; cut inside each block, the blocks save as eager
-    blocks_compiled = cfg.compiled and not (cfg.ddp_wrapped and split_by_buckets(block_trainable * cfg.grad_bytes))
+    blocks_compiled = cfg.compiled and not (cfg.ddp_wrapped and split_by_buckets(block_trainable * cfg.grad_bytes,
+                                                                                 cfg.ddp_bucket_cap_mb))
     adapters = lora_activation_bytes(counts, cfg.lora_rank, cfg.lora_targets, cfg.lora_dropout > 0, c)
     acts = in_flight * tokens * layers * (activation_bytes(m, cfg.ac, r, c, blocks_compiled)
                                           + (adapters if cfg.ac != "full" else 0))
@@ -471,6 +474,7 @@ def plan_config(model: ModelConfig, train: TrainConfig, optim: OptimConfig, seq_
     layout.setdefault("compiled_blocks_only", train.compile and train.compile_scope == "blocks")
     layout.setdefault("cpu_offload", train.cpu_offload)
     layout.setdefault("fp8", train.fp8 != "none")
+    layout.setdefault("ddp_bucket_cap_mb", train.ddp_bucket_cap_mb)
     return PlanConfig(model=model, micro_batch_size=train.micro_batch_size, seq_len=seq_len, optim=optim.name,
                       compute_bytes=DTYPE_BYTES["fp32" if train.dtype == "fp32" else "bf16"], **layout)
 

@@ -19,8 +19,8 @@
   of 256, a 256-entry fp32 table per moment: 2.03 bytes a parameter), AdamW's fp32 m and v for
   smaller tensors.
 - **DDP's buckets** (:func:`ddp_bucket_bytes`): ``torch.nn.parallel.DistributedDataParallel``'s
-  reducer allocates, when the module is wrapped, flat buckets (at most ``bucket_cap_mb`` = 25 MiB
-  each, the first 1 MiB) that together hold one element per trainable parameter in its gradient
+  reducer allocates, when the module is wrapped, flat buckets (at most ``train.ddp_bucket_cap_mb``,
+  torch's default 25 MiB, each, the first 1 MiB) that together hold one element per trainable parameter in its gradient
   dtype, and keeps them for the whole run. With ``gradient_as_bucket_view=False`` (torch's default,
   :data:`codechat.config.stages.DDP_GRADIENT_AS_BUCKET_VIEW`) each ``.grad`` is a tensor of its own
   that the reducer copies into its bucket and back, so the buckets are a second copy of all
@@ -35,8 +35,6 @@ from typing import NamedTuple
 from codechat.config.stages import DDP_GRADIENT_AS_BUCKET_VIEW, ConfigError, ModelConfig
 from codechat.train.optim8bit import state_bytes as adamw8bit_state_bytes
 
-#: torch DDP's bucket size (``bucket_cap_mb`` default, ``torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB``).
-DDP_BUCKET_CAP_BYTES = 25 * 2 ** 20
 
 
 @dataclass(frozen=True)
@@ -140,12 +138,13 @@ def ddp_bucket_bytes(trainable: int, grad_bytes: int, bucket_view: bool = DDP_GR
     return 0.0 if bucket_view else float(trainable * grad_bytes)
 
 
-def split_by_buckets(block_trainable_bytes: float) -> bool:
+def split_by_buckets(block_trainable_bytes: float, bucket_cap_mb: float) -> bool:
     """Whether compiled DDP cuts every block's graph: ``torch._dynamo``'s DDPOptimizer breaks the
     compiled graph at each bucket boundary, so with a block's trainable bytes over one bucket
-    (:data:`DDP_BUCKET_CAP_BYTES`) each block is compiled in pieces of one or two projections."""
-    return block_trainable_bytes > DDP_BUCKET_CAP_BYTES
+    (``bucket_cap_mb`` MiB: ``train.ddp_bucket_cap_mb``) each block is compiled in pieces of one or two
+    projections."""
+    return block_trainable_bytes > bucket_cap_mb * 2 ** 20
 
 
-__all__ = ["ParamCounts", "param_counts", "DDP_BUCKET_CAP_BYTES", "Tensors", "elements", "stage_tensors",
+__all__ = ["ParamCounts", "param_counts", "Tensors", "elements", "stage_tensors",
            "lora_tensors", "optimizer_bytes", "ddp_bucket_bytes", "split_by_buckets"]

@@ -140,7 +140,8 @@ class Trainer:
             check_fp8(train.fp8, self.device)
             convert_to_fp8(model, train.fp8, head=train.fp8_head)
         self.par = Parallel(model, self.world, train.parallel, train.ac, train.pp_schedule, train.pipeline_microbatches,
-                            param_dtype=compute_dtype(self.device, train.dtype), cpu_offload=train.cpu_offload)
+                            param_dtype=compute_dtype(self.device, train.dtype), cpu_offload=train.cpu_offload,
+                            bucket_cap_mb=train.ddp_bucket_cap_mb)
         self.optimizer = build_optimizer(self.par.model, optim, torch.device("cpu") if self.par.offloaded else self.device)
         # a pipeline's schedule calls its stage, so there the blocks are compiled on their own
         compile_whole = train.compile and train.compile_scope == "model" and self.par.pipeline is None
