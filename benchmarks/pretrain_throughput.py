@@ -16,7 +16,9 @@ reduce-scatters and all-gathers where torch does not skip them over one rank) an
 ``fsdp_hooks_per_step`` (``FSDP::pre_forward``, ``FSDP::post_backward_reduce``, ...) show that the
 wrapper is in place and what it did. ``--ddp-bucket-cap-mb`` sizes DDP's gradient buckets: compiled,
 TorchDynamo's DDPOptimizer compiles one graph per bucket (1b at torch's 25 MiB: ~180), so the bucket
-size trades the all-reduce's overlap with backward against Inductor's fusion and launches; ``--ac full``
+size trades the all-reduce's overlap with backward against Inductor's fusion and launches.
+``--no-fsdp-reshard`` keeps FSDP's gathered blocks from forward to backward (no second all-gather, the
+whole model's bf16 weights held); ``--ac full``
 recomputes every block in the backward pass; ``--compile-scope blocks`` compiles each block, and
 the head with its loss, on its own instead of the whole model (regional compilation,
 ``train.compile_scope``). Figures: ``first_step_s`` (the first warm-up step: the compile included;
@@ -169,6 +171,9 @@ def main() -> None:
     ap.add_argument("--parallel", default="ddp", choices=PARALLEL_STRATEGIES, help="layout under torchrun")
     ap.add_argument("--ddp-bucket-cap-mb", type=float, default=25.0, metavar="MIB",
                     help="DDP's gradient buckets under torchrun (train.ddp_bucket_cap_mb; torch's default 25)")
+    ap.add_argument("--no-fsdp-reshard", action="store_true",
+                    help="FSDP keeps every block's gathered weights after its forward "
+                         "(train.fsdp_reshard_after_forward false)")
     ap.add_argument("--ac", default="none", choices=["none", "selective", "full"], help="activation checkpointing")
     ap.add_argument("--optim", default="adamw", choices=OPTIMIZERS, help="optim.name (default adamw)")
     ap.add_argument("--lora-rank", type=int, default=0, metavar="R",
@@ -196,7 +201,7 @@ def main() -> None:
     model = build_model(cfg, device)
     train = TrainConfig(micro_batch_size=mbs, batch_size=mbs * world.size, max_steps=1, compile=args.compile,
                         compile_scope=args.compile_scope, parallel=args.parallel, ac=args.ac,
-                        ddp_bucket_cap_mb=args.ddp_bucket_cap_mb)
+                        ddp_bucket_cap_mb=args.ddp_bucket_cap_mb, fsdp_reshard_after_forward=not args.no_fsdp_reshard)
     optim = OptimConfig(name=args.optim, warmup_steps=0)
     lora = LoraConfig(rank=args.lora_rank) if args.lora_rank else None
     fpt, peak = model.flops_per_token(seq), peak_flops(device)
@@ -215,7 +220,7 @@ def main() -> None:
             profile_steps(lambda i: trainer.train_step([batches[i % 4]]), args.profile, device, args.trace_dir,
                           f"codechat-{args.preset}")
         layout = f"{trainer.par.strategy} over {world.size}" if world.distributed else "plain (no torchrun)"
-        trainer_ddp = trainer.par.strategy == "ddp"
+        trainer_ddp, sharded = trainer.par.strategy == "ddp", trainer.par.sharded
         if world.distributed:  # the wrapper's work in one more step: collectives and FSDP hooks
             from pretrain_profile import count_collectives
             collectives, hooks = count_collectives(lambda: trainer.train_step([batches[0]]))
@@ -225,7 +230,8 @@ def main() -> None:
         return
     print(f"device: {name}; torch {torch.__version__}; preset {args.preset}: {model.num_params() / 1e6:.1f}M params, "
           f"batch {mbs}x{seq}, compile={args.compile}{f' ({args.compile_scope})' if args.compile else ''}, "
-          f"{layout}{f' (buckets of {args.ddp_bucket_cap_mb:g} MiB)' if trainer_ddp else ''}, --ac {args.ac}, "
+          f"{layout}{f' (buckets of {args.ddp_bucket_cap_mb:g} MiB)' if trainer_ddp else ''}"
+          f"{' (blocks kept gathered)' if sharded and args.no_fsdp_reshard else ''}, --ac {args.ac}, "
           f"optim {args.optim}"
           + (f", LoRA rank {args.lora_rank} on every projection of the frozen model (MFU counts 6N a token)"
              if args.lora_rank else ""))

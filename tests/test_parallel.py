@@ -122,6 +122,7 @@ def main():
     model.layers[0].mlp.down_proj.register_forward_pre_hook(lambda m, a: seen.add(str(m.weight.dtype)))
     trainer = Trainer(model, train=TrainConfig(max_steps=3, micro_batch_size=1, grad_accum=2, parallel=strategy,
                                                dtype="bf16" if variant == "bf16" else "auto", ddp_bucket_cap_mb=0.05,
+                                               fsdp_reshard_after_forward=variant != "bf16",
                                                cpu_offload=variant == "offload"),
                       optim=OptimConfig(lr=1e-2, warmup_steps=0), run=RunConfig(out=sys.argv[2]),
                       batches=RankSlice(Global(), world), out_dir=sys.argv[2], show_progress=False, world=world)
@@ -141,7 +142,9 @@ def main():
     if world.main:
         cap = getattr(trainer.par.module, "bucket_bytes_cap", None)  # DDP's, from train.ddp_bucket_cap_mb
         buckets = len(trainer.par.module.reducer._get_zeros_like_grad_buckets()) if cap else None
+        block = model.layers[0]._get_fsdp_state()._fsdp_param_group if strategy == "fsdp" else None
         print(json.dumps({"steps": out, "held": held, "seen": sorted(seen), "bucket_cap": cap, "buckets": buckets,
+                          "resharded": block.post_forward_mesh_info is not None if block else None,
                           "params": sorted({str(p.dtype) for p in model.parameters()}),
                           "offloaded": sorted({f.offload_to_cpu for f in state.fsdp_params}) if state else None}))
 
@@ -194,6 +197,8 @@ def test_steps_keep_ranks_identical_and_normalise_unequal_token_counts_globally(
     if strategy.startswith("fsdp"):  # each rank writes its shard of the parameters
         assert sum(report["held"]) == whole and 0 < report["held"][0] < whole
         assert report["offloaded"] == [False]
+        # train.fsdp_reshard_after_forward (false in the bf16 variant): the blocks' gathered weights kept
+        assert report["resharded"] is (strategy == "fsdp")
     else:  # replicas: each holds all (the checkpoint writes one copy)
         assert report["held"] == [whole, whole]
         # buckets of train.ddp_bucket_cap_mb (0.05 MiB): the model's fp32 gradients over several of them

@@ -342,7 +342,11 @@ def test_ddp_buckets_are_a_second_copy_of_the_gradients_and_match_the_measured_p
     assert cfg.ddp_bucket_cap_mb == 1024
     with pytest.raises(ConfigError, match="train.ddp_bucket_cap_mb must be > 0"):
         TrainConfig(max_steps=1, ddp_bucket_cap_mb=0)
-    assert estimate(PlanConfig(**one, distributed=True, parallel="fsdp")).buckets == 0
+    fsdp = estimate(PlanConfig(**one, distributed=True, parallel="fsdp"))
+    assert fsdp.buckets == 0
+    # train.fsdp_reshard_after_forward false: every block's gathered bf16 parameters held, not two
+    kept = estimate(PlanConfig(**one, distributed=True, parallel="fsdp", fsdp_reshard_after_forward=False))
+    assert kept.buffers - fsdp.buffers == (preset("1b").n_layer - 2) * param_counts(preset("1b")).block * 2
     assert estimate(PlanConfig(**one, gpus=8)).buckets == ddp.buckets  # replicas: every rank holds all buckets
 
 

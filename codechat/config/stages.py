@@ -334,6 +334,9 @@ class TrainConfig:
     ddp_bucket_cap_mb: float = 25.0  # DDP's gradient bucket size, MiB (torch's default 25). Under train.compile
     # TorchDynamo's DDPOptimizer cuts the compiled graph at every bucket's boundary (1b's ~4.4 GB of fp32
     # gradients: ~180 graphs at 25): larger buckets, fewer graphs, less overlap of the all-reduce with backward
+    fsdp_reshard_after_forward: bool = True  # fsdp/hsdp: free each block's gathered weights after its forward and
+    # gather them again for its backward (FSDP2's default); False keeps every block's gathered (the compute-dtype
+    # weights of the whole model on each GPU, as DDP holds them) and saves the backward's all-gathers
     ac: str = "none"  # activation checkpointing: none | selective (attention + every other matmul kept) | full (every
     # block recomputed from its input in the backward pass); codechat.parallel.wrapper.selective_contexts
     cpu_offload: bool = False  # fsdp/hsdp: the parameter, gradient and optimizer shards live in host memory and AdamW

@@ -29,7 +29,8 @@ class Parallel:
     stage (train and optimise it) and :attr:`eval_model` the whole model's forward through the stages.
     ``param_dtype`` (bf16 or None): what FSDP/HSDP gather the parameters in, gradients then reduced
     in fp32 (None: the parameters' own fp32). ``bucket_cap_mb``: DDP's gradient buckets, MiB
-    (``train.ddp_bucket_cap_mb``). ``cpu_offload``: FSDP/HSDP keep the shards (and so
+    (``train.ddp_bucket_cap_mb``). ``reshard_after_forward``: FSDP/HSDP free each block's gathered weights
+    after its forward (``train.fsdp_reshard_after_forward``). ``cpu_offload``: FSDP/HSDP keep the shards (and so
     the gradients and the optimizer state built on them) in host memory, pinned on CUDA
     (``CPUOffloadPolicy``); :attr:`offloaded` tells the trainer to build its optimizer there.
 
@@ -41,7 +42,7 @@ class Parallel:
 
     def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp", ac: str = "none",
                  pp_schedule: str = "1f1b", pp_microbatches: int = 1, param_dtype: torch.dtype | None = None,
-                 cpu_offload: bool = False, bucket_cap_mb: float = 25.0) -> None:
+                 cpu_offload: bool = False, bucket_cap_mb: float = 25.0, reshard_after_forward: bool = True) -> None:
         if strategy not in STRATEGIES:
             raise ConfigError(f"--parallel must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if cpu_offload and not world.distributed:
@@ -91,7 +92,7 @@ class Parallel:
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
         off = CPUOffloadPolicy(pin_memory=world.device.type == "cuda") if cpu_offload else OffloadPolicy()
         for block in model.layers:
-            fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=off)
+            fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=off, reshard_after_forward=reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=off)
 
     @property

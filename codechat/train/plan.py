@@ -36,7 +36,8 @@ parallel ranks for FSDP, the ranks of one node for HSDP), ``tokens = micro_batch
 - buffers: FSDP's gathered full parameters of the current and the prefetched block in the compute
   dtype, one block's unsharded gradients (compute dtype, cast to ``grad_bytes`` for the
   reduce-scatter) and the root unit (embedding, final norm, LM head) gathered with its gradients
-  through the backward (FSDP2: the root is not resharded after forward). Under DDP with autocast,
+  through the backward (FSDP2: the root is not resharded after forward); with
+  ``train.fsdp_reshard_after_forward`` false every block's gathered parameters instead of two. Under DDP with autocast,
   the compute-dtype copies of every matrix: ``torch.autocast`` caches each cast weight until the
   forward's autocast region exits, checkpointed blocks or not. With ``fp8`` (``train.fp8``), one byte per
   element of one block's matrices for their float8 casts (torchao casts each weight as its layer runs
@@ -153,6 +154,7 @@ class PlanConfig:
     compiled_blocks_only: bool = False  # train.compile_scope "blocks": blocks and head compiled apart (eager peak)
     cpu_offload: bool = False  # train.cpu_offload: FSDP/HSDP shards in host memory (AdamW only)
     ddp_bucket_cap_mb: float = 25.0  # train.ddp_bucket_cap_mb: compiled DDP's graphs end at its buckets
+    fsdp_reshard_after_forward: bool = True  # train.fsdp_reshard_after_forward: False keeps all blocks gathered
     distributed: bool = False  # under torchrun: the DDP/FSDP wrapper is in place even at --gpus 1 (plain python: not)
     fp8: bool = False  # train.fp8 tensorwise / rowwise: see the module docstring's buffers
     gpu_mem_gib: float = DEFAULT_GPU_MEM_GIB
@@ -290,7 +292,8 @@ def _stage(cfg: PlanConfig, counts: ParamCounts, first: bool, last: bool) -> Est
         logits = float((c if head_compiled else LOGITS_FP32_COPIES * FP32) * tokens * m.vocab_size)
     if sharded:  # two gathered blocks, one block's unsharded grads, the root gathered (with its grads)
         root_grads = 0 if lora else root * c
-        buffers = 2 * counts.block * c + block_trainable * (c + cfg.grad_bytes) + root * c + root_grads
+        gathered = 2 if cfg.fsdp_reshard_after_forward else layers  # blocks whose full parameters are held
+        buffers = gathered * counts.block * c + block_trainable * (c + cfg.grad_bytes) + root * c + root_grads
     elif lora:  # the frozen projections are in the compute dtype already: autocast casts the adapters and head
         buffers = (n_train + (counts.head_matrix if last else 0)) * c if c < cfg.param_bytes else 0
     elif c < cfg.param_bytes:
@@ -475,6 +478,7 @@ def plan_config(model: ModelConfig, train: TrainConfig, optim: OptimConfig, seq_
     layout.setdefault("cpu_offload", train.cpu_offload)
     layout.setdefault("fp8", train.fp8 != "none")
     layout.setdefault("ddp_bucket_cap_mb", train.ddp_bucket_cap_mb)
+    layout.setdefault("fsdp_reshard_after_forward", train.fsdp_reshard_after_forward)
     return PlanConfig(model=model, micro_batch_size=train.micro_batch_size, seq_len=seq_len, optim=optim.name,
                       compute_bytes=DTYPE_BYTES["fp32" if train.dtype == "fp32" else "bf16"], **layout)
 

@@ -141,7 +141,8 @@ class Trainer:
             convert_to_fp8(model, train.fp8, head=train.fp8_head)
         self.par = Parallel(model, self.world, train.parallel, train.ac, train.pp_schedule, train.pipeline_microbatches,
                             param_dtype=compute_dtype(self.device, train.dtype), cpu_offload=train.cpu_offload,
-                            bucket_cap_mb=train.ddp_bucket_cap_mb)
+                            bucket_cap_mb=train.ddp_bucket_cap_mb,
+                            reshard_after_forward=train.fsdp_reshard_after_forward)
         self.optimizer = build_optimizer(self.par.model, optim, torch.device("cpu") if self.par.offloaded else self.device)
         # a pipeline's schedule calls its stage, so there the blocks are compiled on their own
         compile_whole = train.compile and train.compile_scope == "model" and self.par.pipeline is None
