@@ -26,7 +26,8 @@ The line (every key always present; ``None`` where the run had no such stage)::
     rl_tasks_kept   tasks the pass-rate filter kept, of rl_pool tasks in the pool (None when no filter ran)
     rl_heldout      {"tasks": k, "before": p, "after": p, "before_ci95": [lo, hi], "after_ci95": [lo, hi]}:
                     pass@1 of the kept tasks GRPO never trained on, on sft/ and rl/ (None without a slice);
-                    ``pretrain``: of its corpus-mined tasks on pretrain/ in base mode (None: none such)
+                    ``pretrain``: of its corpus-mined tasks on pretrain/ in base mode (None: none such);
+                    ``by_part``: {part of the pool (``MBPP``, ``io``, ``doctest``): [tasks, before, after]}
     rl_planned      False when the plan had no RL stage (``--rl off``, or ``auto``'s rule), with ``rl_reason``
     mid_share       the share of pretraining's time given to mid-training (``--mid-share``; 0: none)
     segments        the invocations the run took: 1, or more when stopped (``--stop-after-min``, SIGTERM)

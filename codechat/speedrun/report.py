@@ -506,4 +506,3 @@ def _time_table(stages: dict[str, dict[str, Any]], total: float) -> str:
     rows.append(f"| **total** | | {planned:.0f} s | | {total:.1f} s |")
     return ("## Time per stage (planned up front vs actual)\n\n| stage | status | planned | granted at start | actual |\n"
             "|---|---|---|---|---|\n" + "\n".join(rows))
-

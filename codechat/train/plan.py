@@ -37,8 +37,8 @@ parallel ranks for FSDP, the ranks of one node for HSDP), ``tokens = micro_batch
   dtype, one block's unsharded gradients (compute dtype, cast to ``grad_bytes`` for the
   reduce-scatter) and the root unit (embedding, final norm, LM head) gathered with its gradients
   through the backward (FSDP2: the root is not resharded after forward); with
-  ``train.fsdp_reshard_after_forward`` false every block's gathered parameters instead of two. Under DDP with autocast,
-  the compute-dtype copies of every matrix: ``torch.autocast`` caches each cast weight until the
+  ``train.fsdp_reshard_after_forward`` false, every block's gathered parameters instead of two. Under
+  DDP with autocast, the compute-dtype copies of every matrix: ``torch.autocast`` caches each cast weight until the
   forward's autocast region exits, checkpointed blocks or not. With ``fp8`` (``train.fp8``), one byte per
   element of one block's matrices for their float8 casts (torchao casts each weight as its layer runs
   and keeps the high-precision inputs for the backward, so the activations are as in bf16);
@@ -56,10 +56,10 @@ starts, before any gradient exists: weights + optimizer + master + max(activatio
 buffers, grads + step) + margin. With ``--pp`` stages only the blocks are compiled (their
 activations are the compiled ones, the head's are eager); ``train.compile_scope`` ``blocks``
 compiles the head too (compiled logits) but has no whole-step graph: the peak is the eager one.
-Compiled under DDP, ``torch._dynamo``'s DDPOptimizer cuts the graph at every bucket (``train.ddp_bucket_cap_mb``,
-25 MiB by default); where a
-block's trainable weights span more than one bucket, each piece is partitioned on its own and can
-no longer recompute across the cuts, so the blocks' activations are planned as eager ones (an
+Compiled under DDP, ``torch._dynamo``'s DDPOptimizer cuts the graph at every bucket
+(``train.ddp_bucket_cap_mb``, 25 MiB by default); where a block's trainable weights span more than
+one bucket, each piece is partitioned on its own and can no longer recompute across the cuts, so
+the blocks' activations are planned as eager ones (an
 upper bound: on a CPU, a small model cut at every matrix saved 95% of the eager bytes). The 1b
 run of ``benchmarks/RESULTS.md`` (DDP over one rank under torchrun, micro-batch 8 x 2048) measured
 39.26 GiB; this plan gives 39.99 (1.02; 31.03 before buckets and cuts were modelled, 0.79).

@@ -19,9 +19,9 @@
   of 256, a 256-entry fp32 table per moment: 2.03 bytes a parameter), AdamW's fp32 m and v for
   smaller tensors.
 - **DDP's buckets** (:func:`ddp_bucket_bytes`): ``torch.nn.parallel.DistributedDataParallel``'s
-  reducer allocates, when the module is wrapped, flat buckets (at most ``train.ddp_bucket_cap_mb``,
-  torch's default 25 MiB, each, the first 1 MiB) that together hold one element per trainable parameter in its gradient
-  dtype, and keeps them for the whole run. With ``gradient_as_bucket_view=False`` (torch's default,
+  reducer allocates, when the module is wrapped, flat buckets (each at most ``train.ddp_bucket_cap_mb``,
+  torch's default 25 MiB; the first 1 MiB) that together hold one element per trainable parameter in
+  its gradient dtype, and keeps them for the whole run. With ``gradient_as_bucket_view=False`` (torch's default,
   :data:`codechat.config.stages.DDP_GRADIENT_AS_BUCKET_VIEW`) each ``.grad`` is a tensor of its own
   that the reducer copies into its bucket and back, so the buckets are a second copy of all
   gradients (torch's DDP docstring: a view "can reduce peak memory usage, where the saved memory
@@ -34,7 +34,6 @@ from typing import NamedTuple
 
 from codechat.config.stages import DDP_GRADIENT_AS_BUCKET_VIEW, ConfigError, ModelConfig
 from codechat.train.optim8bit import state_bytes as adamw8bit_state_bytes
-
 
 
 @dataclass(frozen=True)
