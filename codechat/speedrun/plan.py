@@ -235,7 +235,7 @@ class SpeedrunPlan:
     # The filter stops once this many tasks are kept (0: no such stop): rl_heldout_tasks set aside, the rest
     # (>= rl_min_tasks) to train on. At 2a91d01 (H100, 9 minutes) stopping at 96 took 9 s (372 tasks
     # sampled, 111 kept) and GRPO then drew its 79 training tasks ~15 times each in 150 steps; the whole pool
-    # took 26 s (884 sampled, 225 kept) and left GRPO 30 steps. 200 (~17 s estimated) keeps 104 to train on.
+    # took 26 s (884 sampled, 225 kept) and left GRPO 30 steps. 200 (~22 s at that rate) keeps 104 to train on.
     rl_filter_enough: int = 200
     # GRPO trains until the evaluations after it are due: HumanEval (and MBPP) on rl/ get the seconds the
     # same evaluations took on sft/ in this run (RLStage._evals_after_rl_s); this share of the grant when
@@ -429,8 +429,8 @@ def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
                if device.type != "cuda" else
                "--rl auto: off, the pool would be the corpus's doctests alone (~31 tasks, fewer than the 32 GRPO "
                "needs); add --mbpp FILE or --tasks SPEC, or --rl on" if not pool else
-               f"--rl auto: off below a {RL_AUTO_MIN_BUDGET_MIN:g}-minute GPU budget (in 9 minutes GRPO learned the tasks "
-               "it trained on but moved no held-out task beyond its noise, and its time came out of "
+               f"--rl auto: off below a {RL_AUTO_MIN_BUDGET_MIN:g}-minute GPU budget (in 9 minutes GRPO learned "
+               "the tasks it trained on but moved no held-out task beyond its noise, and its time came out of "
                "pretraining); --rl on to run it anyway")
     else:
         on, why = choice == "on", f"--rl {choice}"
