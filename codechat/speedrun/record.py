@@ -84,6 +84,14 @@ def mean_reward(curve: list[dict[str, Any]]) -> float | None:
     return sum(r["reward_mean"] for r in curve) / len(curve) if curve else None
 
 
+def heldout_by_part(heldout: dict[str, Any]) -> dict[str, list]:
+    """``{part: [tasks, pass@1 before, pass@1 after]}`` of the RL held-out slice (``heldout.json``: ``before`` and
+    ``after`` each with ``by_part``, :func:`codechat.train.rl_heldout.by_part`); empty for figures without it.
+    The record's ``rl_heldout.by_part`` and the report's row."""
+    return {part: [b["tasks"], b["pass@1"], heldout["after"]["by_part"][part]["pass@1"]]
+            for part, b in (heldout["before"].get("by_part") or {}).items()}
+
+
 def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str, Any]:
     """The history line of a finished speedrun whose ``metrics.json`` is ``m`` (keys: module docstring)."""
     rl = m.get("rl") or {}
@@ -106,8 +114,7 @@ def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str
             "rl_heldout": {"tasks": h["before"]["tasks"], "before": h["before"]["pass@1"], "after": h["after"]["pass@1"],
                            "before_ci95": h["before"]["pass@1_ci95"], "after_ci95": h["after"]["pass@1_ci95"],
                            "pretrain": (rl.get("heldout_pretrain") or {}).get("pass@1"),
-                           "by_part": {part: [b["tasks"], b["pass@1"], h["after"]["by_part"][part]["pass@1"]]
-                                       for part, b in (h["before"].get("by_part") or {}).items()}}
+                           "by_part": heldout_by_part(h)}
             if rl_ran and (h := rl.get("heldout")) else None,
             "rl_planned": (m.get("plan") or {}).get("rl", True), "rl_reason": (m.get("plan") or {}).get("rl_reason", ""),
             "mid_share": (m.get("plan") or {}).get("mid_share", 0.0),

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from codechat.data.corpus import read_split
-from codechat.speedrun.record import mean_reward
+from codechat.speedrun.record import heldout_by_part, mean_reward
 from codechat.tokenizer import Tokenizer
 
 
@@ -431,8 +431,7 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
             rows.append((f"held-out slice of the kept tasks ({h['before']['tasks']}, never trained on): pass@1 "
                          f"before -> after", f"{p1(h['before'])} -> {p1(h['after'])} ({h['before']['samples']} samples "
                                              "a task, the same seeds)" + "".join(  # per part of the pool
-                             f"; {part} ({b['tasks']}) {b['pass@1']:.1%} -> {h['after']['by_part'][part]['pass@1']:.1%}"
-                             for part, b in (h["before"].get("by_part") or {}).items())))
+                             f"; {part} ({k}) {b:.1%} -> {a:.1%}" for part, (k, b, a) in heldout_by_part(h).items())))
         if b := r.get("heldout_pretrain"):
             rows.append((f"the slice's mined tasks ({b['problems']}) on `pretrain/`, base mode (signature and "
                          "docstring continued): pass@1; tasks solved at least once",

@@ -27,7 +27,7 @@ from codechat.train.task_pool import POOL_SEPARATOR
 #: Seconds chat SFT waits for the RL pool's background mining, to leave its functions out of the SFT pairs.
 RL_TASKS_WAIT_S = 15.0
 #: The share of the time kept after GRPO that HumanEval and MBPP on ``rl/`` need: before them the held-out
-#: slice is scored again with the trained policy (32 tasks x 8 samples, ~1-2 s on a GPU) and on ``pretrain/``
+#: slice is scored again with the trained policy (96 tasks x 8 samples, ~4-5 s on an H100) and on ``pretrain/``
 #: (within a tenth of the time left).
 AFTER_RL_EVAL_SHARE = 0.85
 

@@ -59,8 +59,8 @@ compiles the head too (compiled logits) but has no whole-step graph: the peak is
 Compiled under DDP, ``torch._dynamo``'s DDPOptimizer cuts the graph at every bucket
 (``train.ddp_bucket_cap_mb``, 25 MiB by default); where a block's trainable weights span more than
 one bucket, each piece is partitioned on its own and can no longer recompute across the cuts, so
-the blocks' activations are planned as eager ones (an
-upper bound: on a CPU, a small model cut at every matrix saved 95% of the eager bytes). The 1b
+the blocks' activations are planned as eager ones (an upper bound: on a CPU, a small model cut at
+every matrix saved 95% of the eager bytes). The 1b
 run of ``benchmarks/RESULTS.md`` (DDP over one rank under torchrun, micro-batch 8 x 2048) measured
 39.26 GiB; this plan gives 39.99 (1.02; 31.03 before buckets and cuts were modelled, 0.79).
 Measured on an H200 (``benchmarks/RESULTS.md``), the whole-model compiled plan is within 1% of

@@ -162,7 +162,8 @@ class FilterResult:
                 "counts": {k: list(v) for k, v in self.counts.items()}}
 
     def histogram(self) -> dict[str, list[int]]:
-        """Per part of the pool (:func:`pool_part`) and ``all``: how many sampled tasks passed 0, 1, ..., n of their n samples."""
+        """Per part of the pool (:func:`pool_part`) and ``all``: how many sampled tasks passed 0, 1, ..., n
+        of their n samples."""
         n = max((m for m, _ in self.counts.values()), default=0)
         out: dict[str, list[int]] = {"all": [0] * (n + 1)}
         for task_id, (_, c) in self.counts.items():
