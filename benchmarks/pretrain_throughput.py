@@ -7,7 +7,7 @@ tokens, after warm-up steps, and prints one line per figure.
     python benchmarks/pretrain_throughput.py --preset 1b --compile --profile 2 --trace-dir /tmp/traces
     python benchmarks/pretrain_throughput.py --preset d12 --compile --compile-scope blocks
     torchrun --standalone --nproc_per_node=1 benchmarks/pretrain_throughput.py --preset 1b --compile --parallel fsdp
-    torchrun --standalone --nproc_per_node=1 benchmarks/pretrain_throughput.py --preset 1b --compile --ddp-bucket-cap-mb 200
+    torchrun --standalone --nproc_per_node=1 benchmarks/pretrain_throughput.py --preset 1b --compile --ddp-bucket-cap-mb 25
 
 Under ``torchrun`` the model is wrapped for ``--parallel`` even in a world of one (NCCL on CUDA),
 so the DDP / FSDP paths can be timed against the plain one on a single GPU; one more step then
@@ -15,7 +15,7 @@ runs under the profiler and ``collectives_per_step`` (``nccl:all_reduce``: DDP's
 reduce-scatters and all-gathers where torch does not skip them over one rank) and
 ``fsdp_hooks_per_step`` (``FSDP::pre_forward``, ``FSDP::post_backward_reduce``, ...) show that the
 wrapper is in place and what it did. ``--ddp-bucket-cap-mb`` sizes DDP's gradient buckets: compiled,
-TorchDynamo's DDPOptimizer compiles one graph per bucket (1b at torch's 25 MiB: ~180), so the bucket
+TorchDynamo's DDPOptimizer compiles one graph per bucket (1b: 67 at torch's 25 MiB, 16 at 200), so the bucket
 size trades the all-reduce's overlap with backward against Inductor's fusion and launches.
 ``--no-fsdp-reshard`` keeps FSDP's gathered blocks from forward to backward (no second all-gather, the
 whole model's bf16 weights held); ``--ac full``
@@ -169,8 +169,8 @@ def main() -> None:
                     help="with --compile: the whole model, or each block on its own (train.compile_scope)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--parallel", default="ddp", choices=PARALLEL_STRATEGIES, help="layout under torchrun")
-    ap.add_argument("--ddp-bucket-cap-mb", type=float, default=25.0, metavar="MIB",
-                    help="DDP's gradient buckets under torchrun (train.ddp_bucket_cap_mb; torch's default 25)")
+    ap.add_argument("--ddp-bucket-cap-mb", type=float, default=200.0, metavar="MIB",
+                    help="DDP's gradient buckets under torchrun (train.ddp_bucket_cap_mb, 200; torch's default 25)")
     ap.add_argument("--no-fsdp-reshard", action="store_true",
                     help="FSDP keeps every block's gathered weights after its forward "
                          "(train.fsdp_reshard_after_forward false)")

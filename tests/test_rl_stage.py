@@ -75,9 +75,11 @@ def policy(tok, tok_dir, tmp_path_factory) -> Path:
 
 
 def rl_config(policy: Path, tasks: Path, out: Path, **over: str) -> RLStageConfig:
+    # rl.judge_timeout_s 10: on a loaded 2-core CI machine the default 1 s could time out a right answer
     settings = {"init": str(policy), "rl.tasks": f"tasks:{tasks}", "rl.reward": "binary", "rl.group_size": "8",
                 "rl.prompts_per_step": "8", "rl.max_new_tokens": "16", "rl.preflight_tasks": "10",
-                "rl.log_rollouts_every": "0", "optim.lr": "2e-3", "train.max_steps": "60", "train.save_every": "1000",
+                "rl.log_rollouts_every": "0", "rl.judge_timeout_s": "10", "optim.lr": "2e-3", "train.max_steps": "60",
+                "train.save_every": "1000",
                 "run.out": str(out), "run.device": "cpu", **over}
     return load(RLStageConfig, None, settings)
 
@@ -109,7 +111,7 @@ def test_the_policy_learns_and_shuffled_rewards_teach_nothing(policy, tmp_path):
 def rl_cli(policy: Path, tasks: Path, out: Path, *extra: str) -> list[str]:
     return ["rl", "--init", str(policy), "--tasks", f"tasks:{tasks}", "--group-size", "8", "--prompts-per-step", "4",
             "--max-new-tokens", "16", "--out", str(out), "--device", "cpu", "--rl.preflight_tasks", "4",
-            "--optim.lr", "2e-3", *extra]
+            "--optim.lr", "2e-3", "--rl.judge_timeout_s", "10", *extra]
 
 
 @pytest.mark.parametrize("reward", ["binary", "tiered"])
@@ -422,7 +424,7 @@ def test_the_filter_streams_tasks_into_the_engine_and_counts_as_a_batch_does(pol
     tasks = load_tasks(f"tasks:{write_tasks(tmp_path / 'pool.jsonl')}")
     engine = Engine(model, EngineConfig(slots=16))
     sampling = SamplingConfig(16, temperature=1.0)
-    judge = Judge("binary", workers=2)
+    judge = Judge("binary", workers=2, timeout_s=10)
     seeds = [100 + i for i in range(len(tasks))]
     busy: list[int] = []
 

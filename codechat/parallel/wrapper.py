@@ -42,7 +42,7 @@ class Parallel:
 
     def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp", ac: str = "none",
                  pp_schedule: str = "1f1b", pp_microbatches: int = 1, param_dtype: torch.dtype | None = None,
-                 cpu_offload: bool = False, bucket_cap_mb: float = 25.0, reshard_after_forward: bool = True) -> None:
+                 cpu_offload: bool = False, bucket_cap_mb: float = 200.0, reshard_after_forward: bool = True) -> None:
         if strategy not in STRATEGIES:
             raise ConfigError(f"--parallel must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if cpu_offload and not world.distributed:

@@ -112,7 +112,7 @@ class RLStage:
             init=str(self.run / "sft"),
             rl=RLConfig(tasks=tasks, mbpp_file=p.mbpp, reward="tiered", group_size=p.rl_group_size,
                         prompts_per_step=p.rl_prompts_per_step, max_new_tokens=p.rl_tokens,
-                        judge_workers=p.judge_workers, judge_timeout_s=p.eval_timeout_s,
+                        judge_workers=p.judge_workers,
                         filter_samples=p.rl_filter_samples, filter_min=p.rl_filter_min, filter_max=p.rl_filter_max,
                         min_tasks=p.rl_min_tasks, filter_deadline_s=filter_s, filter_enough=p.rl_filter_enough,
                         engine_slots=p.rl_engine_slots, heldout_tasks=p.rl_heldout_tasks, check_references=False),

@@ -57,7 +57,7 @@ buffers, grads + step) + margin. With ``--pp`` stages only the blocks are compil
 activations are the compiled ones, the head's are eager); ``train.compile_scope`` ``blocks``
 compiles the head too (compiled logits) but has no whole-step graph: the peak is the eager one.
 Compiled under DDP, ``torch._dynamo``'s DDPOptimizer cuts the graph at every bucket
-(``train.ddp_bucket_cap_mb``, 25 MiB by default); where a block's trainable weights span more than
+(``train.ddp_bucket_cap_mb``, 200 MiB by default); where a block's trainable weights span more than
 one bucket, each piece is partitioned on its own and can no longer recompute across the cuts, so
 the blocks' activations are planned as eager ones (an upper bound: on a CPU, a small model cut at
 every matrix saved 95% of the eager bytes). The 1b
@@ -153,7 +153,7 @@ class PlanConfig:
     compiled: bool = False  # the step runs under torch.compile (train.compile): see activation_bytes
     compiled_blocks_only: bool = False  # train.compile_scope "blocks": blocks and head compiled apart (eager peak)
     cpu_offload: bool = False  # train.cpu_offload: FSDP/HSDP shards in host memory (AdamW only)
-    ddp_bucket_cap_mb: float = 25.0  # train.ddp_bucket_cap_mb: compiled DDP's graphs end at its buckets
+    ddp_bucket_cap_mb: float = 200.0  # train.ddp_bucket_cap_mb: compiled DDP's graphs end at its buckets
     fsdp_reshard_after_forward: bool = True  # train.fsdp_reshard_after_forward: False keeps all blocks gathered
     distributed: bool = False  # under torchrun: the DDP/FSDP wrapper is in place even at --gpus 1 (plain python: not)
     fp8: bool = False  # train.fp8 tensorwise / rowwise: see the module docstring's buffers
