@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -208,6 +209,15 @@ def test_training_check_prints_one_line_on_cuda_and_nothing_on_cpu(monkeypatch, 
     assert re.search("ddp on 1 GPU.* of 139.8 GiB: does not fit", caplog.records[0].message)
     assert len(lines) == 1 and lines[0].startswith("memory plan: ~")
     assert est == estimate(PlanConfig(model=preset("8b"), micro_batch_size=2, seq_len=2048))  # the run's settings
+    # FSDP resharding after forward where keeping the gathered blocks fits too: one more line, saying so
+    lines.clear()
+    fsdp = dict(gpus=8, gpus_per_node=8, parallel="fsdp")
+    check_training_memory(preset("1b"), train, OptimConfig(), 2048, torch.device("cuda"), lines.append, **fsdp)
+    assert len(lines) == 2 and lines[1].startswith("memory plan: --train.fsdp_reshard_after_forward false fits too")
+    lines.clear()
+    kept = replace(train, fsdp_reshard_after_forward=False)
+    check_training_memory(preset("1b"), kept, OptimConfig(), 2048, torch.device("cuda"), lines.append, **fsdp)
+    assert len(lines) == 1
 
 
 def test_regional_compilation_plans_compiled_activations_and_the_eager_peak():

@@ -537,8 +537,22 @@ def check_training_memory(model: ModelConfig, train: TrainConfig, optim: OptimCo
         echo(f"memory plan: not estimated ({e})")
         return None
     est = print_plan(cfg, echo)
-    warn_if_exceeds(cfg, est)
+    if not warn_if_exceeds(cfg, est):
+        _hint_fsdp_kept(cfg, echo)
     return est
+
+
+def _hint_fsdp_kept(cfg: PlanConfig, echo: Callable[[str], None]) -> None:
+    """Under FSDP/HSDP resharding after forward, one line when keeping the gathered blocks fits too: it
+    saves the backward pass's all-gathers (1b over one H100: 0.994x the plain path's tokens/s against
+    0.901x; ``benchmarks/RESULTS.md``, sixteenth session)."""
+    if cfg.parallel == "ddp" or not cfg.fsdp_reshard_after_forward or cfg.cpu_offload:
+        return
+    kept = replace(cfg, fsdp_reshard_after_forward=False)
+    est = estimate(kept)
+    if fits(kept, est):
+        echo(f"memory plan: --train.fsdp_reshard_after_forward false fits too (~{est.total / GIB:.1f} GiB per GPU) "
+             "and skips the backward pass's all-gathers: faster where the memory is not needed")
 
 
 __all__ = ["PlanConfig", "ParamCounts", "Estimate", "STRATEGIES", "AC_MODES", "param_counts", "activation_bytes",
