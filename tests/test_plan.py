@@ -15,8 +15,8 @@ from codechat.cli import main
 from codechat.config.stages import ConfigError, ModelConfig, OptimConfig, preset
 from codechat.model import GPT, Block, rope_tables
 from codechat.train.optim import build_optimizer
-from codechat.train.plan import (GIB, PlanConfig, activation_bytes, check_training_memory, estimate, fits,
-                                 param_counts, print_plan, recommend, warn_if_exceeds)
+from codechat.train.plan import GIB, PlanConfig, activation_bytes, estimate, fits, param_counts, recommend
+from codechat.train.plan_check import check_training_memory, print_plan, warn_if_exceeds
 
 #: The seed system's settings: micro-batch 1 x 2048, checkpointing on, bf16 weights and
 #: gradients, fp32 master copy and fp32 AdamW m and v (16 bytes per parameter).
@@ -187,7 +187,7 @@ def test_training_start_warns_only_when_the_plan_exceeds_the_device(caplog):
     with caplog.at_level(logging.WARNING, logger="codechat"):  # a log record (one line), not a Python warning
         assert warn_if_exceeds(cfg, est)
     [rec] = caplog.records
-    assert rec.name == "codechat.train.plan" and re.search("does not fit .* Try nothing fits on 1 GPU", rec.message)
+    assert rec.name == "codechat.train.plan_check" and re.search("does not fit .* Try nothing fits on 1 GPU", rec.message)
     caplog.clear()
     small = PlanConfig(model=preset("tiny"))
     with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="codechat"):
@@ -198,12 +198,12 @@ def test_training_start_warns_only_when_the_plan_exceeds_the_device(caplog):
 
 def test_training_check_prints_one_line_on_cuda_and_nothing_on_cpu(monkeypatch, caplog):
     from codechat.config.stages import TrainConfig
-    from codechat.train import plan
+    from codechat.train import plan_check
     lines: list[str] = []
     train = TrainConfig(max_steps=1, micro_batch_size=2)
     assert check_training_memory(preset("8b"), train, OptimConfig(), 2048, torch.device("cpu"), lines.append) is None
     assert lines == []
-    monkeypatch.setattr(plan, "device_memory_gib", lambda device: 139.8)  # an H200, as torch reports it
+    monkeypatch.setattr(plan_check, "device_memory_gib", lambda device: 139.8)  # an H200, as torch reports it
     with caplog.at_level(logging.WARNING, logger="codechat"):
         est = check_training_memory(preset("8b"), train, OptimConfig(), 2048, torch.device("cuda"), lines.append)
     assert re.search("ddp on 1 GPU.* of 139.8 GiB: does not fit", caplog.records[0].message)

@@ -5,8 +5,8 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
-from .plan import (AC_MODES, DEFAULT_GPU_MEM_GIB, DTYPE_BYTES, FP32, STRATEGIES, device_memory_gib, estimate, fits,
-                   format_plan, plan_config)
+from .plan import AC_MODES, DEFAULT_GPU_MEM_GIB, DTYPE_BYTES, FP32, STRATEGIES, estimate, fits, format_plan, plan_config
+from .plan_check import device_memory_gib
 
 
 def add_cli(sub: Any) -> None:

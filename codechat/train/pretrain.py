@@ -17,7 +17,7 @@ from ..data.windows import WindowLoader, eval_windows
 from codechat.parallel.world import RankSlice, World, init_world, main_first
 from ..model import GPT, build_model
 from ..tokenizer import Tokenizer, train_tokenizer
-from .plan import check_training_memory
+from .plan_check import check_training_memory
 from .init import resolve_init
 from .trainer import Trainer
 from .warmup import warm_compile_trainer

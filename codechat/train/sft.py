@@ -35,7 +35,7 @@ from codechat.parallel.world import RankSlice, World, init_world
 from ..data.batch import Batch
 from ..model import GPT, IGNORE_INDEX, build_model
 from codechat.config.atomic import write_text
-from .plan import check_training_memory
+from .plan_check import check_training_memory
 from .init import resolve_init
 from .trainer import Trainer
 from .warmup import warm_compile_trainer
