@@ -71,8 +71,8 @@ import torch.nn.functional as F
 
 from codechat.config.device import peak_flops
 from codechat.config.lora import LoraConfig
-from codechat.config.stages import (COMPILE_SCOPES, FP8_RECIPES, OPTIMIZERS, PARALLEL_STRATEGIES, OptimConfig, RunConfig, TrainConfig,
-                                    pretrain_recipe, replace)
+from codechat.config.stages import (COMPILE_SCOPES, DDP_BUCKET_CAP_MB, FP8_RECIPES, OPTIMIZERS, PARALLEL_STRATEGIES,
+                                    OptimConfig, RunConfig, TrainConfig, pretrain_recipe, replace)
 from codechat.model import IGNORE_INDEX, build_model
 from codechat.parallel.world import init_world
 from codechat.train.plan import GIB, estimate, plan_config
@@ -169,8 +169,9 @@ def main() -> None:
                     help="with --compile: the whole model, or each block on its own (train.compile_scope)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--parallel", default="ddp", choices=PARALLEL_STRATEGIES, help="layout under torchrun")
-    ap.add_argument("--ddp-bucket-cap-mb", type=float, default=200.0, metavar="MIB",
-                    help="DDP's gradient buckets under torchrun (train.ddp_bucket_cap_mb, 200; torch's default 25)")
+    ap.add_argument("--ddp-bucket-cap-mb", type=float, default=DDP_BUCKET_CAP_MB, metavar="MIB",
+                    help=f"DDP's gradient buckets under torchrun (train.ddp_bucket_cap_mb, {DDP_BUCKET_CAP_MB:g}; "
+                         "torch's default 25)")
     ap.add_argument("--no-fsdp-reshard", action="store_true",
                     help="FSDP keeps every block's gathered weights after its forward "
                          "(train.fsdp_reshard_after_forward false)")

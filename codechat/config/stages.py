@@ -288,6 +288,11 @@ class OptimConfig:
 # ----------------------------------------------------------------------------- train
 #: ``train.parallel`` values (:mod:`codechat.parallel.wrapper`).
 PARALLEL_STRATEGIES = ("ddp", "fsdp", "hsdp")
+#: ``train.ddp_bucket_cap_mb``'s default, MiB (torch's own: 25). Under train.compile TorchDynamo's DDPOptimizer
+#: cuts the compiled graph at every bucket's boundary: larger buckets, fewer graphs, less overlap of the
+#: all-reduce with backward. 1b compiled over one H100 (RESULTS, sixteenth session): 67 buckets at 25 MiB ran
+#: at 0.915x the plain path, 16 at 200 MiB at 0.965x, with 4.6 GiB less at its peak.
+DDP_BUCKET_CAP_MB = 200.0
 #: ``gradient_as_bucket_view`` the DDP wrapper passes (torch's default, False): each gradient is a tensor of its
 #: own beside DDP's buckets, a second copy of all gradients, which the planner counts (codechat.train.plan_states).
 DDP_GRADIENT_AS_BUCKET_VIEW = False
@@ -331,10 +336,7 @@ class TrainConfig:
     compile: bool = False
     compile_scope: str = "model"  # what train.compile compiles: COMPILE_SCOPES
     parallel: str = "ddp"  # ddp | fsdp | hsdp: how a torchrun world shares the model (codechat.parallel.wrapper)
-    ddp_bucket_cap_mb: float = 200.0  # DDP's gradient bucket size, MiB (torch's default: 25). Under train.compile
-    # TorchDynamo's DDPOptimizer cuts the compiled graph at every bucket's boundary: larger buckets, fewer graphs,
-    # less overlap of the all-reduce with backward. 1b compiled over one H100 (RESULTS, sixteenth session): 67
-    # buckets at 25 MiB ran at 0.915x the plain path, 16 at 200 MiB at 0.965x, with 4.6 GiB less at its peak
+    ddp_bucket_cap_mb: float = DDP_BUCKET_CAP_MB  # DDP's gradient bucket size, MiB (see DDP_BUCKET_CAP_MB)
     fsdp_reshard_after_forward: bool = True  # fsdp/hsdp: free each block's gathered weights after its forward and
     # gather them again for its backward (FSDP2's default); False keeps every block's gathered (the compute-dtype
     # weights of the whole model on each GPU, as DDP holds them) and saves the backward's all-gathers

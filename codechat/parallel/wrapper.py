@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from codechat.checkpoint import TIED_HEAD
 from codechat.config.stages import PARALLEL_STRATEGIES as STRATEGIES
-from codechat.config.stages import DDP_GRADIENT_AS_BUCKET_VIEW, ConfigError, check_pipeline_options
+from codechat.config.stages import DDP_BUCKET_CAP_MB, DDP_GRADIENT_AS_BUCKET_VIEW, ConfigError, check_pipeline_options
 from codechat.parallel.pipeline import Pipeline, stage_blocks
 from codechat.parallel.state import keyed_by_name, name_optimizer_state, optimizer_parts
 from codechat.parallel.world import World
@@ -42,7 +42,7 @@ class Parallel:
 
     def __init__(self, model: torch.nn.Module, world: World, strategy: str = "ddp", ac: str = "none",
                  pp_schedule: str = "1f1b", pp_microbatches: int = 1, param_dtype: torch.dtype | None = None,
-                 cpu_offload: bool = False, bucket_cap_mb: float = 200.0, reshard_after_forward: bool = True) -> None:
+                 cpu_offload: bool = False, bucket_cap_mb: float = DDP_BUCKET_CAP_MB, reshard_after_forward: bool = True) -> None:
         if strategy not in STRATEGIES:
             raise ConfigError(f"--parallel must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if cpu_offload and not world.distributed:

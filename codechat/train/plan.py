@@ -91,7 +91,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from codechat.config.lora import LORA_TARGETS, LoraConfig
-from codechat.config.stages import OPTIMIZERS, ConfigError, ModelConfig, OptimConfig, TrainConfig
+from codechat.config.stages import DDP_BUCKET_CAP_MB, OPTIMIZERS, ConfigError, ModelConfig, OptimConfig, TrainConfig
 
 from .plan_activations import FP32, activation_bytes, lora_activation_bytes, skip_bytes
 from .plan_states import (ParamCounts, ddp_bucket_bytes, elements, lora_tensors, optimizer_bytes, param_counts,
@@ -151,7 +151,7 @@ class PlanConfig:
     compiled: bool = False  # the step runs under torch.compile (train.compile): see activation_bytes
     compiled_blocks_only: bool = False  # train.compile_scope "blocks": blocks and head compiled apart (eager peak)
     cpu_offload: bool = False  # train.cpu_offload: FSDP/HSDP shards in host memory (AdamW only)
-    ddp_bucket_cap_mb: float = 200.0  # train.ddp_bucket_cap_mb: compiled DDP's graphs end at its buckets
+    ddp_bucket_cap_mb: float = DDP_BUCKET_CAP_MB  # train.ddp_bucket_cap_mb: compiled DDP's graphs end at its buckets
     fsdp_reshard_after_forward: bool = True  # train.fsdp_reshard_after_forward: False keeps all blocks gathered
     distributed: bool = False  # under torchrun: the DDP/FSDP wrapper is in place even at --gpus 1 (plain python: not)
     fp8: bool = False  # train.fp8 tensorwise / rowwise: see the module docstring's buffers

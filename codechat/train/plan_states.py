@@ -20,7 +20,7 @@
   smaller tensors.
 - **DDP's buckets** (:func:`ddp_bucket_bytes`): ``torch.nn.parallel.DistributedDataParallel``'s
   reducer allocates, when the module is wrapped, flat buckets (each at most ``train.ddp_bucket_cap_mb``,
-  torch's default 25 MiB; the first 1 MiB) that together hold one element per trainable parameter in
+  200 MiB by default; the first 1 MiB) that together hold one element per trainable parameter in
   its gradient dtype, and keeps them for the whole run. With ``gradient_as_bucket_view=False`` (torch's default,
   :data:`codechat.config.stages.DDP_GRADIENT_AS_BUCKET_VIEW`) each ``.grad`` is a tensor of its own
   that the reducer copies into its bucket and back, so the buckets are a second copy of all
