@@ -69,9 +69,7 @@ import gzip
 import json
 import os
 import queue
-import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -92,9 +90,9 @@ from codechat.data.sources import iter_split_texts
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.model import build_model
 from codechat.tokenizer import Tokenizer, train_tokenizer
+from gil_profile import gil_profile, print_profile, py_spy_exe, start_py_spy, stop_py_spy
 
 TOKENIZER_BYTES = 30_000_000  # stdlib text the cached tokenizer is trained on
-PY_SPY_RATE = 250  # samples a second (--py-spy)
 
 
 def random_checkpoint(name: str, vocab: int, work: Path, seed: int) -> Path:
@@ -240,7 +238,7 @@ def one_round(url: str, messages: list[str], clients: int, per_client: int, new:
     """``clients`` concurrent clients, ``per_client`` requests each, spread over ``procs`` client
     processes on ``cores`` (so that the clients' own JSON and SSE parsing is not what limits the
     rate); the round's figures (module docstring), timed from the first send to the last answer.
-    With ``py_spy``, the server is sampled during the round into that file (:func:`_start_py_spy`)."""
+    With ``py_spy``, the server is sampled during the round into that file (:func:`start_py_spy`)."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     procs = max(1, min(procs, clients))
@@ -267,12 +265,12 @@ def one_round(url: str, messages: list[str], clients: int, per_client: int, new:
         return got
     collect(procs, "before the round started")
     server0, front0, (engine0, e0) = _cpu_s(server_pid), _cpu_s(server_pid, False), _engine_counters(url)
-    spy = _start_py_spy(server_pid, py_spy) if py_spy else None
+    spy = start_py_spy(server_pid, py_spy) if py_spy else None
     start.set()
     parts = collect(procs, "during the round")
     server_cpu, front_cpu = _cpu_s(server_pid) - server0, _cpu_s(server_pid, False) - front0
     if spy is not None:
-        _stop_py_spy(spy)
+        stop_py_spy(spy)
     engine1, e1 = _engine_counters(url)
     for w in workers:
         w.join()
@@ -312,68 +310,6 @@ def timeline(before: dict[str, float], after: dict[str, float], wall: float) -> 
     if "idle_s" in d:  # the server's engine thread
         out |= {"idle": d["idle_s"] / wall, "deliver_ms_step": 1e3 * d["deliver_s"] / steps}
     return out
-
-
-def _start_py_spy(pid: int, out: Path) -> subprocess.Popen:
-    """``py-spy record`` of process ``pid`` (every thread, only samples that hold the GIL, without
-    pausing it) into ``out`` (collapsed stacks) until :func:`_stop_py_spy`."""
-    cmd = [_py_spy_exe() or "py-spy", "record", "--pid", str(pid), "--subprocesses", "--threads", "--gil", "--nonblocking",
-           "--rate", str(PY_SPY_RATE),
-           "--format", "raw", "--output", str(out)]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def _py_spy_exe() -> str | None:
-    """py-spy on PATH, or beside this Python (pip's scripts folder); None when neither."""
-    beside = Path(sys.executable).with_name("py-spy")
-    return shutil.which("py-spy") or (str(beside) if beside.is_file() else None)
-
-
-def _stop_py_spy(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
-    try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        err = "py-spy did not stop within 60 s"
-    if proc.returncode not in (0, -signal.SIGINT, 130):
-        print(f"# py-spy exited with {proc.returncode}: {err.strip()[-500:]}", file=sys.stderr)
-
-
-def print_profile(name: str, profile: dict, raw: Path) -> None:
-    shares = ", ".join(f"{t} {v:.1%}" for t, v in profile["gil_share"].items())
-    print(f"# {name} GIL held (py-spy, {raw}): {shares}")
-    for row in profile["top"]:
-        print(f"#   {row['share']:6.1%}  {row['thread']}: {row['stack']}")
-
-
-def gil_profile(raw: Path, wall: float, top: int = 12) -> dict:
-    """From a ``py-spy record --threads --gil`` file: each thread's share of its process's GIL over
-    ``wall`` seconds (its samples / (rate x wall); with ``--subprocesses`` each thread named after
-    its process, ``server`` or ``engine process``) and the ``top`` stacks by samples (their three
-    innermost frames, each as its share of the round)."""
-    threads: dict[str, int] = {}
-    frames: dict[tuple[str, str], int] = {}
-    for line in raw.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        if not stack:
-            continue
-        procs = []  # with --subprocesses: 'process PID:"CMDLINE";' frames first, the owner last
-        while stack.startswith("process ") and '";' in stack:
-            end = stack.index('";') + 2  # a command line may hold ';' itself
-            procs.append(stack[:end])
-            stack = stack[end:]
-        names = stack.split(";")
-        thread = re.sub(r"^thread \(\d+\): ", "", names[0])
-        if procs:
-            thread = f"{'engine process' if 'spawn_main' in procs[-1] else 'server'} {thread}"
-        key = thread, " < ".join(f.split(" (")[0] for f in names[1:][-1:-4:-1])  # the 3 innermost frames
-        threads[thread] = threads.get(thread, 0) + int(n)
-        frames[key] = frames.get(key, 0) + int(n)
-    possible = PY_SPY_RATE * wall
-    return {"gil_share": {t: n / possible for t, n in sorted(threads.items(), key=lambda x: -x[1])},
-            "top": [{"thread": t, "stack": st, "share": n / possible}
-                    for (t, st), n in sorted(frames.items(), key=lambda x: -x[1])[:top]]}
 
 
 def engine_baseline(model_dir: Path, messages: list[str], args: argparse.Namespace,
@@ -504,7 +440,7 @@ def main() -> None:
         ap.error(f"--modes takes stream, whole or both, comma-separated; got {','.join(args.modes)!r}")
     if args.client_procs < 1:
         ap.error(f"--client-procs must be >= 1, got {args.client_procs}")
-    if args.py_spy and _py_spy_exe() is None:
+    if args.py_spy and py_spy_exe() is None:
         ap.error("--py-spy: py-spy is not installed here (pip install py-spy)")
     if args.quick:
         args.requests, args.new_tokens, args.prompt_chars = 1, 16, 300

@@ -203,17 +203,20 @@ def funcall_stage(tok, tok_dir, tmp_path_factory, memorise):
 
 @contextlib.contextmanager
 def benchmark_module(name: str):
-    """``benchmarks/NAME.py`` imported as a module (its ``main`` not run), forgotten on exit."""
+    """``benchmarks/NAME.py`` imported as a module (its ``main`` not run), forgotten on exit; its folder
+    is on ``sys.path`` meanwhile, as when the script runs (the scripts import each other's helpers)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", Path(__file__).resolve().parent.parent
-                                                  / "benchmarks" / f"{name}.py")
+    folder = Path(__file__).resolve().parent.parent / "benchmarks"
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
+    sys.path.insert(0, str(folder))
     try:
         spec.loader.exec_module(module)
         yield module
     finally:
         sys.modules.pop(spec.name, None)
+        sys.path.remove(str(folder))
 
 
 def save_random_base(tok_dir: Path, vocab_size: int, out: Path) -> Path:

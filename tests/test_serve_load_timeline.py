@@ -12,6 +12,12 @@ def serve_load():
         yield module
 
 
+@pytest.fixture(scope="module")
+def gil_profile():
+    with benchmark_module("gil_profile") as module:
+        yield module
+
+
 def counters(**kw) -> dict[str, float]:
     base = dict(steps=0, step_s=0.0, launches=0, masked_launches=0, launch_rows=0, wait_s=0.0, fill_s=0.0,
                 prefills=0, prefill_rows=0, prefill_tokens=0, admit_s=0.0, tokens=0, idle_s=0.0, deliver_s=0.0)
@@ -33,27 +39,27 @@ def test_timeline_is_the_difference_of_two_snapshots_per_step_and_per_second(ser
     assert "idle" not in serve_load.timeline(engine_alone, engine_alone, wall=1.0)  # no thread around it
 
 
-def test_gil_profile_gives_each_threads_share_of_the_round_and_the_top_stacks(serve_load, tmp_path):
+def test_gil_profile_gives_each_threads_share_of_the_round_and_the_top_stacks(gil_profile, tmp_path):
     raw = tmp_path / "spy.txt"
-    wall = 1000 / serve_load.PY_SPY_RATE  # 1000 samples' worth
+    wall = 1000 / gil_profile.PY_SPY_RATE  # 1000 samples' worth
     raw.write_text(
         "thread (11): MainThread;run (a.py:1);loop (b.py:2);send (c.py:3) 250\n"
         "thread (12): codechat-engine;run (a.py:1);step (s.py:9);drain (s.py:10) 100\n"
         "thread (11): MainThread;run (a.py:1);loop (b.py:2);encode (j.py:4) 150\n")
-    p = serve_load.gil_profile(raw, wall)
+    p = gil_profile.gil_profile(raw, wall)
     assert p["gil_share"] == {"MainThread": pytest.approx(0.4), "codechat-engine": pytest.approx(0.1)}
     assert list(p["gil_share"]) == ["MainThread", "codechat-engine"]  # the largest first
     assert p["top"][0] == {"thread": "MainThread", "stack": "send < loop < run", "share": pytest.approx(0.25)}
     assert {r["stack"] for r in p["top"]} == {"send < loop < run", "drain < step < run", "encode < loop < run"}
 
 
-def test_gil_profile_names_each_thread_after_its_process_with_subprocesses(serve_load, tmp_path):
+def test_gil_profile_names_each_thread_after_its_process_with_subprocesses(gil_profile, tmp_path):
     raw = tmp_path / "spy.txt"
     front = 'process 7:"python -m codechat serve --engine process";'
     engine = 'process 9:"python -c from multiprocessing.spawn import spawn_main; spawn_main(pipe_handle=8)";'
     raw.write_text(f"{front}thread (7): MainThread;loop (b.py:2);send (c.py:3) 300\n"
                    f"{front}{engine}thread (9): MainThread;run (w.py:1);step (s.py:9) 200\n")
-    p = serve_load.gil_profile(raw, 1000 / serve_load.PY_SPY_RATE)
+    p = gil_profile.gil_profile(raw, 1000 / gil_profile.PY_SPY_RATE)
     assert p["gil_share"] == {"server MainThread": pytest.approx(0.3), "engine process MainThread": pytest.approx(0.2)}
     assert p["top"][1]["stack"] == "step < run"
 
