@@ -44,7 +44,7 @@ class GRPOStep:
     """The update of one step: ``num_iterations`` optimizer steps on a batch of judged rollouts."""
 
     def __init__(self, trainer: Trainer, cfg: Any, pad_id: int, ref: Callable[..., torch.Tensor] | None) -> None:
-        """``cfg``: the stage's :class:`~codechat.train.grpo.RLConfig`; ``ref``: the frozen reference's forward,
+        """``cfg``: the stage's :class:`~codechat.train.rl_config.RLConfig`; ``ref``: the frozen reference's forward,
         ids (B, T) -> logits (B, T, V) (``beta > 0``: a copy of the initial policy, or the LoRA base)."""
         self.t, self.cfg, self.pad_id, self.ref = trainer, cfg, pad_id, ref
 
