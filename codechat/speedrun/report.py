@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from codechat.data.corpus import read_split
-from codechat.speedrun.record import heldout_by_part, mean_reward
+from codechat.speedrun.record import heldout_by_part, heldout_by_rate, mean_reward
 from codechat.tokenizer import Tokenizer
 
 
@@ -432,6 +432,9 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
                          f"before -> after", f"{p1(h['before'])} -> {p1(h['after'])} ({h['before']['samples']} samples "
                                              "a task, the same seeds)" + "".join(  # per part of the pool
                              f"; {part} ({k}) {b:.1%} -> {a:.1%}" for part, (k, b, a) in heldout_by_part(h).items())))
+            if by_rate := heldout_by_rate(h):  # sharpening alone raises the first and lowers the second
+                rows.append(("the slice by its tasks' rate before RL: pass@1 before -> after", "; ".join(
+                    f"{name.replace('_', ' ')} ({k}) {b:.1%} -> {a:.1%}" for name, (k, b, a) in by_rate.items())))
         if b := r.get("heldout_pretrain"):
             rows.append((f"the slice's mined tasks ({b['problems']}) on `pretrain/`, base mode (signature and "
                          "docstring continued): pass@1; tasks solved at least once",
