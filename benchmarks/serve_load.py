@@ -54,7 +54,9 @@ figure, ``serve_c{C}_*`` streaming and ``serve_whole_c{C}_*`` not:
 ``--py-spy`` samples the server (the engine process too) with ``py-spy record --threads --gil
 --subprocesses --nonblocking`` (on PATH or beside this Python) during the rounds at the largest
 concurrency and prints each thread's share of the GIL and the top stacks (where one process's GIL is
-the limit, the engine thread's share falls as the event loop's grows). Not pausing the server, py-spy
+the limit, the engine thread's share falls as the event loop's grows); ``--py-spy wall`` samples idle
+and waiting threads too (``--idle`` for ``--gil``): where each thread's wall time goes, a wait on the
+device or a queue included (:mod:`py_spy_profile`). Not pausing the server, py-spy
 can misplace samples: on the CPU it put 65% of the front end in h11's header parser, which takes
 ~42 us a request when timed alone; read its stacks as hints. ``--out``
 writes every figure, the profiles and the settings as JSON. ``--trace FILE`` profiles the closed loop
@@ -90,7 +92,7 @@ from codechat.data.sources import iter_split_texts
 from codechat.engine import Engine, EngineConfig, Request, SamplingConfig
 from codechat.model import build_model
 from codechat.tokenizer import Tokenizer, train_tokenizer
-from gil_profile import gil_profile, print_profile, py_spy_exe, start_py_spy, stop_py_spy
+from py_spy_profile import SAMPLES, print_profile, py_spy_exe, read_profile, start_py_spy, stop_py_spy
 
 TOKENIZER_BYTES = 30_000_000  # stdlib text the cached tokenizer is trained on
 
@@ -234,11 +236,12 @@ def _cpu_s(pid: int, children: bool = True) -> float:
 
 
 def one_round(url: str, messages: list[str], clients: int, per_client: int, new: int, stream: bool, procs: int,
-              server_pid: int, cores: list[int] = (), py_spy: Path | None = None) -> dict:
+              server_pid: int, cores: list[int] = (), py_spy: Path | None = None, spy_samples: str = "gil") -> dict:
     """``clients`` concurrent clients, ``per_client`` requests each, spread over ``procs`` client
     processes on ``cores`` (so that the clients' own JSON and SSE parsing is not what limits the
     rate); the round's figures (module docstring), timed from the first send to the last answer.
-    With ``py_spy``, the server is sampled during the round into that file (:func:`start_py_spy`)."""
+    With ``py_spy``, the server is sampled during the round into that file (:func:`start_py_spy`, its
+    ``spy_samples``)."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     procs = max(1, min(procs, clients))
@@ -265,7 +268,7 @@ def one_round(url: str, messages: list[str], clients: int, per_client: int, new:
         return got
     collect(procs, "before the round started")
     server0, front0, (engine0, e0) = _cpu_s(server_pid), _cpu_s(server_pid, False), _engine_counters(url)
-    spy = start_py_spy(server_pid, py_spy) if py_spy else None
+    spy = start_py_spy(server_pid, py_spy, spy_samples) if py_spy else None
     start.set()
     parts = collect(procs, "during the round")
     server_cpu, front_cpu = _cpu_s(server_pid) - server0, _cpu_s(server_pid, False) - front0
@@ -287,7 +290,7 @@ def one_round(url: str, messages: list[str], clients: int, per_client: int, new:
                       "front_end_us_token": 1e6 * front_cpu / max(tokens, 1),
                       "client_cpu": sum(p["cpu_s"] for p in parts) / wall,
                       "client_cpu_max": max(p["cpu_s"] for p in parts) / wall} | timeline(engine0, engine1, e1 - e0) \
-        | ({"py_spy": gil_profile(py_spy, wall)} if spy is not None and py_spy.is_file() else {})
+        | ({"py_spy": read_profile(py_spy, wall)} if spy is not None and py_spy.is_file() else {})
 
 
 def _engine_counters(url: str) -> tuple[dict[str, float], float]:
@@ -423,9 +426,10 @@ def main() -> None:
                                                          "300-character prompts")
     ap.add_argument("--engine", choices=["process", "thread"], default="process",
                     help="where the server runs its engine (codechat serve --engine; default process)")
-    ap.add_argument("--py-spy", action="store_true",
+    ap.add_argument("--py-spy", nargs="?", const="gil", choices=SAMPLES,
                     help="sample the server with py-spy (on PATH) during the rounds at the largest concurrency: "
-                         "each thread's share of the GIL and the top stacks (files in --work)")
+                         "each thread's share of the GIL (gil, the default) or of its wall time, idle and "
+                         "waiting included (wall), and the top stacks (files in --work)")
     ap.add_argument("--trace", metavar="FILE",
                     help="after the baselines, run the closed loop at the largest concurrency once more under "
                          "torch's profiler: its top operations, the device's busy share, a Chrome trace in FILE")
@@ -469,10 +473,10 @@ def main() -> None:
             name = f"serve_c{c}" if stream else f"serve_whole_c{c}"
             spy = work / f"py-spy-{name}.txt" if args.py_spy and c == max(args.concurrency) else None
             got = one_round(url, messages, c, args.requests, args.new_tokens, stream, args.client_procs, proc.pid,
-                            client_cores, spy)
+                            client_cores, spy, args.py_spy or "gil")
             if "py_spy" in got:
                 profiles[name] = got.pop("py_spy")
-                print_profile(name, profiles[name], spy)
+                print_profile(name, profiles[name], spy, args.py_spy)
             for k, v in got.items():
                 figures[f"{name}_{k}"] = v
                 print(f"{name}_{k} {v:.4g}", flush=True)

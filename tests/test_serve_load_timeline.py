@@ -13,8 +13,8 @@ def serve_load():
 
 
 @pytest.fixture(scope="module")
-def gil_profile():
-    with benchmark_module("gil_profile") as module:
+def spy():
+    with benchmark_module("py_spy_profile") as module:
         yield module
 
 
@@ -39,28 +39,28 @@ def test_timeline_is_the_difference_of_two_snapshots_per_step_and_per_second(ser
     assert "idle" not in serve_load.timeline(engine_alone, engine_alone, wall=1.0)  # no thread around it
 
 
-def test_gil_profile_gives_each_threads_share_of_the_round_and_the_top_stacks(gil_profile, tmp_path):
+def test_the_profile_gives_each_threads_share_of_the_round_and_the_top_stacks(spy, tmp_path):
     raw = tmp_path / "spy.txt"
-    wall = 1000 / gil_profile.PY_SPY_RATE  # 1000 samples' worth
+    wall = 1000 / spy.PY_SPY_RATE  # 1000 samples' worth
     raw.write_text(
         "thread (11): MainThread;run (a.py:1);loop (b.py:2);send (c.py:3) 250\n"
         "thread (12): codechat-engine;run (a.py:1);step (s.py:9);drain (s.py:10) 100\n"
         "thread (11): MainThread;run (a.py:1);loop (b.py:2);encode (j.py:4) 150\n")
-    p = gil_profile.gil_profile(raw, wall)
-    assert p["gil_share"] == {"MainThread": pytest.approx(0.4), "codechat-engine": pytest.approx(0.1)}
-    assert list(p["gil_share"]) == ["MainThread", "codechat-engine"]  # the largest first
+    p = spy.read_profile(raw, wall)
+    assert p["share"] == {"MainThread": pytest.approx(0.4), "codechat-engine": pytest.approx(0.1)}
+    assert list(p["share"]) == ["MainThread", "codechat-engine"]  # the largest first
     assert p["top"][0] == {"thread": "MainThread", "stack": "send < loop < run", "share": pytest.approx(0.25)}
     assert {r["stack"] for r in p["top"]} == {"send < loop < run", "drain < step < run", "encode < loop < run"}
 
 
-def test_gil_profile_names_each_thread_after_its_process_with_subprocesses(gil_profile, tmp_path):
+def test_the_profile_names_each_thread_after_its_process_with_subprocesses(spy, tmp_path):
     raw = tmp_path / "spy.txt"
     front = 'process 7:"python -m codechat serve --engine process";'
     engine = 'process 9:"python -c from multiprocessing.spawn import spawn_main; spawn_main(pipe_handle=8)";'
     raw.write_text(f"{front}thread (7): MainThread;loop (b.py:2);send (c.py:3) 300\n"
                    f"{front}{engine}thread (9): MainThread;run (w.py:1);step (s.py:9) 200\n")
-    p = gil_profile.gil_profile(raw, 1000 / gil_profile.PY_SPY_RATE)
-    assert p["gil_share"] == {"server MainThread": pytest.approx(0.3), "engine process MainThread": pytest.approx(0.2)}
+    p = spy.read_profile(raw, 1000 / spy.PY_SPY_RATE)
+    assert p["share"] == {"server MainThread": pytest.approx(0.3), "engine process MainThread": pytest.approx(0.2)}
     assert p["top"][1]["stack"] == "step < run"
 
 
@@ -84,3 +84,16 @@ def test_the_closed_loop_sends_each_clients_next_request_when_its_last_finished(
     engine.step = counted
     assert serve_load.closed_loop(engine, clients) == 3 * 4 * 5  # every request's 5 tokens (no stop ids)
     assert most <= 3 and engine.counters.prefills >= 4 and not engine.has_work()
+
+
+def test_py_spy_samples_the_gil_or_the_wall_time_of_the_server_and_its_children(spy, monkeypatch, tmp_path):
+    cmds = []
+    monkeypatch.setattr(spy.subprocess, "Popen", lambda cmd, **kw: cmds.append(cmd))
+    spy.start_py_spy(42, tmp_path / "a.txt")
+    spy.start_py_spy(42, tmp_path / "b.txt", "wall")
+    gil, wall = cmds
+    assert "--gil" in gil and "--idle" not in gil and "--idle" in wall and "--gil" not in wall
+    assert all({"--subprocesses", "--threads", "--nonblocking"} <= set(c) and c[c.index("--pid") + 1] == "42"
+               for c in cmds)
+    with pytest.raises(ValueError, match="gil, wall"):
+        spy.start_py_spy(42, tmp_path / "c.txt", "cpu")
