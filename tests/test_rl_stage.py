@@ -343,8 +343,10 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     from codechat.speedrun.record import record_line
     by_part = record_line(s.m, "codechat speedrun", None)["rl_heldout"]["by_part"]
     assert by_part[part][:2] == [b["tasks"], b["pass@1"]] and sum(v[0] for v in by_part.values()) == 2
-    by_rate = record_line(s.m, "codechat speedrun", None)["rl_heldout"]["by_rate_before"]
-    assert sum(v[0] for v in by_rate.values()) == 2 and "| the slice by its tasks' rate before RL: pass@1" in report
+    by_rate = record_line(s.m, "codechat speedrun", None)["rl_heldout"]["by_filter_rate"]
+    assert sum(v[0] for v in by_rate.values()) == 2 and "| the slice by its tasks' rate at the filter: pass@1" in report
+    kept_counts = {k: c for k, (_, c) in json.loads((run / "rl" / "filter.json").read_text())["counts"].items()}
+    assert h["before"]["filter_solved"] == {t: kept_counts[t] for t in h["before"]["solved"]}
     assert f"| sampled tasks by samples passed (0, 1, ... of each task's {p.rl_filter_samples}) | all " in report
     assert sum(f["histogram"]["all"]) == f["sampled"]
     assert f"| GRPO settings | groups of {p.rl_group_size}, 4 tasks a step, adamw at lr 1e-05, KL weight 0," in report
@@ -463,13 +465,14 @@ def test_the_held_out_slice_is_broken_down_by_part_of_the_pool():
     assert by_part({}, 8) == {}
 
 
-def test_the_held_out_slice_is_split_by_each_tasks_rate_before_rl():
+def test_the_held_out_slice_is_split_by_each_tasks_rate_at_the_filter():
     from codechat.speedrun.record import heldout_by_rate
-    # sharpened, nothing learned: the tasks solved 1-3 of 8 times fall, those solved 4-7 times rise, the mean stays
+    # split by the filter's reading, not by "before": task b's before (3 of 8) is below half, its filter rate is not
+    at = {"a": 2, "b": 5, "c": 4, "d": 7}
     before = {"a": 1, "b": 3, "c": 4, "d": 7}
-    after = {"a": 0, "b": 1, "c": 6, "d": 8}
-    h = {"before": {"samples": 8, "solved": before}, "after": {"samples": 8, "solved": after}}
-    assert heldout_by_rate(h) == {"below_half": [2, 4 / 16, 1 / 16], "half_or_more": [2, 11 / 16, 14 / 16]}
-    assert heldout_by_rate({"before": {"samples": 8, "solved": {"a": 5}}, "after": {"samples": 8, "solved": {"a": 2}}}) \
-        == {"half_or_more": [1, 5 / 8, 2 / 8]}  # an empty side is left out
-    assert heldout_by_rate({"before": {"pass@1": 0.5}, "after": {"pass@1": 0.5}}) == {}  # figures without counts
+    after = {"a": 0, "b": 5, "c": 6, "d": 8}
+    h = {"before": {"samples": 8, "solved": before, "filter_solved": at}, "after": {"samples": 8, "solved": after}}
+    assert heldout_by_rate(h) == {"below_half": [1, 1 / 8, 0.0], "half_or_more": [3, 14 / 24, 19 / 24]}
+    one = {"before": {"samples": 8, "solved": {"a": 5}, "filter_solved": {"a": 1}}, "after": {"samples": 8, "solved": {"a": 2}}}
+    assert heldout_by_rate(one) == {"below_half": [1, 5 / 8, 2 / 8]}  # an empty side is left out
+    assert heldout_by_rate({"before": {"samples": 8, "solved": before}, "after": {"samples": 8, "solved": after}}) == {}

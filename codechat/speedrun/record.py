@@ -28,7 +28,8 @@ The line (every key always present; ``None`` where the run had no such stage)::
                     pass@1 of the kept tasks GRPO never trained on, on sft/ and rl/ (None without a slice);
                     ``pretrain``: of its corpus-mined tasks on pretrain/ in base mode (None: none such);
                     ``by_part``: {part of the pool (``MBPP``, ``io``, ``doctest``): [tasks, before, after]};
-                    ``by_rate_before``: the same for its tasks solved below half / at least half the time before
+                    ``by_filter_rate``: the same for its tasks solved below half / at least half the time at the
+                    pass-rate filter
     rl_planned      False when the plan had no RL stage (``--rl off``, or ``auto``'s rule), with ``rl_reason``
     mid_share       the share of pretraining's time given to mid-training (``--mid-share``; 0: none)
     segments        the invocations the run took: 1, or more when stopped (``--stop-after-min``, SIGTERM)
@@ -95,14 +96,17 @@ def heldout_by_part(heldout: dict[str, Any]) -> dict[str, list]:
 
 def heldout_by_rate(heldout: dict[str, Any]) -> dict[str, list]:
     """``{"below_half" | "half_or_more": [tasks, pass@1 before, pass@1 after]}`` of the RL held-out slice, its tasks
-    split by their rate before RL (``heldout.json``'s per-task ``solved`` counts); empty without them. Whether
-    GRPO taught something that carries over, or only sharpened each task's mode: sharpening alone raises the
-    tasks already solved more often than not and lowers the rest, and the slice's mean can stay flat."""
-    b, a, n = heldout["before"].get("solved"), heldout["after"].get("solved"), heldout["before"].get("samples")
-    if not b or not a or not n:
+    split by their rate at the pass-rate filter (``heldout.json``'s ``before.filter_solved``, of ``samples``); empty
+    without it. Whether GRPO taught something that carries over or only sharpened each task's mode: sharpening
+    alone raises the tasks solved more often than not and lowers the rest, and the slice's mean can stay flat.
+    The filter's samples are an independent reading of the same policy: split by the "before" counts instead,
+    the groups would move apart by regression to the mean alone (``benchmarks/RESULTS.md``, seventeenth session)."""
+    at, b, a, n = (heldout["before"].get("filter_solved"), heldout["before"].get("solved"),
+                   heldout["after"].get("solved"), heldout["before"].get("samples"))
+    if not at or not b or not a or not n:
         return {}
     out: dict[str, list] = {}
-    for name, ids in (("below_half", [t for t in b if 2 * b[t] < n]), ("half_or_more", [t for t in b if 2 * b[t] >= n])):
+    for name, ids in (("below_half", [t for t in b if 2 * at[t] < n]), ("half_or_more", [t for t in b if 2 * at[t] >= n])):
         if ids:
             out[name] = [len(ids), sum(b[t] for t in ids) / (n * len(ids)), sum(a[t] for t in ids) / (n * len(ids))]
     return out
@@ -130,7 +134,7 @@ def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str
             "rl_heldout": {"tasks": h["before"]["tasks"], "before": h["before"]["pass@1"], "after": h["after"]["pass@1"],
                            "before_ci95": h["before"]["pass@1_ci95"], "after_ci95": h["after"]["pass@1_ci95"],
                            "pretrain": (rl.get("heldout_pretrain") or {}).get("pass@1"),
-                           "by_part": heldout_by_part(h), "by_rate_before": heldout_by_rate(h)}
+                           "by_part": heldout_by_part(h), "by_filter_rate": heldout_by_rate(h)}
             if rl_ran and (h := rl.get("heldout")) else None,
             "rl_planned": (m.get("plan") or {}).get("rl", True), "rl_reason": (m.get("plan") or {}).get("rl_reason", ""),
             "mid_share": (m.get("plan") or {}).get("mid_share", 0.0),

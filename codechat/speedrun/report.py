@@ -432,8 +432,8 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
                          f"before -> after", f"{p1(h['before'])} -> {p1(h['after'])} ({h['before']['samples']} samples "
                                              "a task, the same seeds)" + "".join(  # per part of the pool
                              f"; {part} ({k}) {b:.1%} -> {a:.1%}" for part, (k, b, a) in heldout_by_part(h).items())))
-            if by_rate := heldout_by_rate(h):  # sharpening alone raises the first and lowers the second
-                rows.append(("the slice by its tasks' rate before RL: pass@1 before -> after", "; ".join(
+            if by_rate := heldout_by_rate(h):  # sharpening alone raises the second and lowers the first
+                rows.append(("the slice by its tasks' rate at the filter: pass@1 before -> after", "; ".join(
                     f"{name.replace('_', ' ')} ({k}) {b:.1%} -> {a:.1%}" for name, (k, b, a) in by_rate.items())))
         if b := r.get("heldout_pretrain"):
             rows.append((f"the slice's mined tasks ({b['problems']}) on `pretrain/`, base mode (signature and "

@@ -148,17 +148,19 @@ def preflight(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLConfig, s
 
 
 def pass_rate_filter(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLConfig, sampling: Any, seed: int,
-                     out: Path, main: bool, resumed: bool, echo: Any) -> list:
+                     out: Path, main: bool, resumed: bool, echo: Any) -> tuple[list, dict[str, int]]:
     """The tasks GRPO trains on: those of ``tasks`` the policy sometimes solves
-    (:mod:`codechat.train.task_pool`; figures in ``filter.json``, read back on a resume).
+    (:mod:`codechat.train.task_pool`; figures in ``filter.json``, read back on a resume), and how many of
+    each kept task's ``cfg.filter_samples`` samples passed (by task id).
 
     Raises:
         TooFewTasks: fewer than ``cfg.min_tasks`` were kept.
     """
     path = out / "filter.json"
     if resumed and path.exists():
-        kept = set(json.loads(path.read_text())["kept_ids"])
-        return [t for t in tasks if t.task_id in kept]
+        saved = json.loads(path.read_text())
+        kept = set(saved["kept_ids"])
+        return [t for t in tasks if t.task_id in kept], {k: saved["counts"][k][1] for k in kept}
     g = cfg.filter_samples
 
     def sample(feed: Iterator[tuple[Any, int]]) -> Iterator[tuple[Any, int]]:
@@ -175,7 +177,7 @@ def pass_rate_filter(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLCo
     if len(res.kept) < cfg.min_tasks:
         raise TooFewTasks(too_few_message(res, cfg.min_tasks, cfg.filter_min, cfg.filter_max))
     kept = set(res.kept)
-    return [t for t in tasks if t.task_id in kept]
+    return [t for t in tasks if t.task_id in kept], {k: res.counts[k][1] for k in kept}
 
 
 def _step_metrics(rs: list[Rollout], stats: Any, prompts_truncated: int) -> dict[str, float]:
@@ -264,11 +266,12 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | 
     try:
         if rl.filter_samples:
             model.eval()
-            kept = pass_rate_filter(engine, tok, tasks, judge, rl, sampling, cfg.run.seed, out, world.main, resumed, echo)
+            kept, passed = pass_rate_filter(engine, tok, tasks, judge, rl, sampling, cfg.run.seed, out, world.main,
+                                            resumed, echo)
             took("filter")
             schedule.tasks, heldout = split_heldout(kept, rl.heldout_tasks, rl.min_tasks, cfg.run.seed)
-            before = _heldout_before(engine, tok, heldout, judge, rl, sampling, cfg.run.seed, out, world.main, resumed,
-                                     echo)
+            before = _heldout_before(engine, tok, heldout, passed, judge, rl, sampling, cfg.run.seed, out, world.main,
+                                     resumed, echo)
             took("heldout_before")
         elif not (resumed and (out / "preflight.json").exists()):
             model.eval()
@@ -309,16 +312,18 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | 
     return result
 
 
-def _heldout_before(engine: Any, tok: Any, heldout: list, judge: Judge, rl: RLConfig, sampling: Any, seed: int,
-                    out: Path, main: bool, resumed: bool, echo: Any) -> dict[str, Any] | None:
+def _heldout_before(engine: Any, tok: Any, heldout: list, passed: dict[str, int], judge: Judge, rl: RLConfig,
+                    sampling: Any, seed: int, out: Path, main: bool, resumed: bool, echo: Any) -> dict[str, Any] | None:
     """The held-out slice's figures with the initial policy (:mod:`.rl_heldout`; ``heldout.json``, read
-    back on a resume); None without a slice."""
+    back on a resume), with ``filter_solved``, each task's samples passed at the filter (``passed``: an
+    independent reading of the same policy, other seeds); None without a slice."""
     path = out / "heldout.json"
     if not heldout:
         return None
     if resumed and path.exists():
         return json.loads(path.read_text())["before"]
     before = score_slice(engine, tok, heldout, judge, rl.filter_samples, sampling, seed)
+    before["filter_solved"] = {t.task_id: passed[t.task_id] for t in heldout}
     if main:
         write_text(path, json.dumps({"before": before}, indent=1))
     echo(f"held-out slice: {len(heldout)} kept tasks set aside, pass@1 {before['pass@1']:.2%} before RL")
