@@ -410,7 +410,8 @@ def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
       0.60 -> 0.80 and HumanEval / MBPP pass@1 0.88 -> 1.40% / 0.92 -> 1.24% (within their intervals),
       but the held-out slice stayed flat (57.8 -> 56.6% on 32 tasks; 27.7 -> 27.7% on 96 in the other).
       At 6d775cc (H100; 96 held out, the filter stopping at 200 kept): 34 steps, reward 0.39 -> 0.53,
-      held-out 35.8 -> 35.9%; a third of GRPO's time waited on the judge's 3 s timeouts.
+      held-out 35.8 -> 35.9%; a third of GRPO's time waited on the judge's 3 s timeouts. At d39a339 (H100,
+      the judge at 1 s): 53 steps, reward 0.41 -> 0.58, held-out 34.8 -> 31.5%.
     - 16 minutes (H100, 1952296): the filter kept 86 of 358 tasks and GRPO made 36 steps.
     - The doctests mined from a GPU run's whole corpus alone are ~31 tasks, fewer than 32 before the
       filter even runs.
