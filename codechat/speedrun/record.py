@@ -101,15 +101,17 @@ def heldout_by_rate(heldout: dict[str, Any]) -> dict[str, list]:
     alone raises the tasks solved more often than not and lowers the rest, and the slice's mean can stay flat.
     The filter's samples are an independent reading of the same policy: split by the "before" counts instead,
     the groups would move apart by regression to the mean alone (``benchmarks/RESULTS.md``, seventeenth session)."""
+    from codechat.train.rl_heldout import by_part
     at, b, a, n = (heldout["before"].get("filter_solved"), heldout["before"].get("solved"),
                    heldout["after"].get("solved"), heldout["before"].get("samples"))
     if not at or not b or not a or not n:
         return {}
-    out: dict[str, list] = {}
-    for name, ids in (("below_half", [t for t in b if 2 * at[t] < n]), ("half_or_more", [t for t in b if 2 * at[t] >= n])):
-        if ids:
-            out[name] = [len(ids), sum(b[t] for t in ids) / (n * len(ids)), sum(a[t] for t in ids) / (n * len(ids))]
-    return out
+
+    def rate(task_id: str) -> str:
+        return "below_half" if 2 * at[task_id] < n else "half_or_more"
+    before, after = by_part(b, n, rate), by_part(a, n, rate)
+    return {g: [before[g]["tasks"], before[g]["pass@1"], after[g]["pass@1"]]
+            for g in ("below_half", "half_or_more") if g in before}
 
 
 def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str, Any]:

@@ -14,7 +14,7 @@ train on, against the mined ``io`` and ``doctest`` tasks), as the kept tasks are
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .rollouts import Judge, collect
 from .task_pool import pool_part
@@ -45,10 +45,11 @@ def score_slice(engine: Any, tok: Any, tasks: Sequence, judge: Judge, samples: i
             "seconds": batch.generate_s + batch.judge_s}
 
 
-def by_part(solved: dict[str, int], samples: int) -> dict[str, dict[str, float]]:
+def by_part(solved: dict[str, int], samples: int,
+            part: Callable[[str], str] = pool_part) -> dict[str, dict[str, float]]:
     """``part -> {"tasks": k, "pass@1": p}`` of ``solved`` (task id -> samples passing, of ``samples``),
-    per part of the pool (:func:`.task_pool.pool_part`), in first-seen order."""
+    per ``part(task_id)`` (default: the part of the pool, :func:`.task_pool.pool_part`), in first-seen order."""
     parts: dict[str, list[int]] = {}
     for task_id, c in solved.items():
-        parts.setdefault(pool_part(task_id), []).append(c)
+        parts.setdefault(part(task_id), []).append(c)
     return {part: {"tasks": len(cs), "pass@1": sum(cs) / (len(cs) * samples)} for part, cs in parts.items()}
