@@ -178,7 +178,7 @@ def test_mid_training_takes_its_share_from_pretraining_and_bad_shares_are_refuse
 
 
 def test_rl_auto_plans_grpo_only_where_its_pool_can_keep_enough_tasks_and_gives_its_share_to_pretraining():
-    from codechat.speedrun.plan import with_rl
+    from codechat.speedrun.rl_choice import with_rl
     cpu, gpu = torch.device("cpu"), torch.device("cuda")  # planning only: nothing runs on the device
     g = plan(gpu, None, 16.0, mbpp=str(MBPP_FIXTURE))
     on = with_rl(g, "auto", gpu)
@@ -267,7 +267,7 @@ def test_chat_sft_leaves_out_the_mined_pairs_of_the_rl_pools_functions(tmp_path,
     from codechat.data.io_tasks import write_corpus_tasks
     from codechat.data.mining import write_mined
     from codechat.eval import sandbox
-    from codechat.speedrun.plan import with_rl
+    from codechat.speedrun.rl_choice import with_rl
     src = tmp_path / "src"
     src.mkdir()
     (src / "funcs.py").write_text(

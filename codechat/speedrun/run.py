@@ -57,7 +57,8 @@ from codechat.data.sources import iter_split_texts
 from codechat.data.windows import eval_windows, spread_order
 from codechat.speedrun.background import BackgroundJobs
 from codechat.speedrun.generation import GenerationStages
-from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan, with_plan_overrides, with_rl
+from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan, with_plan_overrides
+from codechat.speedrun.rl_choice import with_rl
 from codechat.speedrun.record import append_record, current_commit, record_line
 from codechat.speedrun.report import plot_loss, plot_throughput, read_metrics, speedrun_report, validation_baselines
 from codechat.speedrun.rl_stage import RLStage
@@ -403,7 +404,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
     ``plan_overrides`` set the plan's own fields (``{"rl_prompts_per_step": "4"}``,
     :func:`~codechat.speedrun.plan.with_plan_overrides`; kept for ``--resume``).
     ``tasks``: more RL task specs for the pool (joined by ``+``, :mod:`codechat.train.task_pool`).
-    ``rl``: ``on``, ``off`` or ``auto``, whether the RL stage runs (:func:`~codechat.speedrun.plan.with_rl`).
+    ``rl``: ``on``, ``off`` or ``auto``, whether the RL stage runs (:func:`~codechat.speedrun.rl_choice.with_rl`).
     ``record``: a file to which the finished run appends its line (:mod:`codechat.speedrun.record`),
     ``command`` being the command line it names.
 
