@@ -5,7 +5,8 @@
   ``pass@k = 1 - C(n-c, k) / C(n, k)``, computed as a product so it never overflows.
 - :func:`verdict` turns pass@1 into the decision before RL (GRPO needs reward variance inside a
   group; with pass@1 < 1 % almost every group is all-zero).
-- :func:`bootstrap_interval`: a percentile bootstrap interval of pass@1 over problems;
+- :func:`bootstrap_interval`: a percentile bootstrap interval of pass@1 over problems; :func:`pass_figures`
+  a suite's pass@k, pass@1, its standard error and interval from per-problem counts;
 - :func:`filter_by_pass_rate` keeps the problems whose sampled pass rate is inside a range, so
   every RL group has some variance (``codechat eval filter``).
 """
@@ -93,6 +94,22 @@ def bootstrap_interval(rates: Sequence[float], *, level: float = 0.95, resamples
     means = sorted(math.fsum(rng.choices(rates, k=n)) / n for _ in range(resamples))
     lo, hi = (1 - level) / 2, (1 + level) / 2
     return means[int(lo * (resamples - 1))], means[int(math.ceil(hi * (resamples - 1)))]
+
+
+def pass_figures(per_task: dict[str, dict[str, int]], ks: Sequence[int]) -> dict[str, Any]:
+    """``pass@k`` (``{"pass@K": mean}``), ``pass@1``, its standard error over problems and its 95% bootstrap
+    interval (:func:`bootstrap_interval`) from ``{task_id: {"n", "c"}}`` (``results.json``'s
+    ``per_task``): also a suite's figures on a subset of its problems.
+
+    Raises:
+        ValueError: no problems, or a ``k`` over a problem's ``n``.
+    """
+    pairs = [(v["n"], v["c"]) for v in per_task.values()]
+    p1 = mean_pass_at_k(pairs, 1)
+    rates = [pass_at_k(nn, c, 1) for nn, c in pairs]
+    stderr = math.sqrt(sum((r - p1) ** 2 for r in rates) / (len(rates) - 1) / len(rates)) if len(rates) > 1 else None
+    return {"pass@k": {f"pass@{k}": mean_pass_at_k(pairs, k) for k in ks}, "pass@1": p1, "pass@1_stderr": stderr,
+            "pass@1_ci95": bootstrap_interval(rates)}
 
 
 def verdict_band(pass_at_1: float) -> str:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import textwrap
 import threading
@@ -64,7 +63,7 @@ from tqdm.auto import tqdm
 from codechat.config.atomic import write_text
 from codechat.eval import sandbox
 from codechat.eval.extract import defines, extract_code, parse_quietly
-from codechat.eval.passk import bootstrap_interval, mean_pass_at_k, pass_at_k, verdict, verdict_band
+from codechat.eval.passk import pass_figures, verdict, verdict_band
 from codechat.eval.problems import Problem, load_problems
 
 MODES = ("auto", "chat", "base")
@@ -478,22 +477,6 @@ def summarise(done: dict[tuple[str, int], dict[str, Any]], problems: Sequence[Pr
     return {"problems": len(problems), "n": n, "ks": list(ks), "samples": len(problems) * n, **figures,
             "verdict": verdict(p1), "verdict_band": verdict_band(p1), "counts": counts, "finish": finish,
             "prompt_overflow": overflow, "per_task": per_task}
-
-
-def pass_figures(per_task: dict[str, dict[str, int]], ks: Sequence[int]) -> dict[str, Any]:
-    """``pass@k`` (``{"pass@K": mean}``), ``pass@1``, its standard error over problems and its 95% bootstrap
-    interval (:func:`~codechat.eval.passk.bootstrap_interval`) from ``{task_id: {"n", "c"}}`` (``results.json``'s
-    ``per_task``): also a suite's figures on a subset of its problems.
-
-    Raises:
-        ValueError: no problems, or a ``k`` over a problem's ``n``.
-    """
-    pairs = [(v["n"], v["c"]) for v in per_task.values()]
-    p1 = mean_pass_at_k(pairs, 1)
-    rates = [pass_at_k(nn, c, 1) for nn, c in pairs]
-    stderr = math.sqrt(sum((r - p1) ** 2 for r in rates) / (len(rates) - 1) / len(rates)) if len(rates) > 1 else None
-    return {"pass@k": {f"pass@{k}": mean_pass_at_k(pairs, k) for k in ks}, "pass@1": p1, "pass@1_stderr": stderr,
-            "pass@1_ci95": bootstrap_interval(rates)}
 
 
 def format_summary(results: dict[str, Any]) -> str:

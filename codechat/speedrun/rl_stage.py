@@ -176,10 +176,10 @@ class RLStage:
 
     def _before_on_the_same_problems(self, suite: str, after: dict[str, Any]) -> dict[str, Any] | None:
         """``sft/``'s figures on ``suite`` (``humaneval`` or ``mbpp``) over the problems ``rl/`` was scored on
-        (:func:`~codechat.eval.suites.pass_figures` of ``eval/<suite>/results.json`` restricted to
+        (:func:`~codechat.eval.passk.pass_figures` of ``eval/<suite>/results.json`` restricted to
         ``eval/<suite>-rl/``'s problems), when a deadline scored fewer on ``rl/``: a before/after pair over the
         same problems. None when both scored the same problems or a results file is missing."""
-        from codechat.eval.suites import pass_figures
+        from codechat.eval.passk import pass_figures
         d = self.run / "eval"
         try:
             before = json.loads((d / suite / "results.json").read_text())["per_task"]
