@@ -358,7 +358,7 @@ def test_background_work_gives_the_baselines_and_mined_pairs_of_the_stages(tmp_p
     from codechat.data.mixture import Mixture
     from codechat.speedrun.plan import plan
     from codechat.speedrun.rl_choice import with_rl
-    from codechat.speedrun.report import validation_baselines
+    from codechat.speedrun.baselines import validation_baselines
     from codechat.speedrun.run import Speedrun
     run = tmp_path / "run"
     shutil.copytree(tok_dir, run / "tokenizer")

@@ -20,7 +20,7 @@ from typing import Any
 
 from codechat.config.stages import replace
 from codechat.speedrun.plan import SpeedrunPlan
-from codechat.speedrun.report import validation_baselines
+from codechat.speedrun.baselines import validation_baselines
 from codechat.train import sft
 from codechat.train.pretrain import warm_compile
 

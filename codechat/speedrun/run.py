@@ -60,7 +60,8 @@ from codechat.speedrun.generation import GenerationStages
 from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan, with_plan_overrides
 from codechat.speedrun.rl_choice import with_rl
 from codechat.speedrun.record import append_record, current_commit, record_line
-from codechat.speedrun.report import plot_loss, plot_throughput, read_metrics, speedrun_report, validation_baselines
+from codechat.speedrun.baselines import validation_baselines
+from codechat.speedrun.report import plot_loss, plot_throughput, read_metrics, speedrun_report
 from codechat.speedrun.rl_stage import RLStage
 from codechat.speedrun.tuning import TuningStages
 from codechat.tokenizer import train_tokenizer
