@@ -55,18 +55,28 @@ def stop_py_spy(proc: subprocess.Popen) -> None:
 
 def print_profile(name: str, profile: dict, raw: Path, samples: str = "gil") -> None:
     shares = ", ".join(f"{t} {v:.1%}" for t, v in profile["share"].items())
-    print(f"# {name} {'GIL held' if samples == 'gil' else 'wall time'} (py-spy, {raw}): {shares}")
+    helpers = f"; {profile['helpers']} helper processes left out" if profile.get("helpers") else ""
+    print(f"# {name} {'GIL held' if samples == 'gil' else 'wall time'} (py-spy, {raw}): {shares}{helpers}")
     for row in profile["top"]:
         print(f"#   {row['share']:6.1%}  {row['thread']}: {row['stack']}")
 
 
-def read_profile(raw: Path, wall: float, top: int = 12) -> dict:
+def read_profile(raw: Path, wall: float, per_thread: int = 4, least: float = 0.02) -> dict:
     """From a :func:`start_py_spy` file: ``share``, each thread's samples / (rate x ``wall`` seconds) (of
-    its process's GIL with ``gil`` samples, of its own time with ``wall`` ones; with ``--subprocesses``
-    each thread named after its process, ``server`` or ``engine process``), and ``top``, the ``top``
-    stacks by samples (their three innermost frames, each as its share of the round)."""
+    its process's GIL with ``gil`` samples, of its own time with ``wall`` ones), and ``top``, each
+    thread's stacks seen most, the thread's share first (their three innermost frames, each as its share
+    of the round; at most ``per_thread`` a thread, those of at least ``least`` of it). Threads of one
+    name (a pool's workers) are one entry, named with their count (``AnyIO worker thread x40``), and
+    their figures are the mean thread's.
+
+    With ``--subprocesses`` each thread is named after its process (:func:`process_role`): ``server``
+    (the sampled process) or ``engine process`` (its spawned child). Other processes (the compile
+    workers of Inductor, pools forked by either) are left out of both and counted in ``helpers``: they
+    wait idle through a round, and with ``wall`` samples their waits would fill ``top``."""
     threads: dict[str, int] = {}
+    ids: dict[str, set[str]] = {}
     frames: dict[tuple[str, str], int] = {}
+    helpers: set[str] = set()
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         if not stack:
@@ -77,13 +87,35 @@ def read_profile(raw: Path, wall: float, top: int = 12) -> dict:
             procs.append(stack[:end])
             stack = stack[end:]
         names = stack.split(";")
-        thread = re.sub(r"^thread \(\d+\): ", "", names[0])
+        tid = re.match(r"^thread \((\d+)\): ", names[0])
+        thread = names[0][tid.end():] if tid else names[0]
         if procs:
-            thread = f"{'engine process' if 'spawn_main' in procs[-1] else 'server'} {thread}"
+            role = process_role(procs)
+            if role is None:
+                helpers.add(procs[-1].split(":", 1)[0])
+                continue
+            thread = f"{role} {thread}"
         key = thread, " < ".join(f.split(" (")[0] for f in names[1:][-1:-4:-1])  # the 3 innermost frames
         threads[thread] = threads.get(thread, 0) + int(n)
+        ids.setdefault(thread, set()).add(tid.group(1) if tid else "")
         frames[key] = frames.get(key, 0) + int(n)
-    possible = PY_SPY_RATE * wall
-    return {"share": {t: n / possible for t, n in sorted(threads.items(), key=lambda x: -x[1])},
-            "top": [{"thread": t, "stack": st, "share": n / possible}
-                    for (t, st), n in sorted(frames.items(), key=lambda x: -x[1])[:top]]}
+    count = {t: len(v) for t, v in ids.items()}
+    name = lambda t: f"{t} x{count[t]}" if count[t] > 1 else t  # noqa: E731
+    mean = {t: n / (PY_SPY_RATE * wall * count[t]) for t, n in threads.items()}
+    stacks = {k: n / (PY_SPY_RATE * wall * count[k[0]]) for k, n in frames.items()}
+    order = sorted(mean, key=lambda t: -mean[t])
+    top = [{"thread": name(t), "stack": st, "share": v}
+           for t in order
+           for st, v in sorted(((st, v) for (u, st), v in stacks.items() if u == t and v >= least),
+                               key=lambda x: -x[1])[:per_thread]]
+    return {"share": {name(t): mean[t] for t in order}, "top": top,
+            "helpers": len(helpers)}
+
+
+def process_role(procs: list[str]) -> str | None:
+    """``server`` for the sampled process, ``engine process`` for a child of it started by
+    ``multiprocessing``'s spawn, None for any other; ``procs``: a sample's ``process PID:"CMDLINE";``
+    frames, the sampled process first and the sample's own last."""
+    if len(procs) == 1:
+        return "server"
+    return "engine process" if len(procs) == 2 and "spawn_main" in procs[-1] else None

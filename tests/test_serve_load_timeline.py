@@ -64,6 +64,33 @@ def test_the_profile_names_each_thread_after_its_process_with_subprocesses(spy, 
     assert p["top"][1]["stack"] == "step < run"
 
 
+def test_the_profile_leaves_helper_processes_out_and_gives_a_pools_mean_thread(spy, tmp_path):
+    """The eighteenth session's wall profile (H100, 2026-12-06) read Inductor's compile workers as the
+    server and summed forty AnyIO workers into one thread at 1,533%: neither may happen."""
+    raw = tmp_path / "spy.txt"
+    front = 'process 7:"python -m codechat serve";'
+    engine = 'process 9:"python -c from multiprocessing.spawn import spawn_main; spawn_main(pipe_handle=8)";'
+    compile_worker = 'process 12:"python -m torch._inductor.compile_worker";'
+    forked = 'process 13:"python -m codechat serve";'
+    raw.write_text(f"{front}thread (20): AnyIO worker thread;run (w.py:1);get (q.py:2);wait (t.py:3) 900\n"
+                   f"{front}thread (21): AnyIO worker thread;run (w.py:1);get (q.py:2);wait (t.py:3) 700\n"
+                   f"{front}thread (21): AnyIO worker thread;run (w.py:1);encode (j.py:4) 100\n"
+                   f"{front}{engine}thread (9): MainThread;run (w.py:1);step (s.py:9);sync (e.py:5) 600\n"
+                   f"{front}{engine}thread (9): MainThread;run (w.py:1);step (s.py:9);admit (s.py:7) 300\n"
+                   f"{front}{engine}thread (9): MainThread;run (w.py:1);step (s.py:9);tiny (s.py:8) 10\n"
+                   f"{front}{engine}{compile_worker}thread (12): MainThread;main (c.py:1);recv (c.py:2) 1000\n"
+                   f"{front}{forked}thread (13): MainThread;_process_worker (p.py:1);get (q.py:2) 1000\n")
+    p = spy.read_profile(raw, 1000 / spy.PY_SPY_RATE)
+    assert p["helpers"] == 2  # the compile worker and the server's forked pool worker
+    assert p["share"] == {"engine process MainThread": pytest.approx(0.91),
+                          "server AnyIO worker thread x2": pytest.approx(0.85)}
+    assert [(r["thread"], r["stack"], round(r["share"], 3)) for r in p["top"]] == [
+        ("engine process MainThread", "sync < step < run", 0.6),
+        ("engine process MainThread", "admit < step < run", 0.3),  # 'tiny' is under 2% of the round
+        ("server AnyIO worker thread x2", "wait < get < run", 0.8),
+        ("server AnyIO worker thread x2", "encode < run", 0.05)]
+
+
 def test_the_closed_loop_sends_each_clients_next_request_when_its_last_finished(serve_load):
     """Every request runs once, a client's one after another: with 3 clients, 3 rows at most at a time."""
     import torch
