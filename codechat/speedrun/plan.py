@@ -345,7 +345,12 @@ PRETRAIN_OWN_KEYS = frozenset({"train.max_steps", "train.time_budget_s", "train.
 #: 0.709); then ReLU² MLP, logits soft-capped at 15, the embedding's AdamW group at 5x the LR and a linear
 #: decay to zero (2026-12-03, benchmarks/pretrain_ablation.py, 232 s of training each: 0.598 against 0.617).
 #: ReLU² and the soft-cap are not expressible in transformers' Llama / Qwen3: ``export --format hf``
-#: refuses such a checkpoint (our own format and every codechat command load it).
+#: refuses such a checkpoint (our own format and every codechat command load it). FP8 training
+#: (``train.fp8``) is not among them: the 9-minute run with ``--pretrain.train.fp8 tensorwise
+#: --pretrain.train.fp8_head true`` (H100, e6eb98a) trained d12 at 457k tokens/s against bf16's 469k (d12's
+#: 768-wide matmuls are too small for FP8's casts to pay) and compiled its first step in 58 s that the
+#: background warm-up could not hide, so it saw 81M tokens against 109M and ended at 0.629 bits/byte
+#: against 0.601 (32366a8). FP8 pays on ``d20`` (1.13x) and ``1b`` (1.26x) (benchmarks/RESULTS.md).
 GPU_RECIPE_OVERRIDES: dict[str, dict[str, str]] = {"d12": {
     "optim.name": "muon", "optim.lr": "2e-3", "model.mlp_act": "relu2", "model.logit_softcap": "15",
     "optim.embed_lr_mult": "5", "optim.schedule": "linear", "optim.min_lr_ratio": "0"}}
