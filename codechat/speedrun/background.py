@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from codechat.config.stages import replace
-from codechat.speedrun.plan import SpeedrunPlan
 from codechat.speedrun.baselines import validation_baselines
+from codechat.speedrun.plan import SpeedrunPlan
 from codechat.train import sft
 from codechat.train.pretrain import warm_compile
 

@@ -56,12 +56,12 @@ from codechat.data.corpus import benchmark_decontaminator, build_corpus, load_in
 from codechat.data.sources import iter_split_texts
 from codechat.data.windows import eval_windows, spread_order
 from codechat.speedrun.background import BackgroundJobs
+from codechat.speedrun.baselines import validation_baselines
 from codechat.speedrun.generation import GenerationStages
 from codechat.speedrun.plan import LICENSES, SpeedrunPlan, plan, with_plan_overrides
-from codechat.speedrun.rl_choice import with_rl
 from codechat.speedrun.record import append_record, current_commit, record_line
-from codechat.speedrun.baselines import validation_baselines
 from codechat.speedrun.report import plot_loss, plot_throughput, read_metrics, speedrun_report
+from codechat.speedrun.rl_choice import with_rl
 from codechat.speedrun.rl_stage import RLStage
 from codechat.speedrun.tuning import TuningStages
 from codechat.tokenizer import train_tokenizer
