@@ -51,6 +51,9 @@ figure, ``serve_c{C}_*`` streaming and ``serve_whole_c{C}_*`` not:
   timeline; ``*_vs_engine_loop``: serve over it. The one-batch baseline over the loop prices the
   admissions of joining rows; the loop over serve, the HTTP front end and the clients' turnaround.
 
+``--http`` and ``--loop`` choose the server's HTTP parser and event loop (``codechat serve --http
+httptools --loop uvloop``, where those are installed, against h11 and asyncio).
+
 ``--py-spy`` samples the server (the engine process too) with ``py-spy record --threads --gil
 --subprocesses --nonblocking`` (on PATH or beside this Python) during the rounds at the largest
 concurrency and prints each thread's share of the GIL and the top stacks (where one process's GIL is
@@ -155,7 +158,7 @@ def start_server(model: Path, args: argparse.Namespace, log: Path, cores: list[i
     port = free_port()
     cmd = [sys.executable, "-m", "codechat", "serve", "--model", str(model), "--port", str(port),
            "--device", args.device, "--slots", str(args.slots), "--queue-size", str(4 * max(args.concurrency)),
-           "--log-level", "warning", "--engine", args.engine]
+           "--log-level", "warning", "--engine", args.engine, "--http", args.http, "--loop", args.loop]
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=pin)
     url = f"http://127.0.0.1:{port}"
@@ -426,6 +429,8 @@ def main() -> None:
                                                          "300-character prompts")
     ap.add_argument("--engine", choices=["process", "thread"], default="process",
                     help="where the server runs its engine (codechat serve --engine; default process)")
+    ap.add_argument("--http", default="auto", help="the server's HTTP parser (codechat serve --http; default auto)")
+    ap.add_argument("--loop", default="auto", help="the server's event loop (codechat serve --loop; default auto)")
     ap.add_argument("--py-spy", nargs="?", const="gil", choices=SAMPLES,
                     help="sample the server with py-spy (on PATH) during the rounds at the largest concurrency: "
                          "each thread's share of the GIL (gil, the default) or of its wall time, idle and "
@@ -455,7 +460,7 @@ def main() -> None:
     print(f"# serve_load: {model_dir} on {args.device}, torch {torch.__version__}, openai {openai.__version__}; "
           f"concurrency {args.concurrency}, {args.requests} requests a client, {args.new_tokens} new tokens, "
           f"{args.prompt_chars}-character prompts, modes {args.modes}, clients over {args.client_procs} processes, "
-          f"the server's engine in a {args.engine}",
+          f"the server's engine in a {args.engine}, its HTTP parser {args.http}, its event loop {args.loop}",
           flush=True)
     messages = prompts(max(args.concurrency) * args.requests, args.prompt_chars)
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -402,7 +402,8 @@ def test_a_dead_engine_process_answers_503_and_health_says_so(funcall_stage, tmp
     from conftest import free_port, wait_healthy
     port, log = free_port(), tmp_path / "server.log"
     proc = subprocess.Popen([sys.executable, "-m", "codechat", "serve", "--model", str(funcall_stage[0]), "--port",
-                             str(port), "--device", "cpu", "--slots", "2", "--log-level", "warning"],
+                             str(port), "--device", "cpu", "--slots", "2", "--log-level", "warning",
+                             "--http", "h11", "--loop", "asyncio"],  # uvicorn's pure-Python pair, named
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -285,3 +285,17 @@ def test_an_api_key_no_client_can_send_is_refused_at_start(capsys):
     from codechat.cli import main
     assert main(["serve", "--model", "nowhere", "--api-key", "s\u00ebcret"]) == 2
     assert "--api-key (or $CODECHAT_API_KEY) must be printable ASCII" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,package", [("--http", "httptools"), ("--loop", "uvloop")])
+def test_a_c_parser_or_loop_that_is_not_installed_is_refused_at_start(flag, package, monkeypatch, capsys):
+    """``--http httptools`` / ``--loop uvloop`` without the package: one line before the model loads
+    (uvicorn itself would fail only once the model had loaded)."""
+    import importlib.util
+
+    from codechat.cli import main
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else find_spec(name, *a))
+    assert main(["serve", "--model", "nowhere", flag, package]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {package}: {package} is not installed (pip install {package}), or use {flag} auto" in err

@@ -6,6 +6,7 @@ runs, and without fastapi / uvicorn it stops with one line saying ``pip install 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 
@@ -17,6 +18,10 @@ from .config import ServeConfig
 API_KEY_ENV = "CODECHAT_API_KEY"
 INSTALL_HINT = "pip install 'codechat[serve]'"
 SERVE_PACKAGES = ("fastapi", "starlette", "uvicorn")  #: what the serve extra brings that serving imports
+#: ``--http`` and ``--loop``: uvicorn's ``http`` and ``loop`` settings. The C ones (httptools, uvloop) are not in the
+#: serve extra: uvicorn's ``auto`` uses them when they are installed.
+HTTP_PARSERS = ("auto", "h11", "httptools")
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -61,6 +66,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="start without compiling and capturing every batch and prompt bucket first (CUDA; by "
                         "default they are, so that the first requests do not pay for it: "
                         "codechat/engine/warmup.py)")
+    p.add_argument("--http", choices=HTTP_PARSERS, default="auto",
+                   help="uvicorn's HTTP/1.1 parser: h11 (pure Python, always there), httptools (C; pip install "
+                        "httptools) or auto (httptools when installed, else h11; the default)")
+    p.add_argument("--loop", choices=EVENT_LOOPS, default="auto",
+                   help="the front end's event loop: asyncio, uvloop (pip install uvloop) or auto (uvloop when "
+                        "installed, else asyncio; the default)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default info: one line per request)")
     p.set_defaults(func=_cmd_serve)
@@ -121,6 +132,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     engine_config = EngineConfig(slots=args.slots, max_len=args.max_len, warm_up=not args.no_warm_up)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    for flag, package in (("--http", args.http), ("--loop", args.loop)):
+        if package in ("httptools", "uvloop") and importlib.util.find_spec(package) is None:
+            raise ValueError(f"{flag} {package}: {package} is not installed (pip install {package}), or use "
+                             f"{flag} auto")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if api_key is not None and not (api_key.isascii() and api_key.isprintable()):
         raise ValueError(f"--api-key (or ${API_KEY_ENV}) must be printable ASCII: clients send it in an HTTP header, "
@@ -143,7 +158,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, http=args.http, loop=args.loop)
     finally:
         worker.close()
     return 0
