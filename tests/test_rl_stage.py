@@ -345,6 +345,10 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     assert by_part[part][:2] == [b["tasks"], b["pass@1"]] and sum(v[0] for v in by_part.values()) == 2
     by_rate = record_line(s.m, "codechat speedrun", None)["rl_heldout"]["by_filter_rate"]
     assert sum(v[0] for v in by_rate.values()) == 2 and "| the slice by its tasks' rate at the filter: pass@1" in report
+    change = record_line(s.m, "codechat speedrun", None)["rl_heldout"]["change"]
+    assert change[0] == pytest.approx(h["after"]["pass@1"] - h["before"]["pass@1"]) and change[1] <= change[0] <= change[2]
+    assert f"| the slice's change, after - before: pass@1 [95% paired interval over its tasks] | {change[0] * 100:+.1f} " \
+           "points [" in report
     kept_counts = {k: c for k, (_, c) in json.loads((run / "rl" / "filter.json").read_text())["counts"].items()}
     assert h["before"]["filter_solved"] == {t: kept_counts[t] for t in h["before"]["solved"]}
     assert f"| sampled tasks by samples passed (0, 1, ... of each task's {p.rl_filter_samples}) | all " in report
@@ -463,6 +467,22 @@ def test_the_held_out_slice_is_broken_down_by_part_of_the_pool():
     assert by_part(solved, 8) == {"MBPP": {"tasks": 2, "pass@1": 10 / 16}, "io": {"tasks": 1, "pass@1": 1 / 8},
                                   "doctest": {"tasks": 1, "pass@1": 0.5}, "other": {"tasks": 1, "pass@1": 0.0}}
     assert by_part({}, 8) == {}
+
+
+def test_the_held_out_slices_change_has_a_paired_interval_over_its_tasks():
+    """Every task one sample of 8 better: the change is +12.5 points exactly, though the slice's own pass@1
+    intervals before and after (the spread between its tasks) overlap; tasks moving both ways straddle 0."""
+    from codechat.eval.passk import bootstrap_interval
+    from codechat.speedrun.record import heldout_change
+    before = {f"t{i}": i % 7 for i in range(40)}
+    up = {"before": {"samples": 8, "solved": before}, "after": {"samples": 8, "solved": {t: c + 1 for t, c in before.items()}}}
+    assert heldout_change(up) == pytest.approx([0.125, 0.125, 0.125])
+    lo_after = bootstrap_interval([(c + 1) / 8 for c in before.values()])[0]
+    assert lo_after < bootstrap_interval([c / 8 for c in before.values()])[1]  # unpaired, the two overlap
+    mixed = {t: c + (2 if i % 2 else -2) for i, (t, c) in enumerate({f"t{i}": 3 for i in range(40)}.items())}
+    both = heldout_change({"before": {"samples": 8, "solved": {t: 3 for t in mixed}}, "after": {"samples": 8, "solved": mixed}})
+    assert both[0] == pytest.approx(0.0) and both[1] < 0 < both[2]
+    assert heldout_change({"before": {"samples": 8}, "after": {"samples": 8}}) is None
 
 
 def test_the_held_out_slice_is_split_by_each_tasks_rate_at_the_filter():

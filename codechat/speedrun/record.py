@@ -27,6 +27,7 @@ The line (every key always present; ``None`` where the run had no such stage)::
     rl_heldout      {"tasks": k, "before": p, "after": p, "before_ci95": [lo, hi], "after_ci95": [lo, hi]}:
                     pass@1 of the kept tasks GRPO never trained on, on sft/ and rl/ (None without a slice);
                     ``pretrain``: of its corpus-mined tasks on pretrain/ in base mode (None: none such);
+                    ``change``: [after - before, lo, hi], the paired 95% interval over its tasks;
                     ``by_part``: {part of the pool (``MBPP``, ``io``, ``doctest``): [tasks, before, after]};
                     ``by_filter_rate``: the same for its tasks solved below half / at least half the time at the
                     pass-rate filter
@@ -94,6 +95,21 @@ def heldout_by_part(heldout: dict[str, Any]) -> dict[str, list]:
             for part, b in (heldout["before"].get("by_part") or {}).items()}
 
 
+def heldout_change(heldout: dict[str, Any]) -> list[float] | None:
+    """``[after - before, lo, hi]``: the change of the RL held-out slice's pass@1 and its 95% paired bootstrap
+    interval over tasks (:func:`codechat.eval.passk.bootstrap_interval` of each task's after-minus-before rate,
+    from ``heldout.json``'s per-task ``solved`` counts); None without them. The two pass@1 intervals of the
+    slice are each mostly the spread between its tasks, which the paired interval cancels: it says whether RL
+    moved the slice at all (``benchmarks/RESULTS.md``, eighteenth session: -3.3 points [-6.4, -0.3] at d39a339)."""
+    from codechat.eval.passk import bootstrap_interval
+    b, a, n = heldout["before"].get("solved"), heldout["after"].get("solved"), heldout["before"].get("samples")
+    if not b or not a or not n:
+        return None
+    diffs = [(a[t] - c) / n for t, c in b.items()]
+    ci = bootstrap_interval(diffs)
+    return [sum(diffs) / len(diffs), *ci] if ci else None
+
+
 def heldout_by_rate(heldout: dict[str, Any]) -> dict[str, list]:
     """``{"below_half" | "half_or_more": [tasks, pass@1 before, pass@1 after]}`` of the RL held-out slice, its tasks
     split by their rate at the pass-rate filter (``heldout.json``'s ``before.filter_solved``, of ``samples``); empty
@@ -136,7 +152,8 @@ def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str
             "rl_heldout": {"tasks": h["before"]["tasks"], "before": h["before"]["pass@1"], "after": h["after"]["pass@1"],
                            "before_ci95": h["before"]["pass@1_ci95"], "after_ci95": h["after"]["pass@1_ci95"],
                            "pretrain": (rl.get("heldout_pretrain") or {}).get("pass@1"),
-                           "by_part": heldout_by_part(h), "by_filter_rate": heldout_by_rate(h)}
+                           "change": heldout_change(h), "by_part": heldout_by_part(h),
+                           "by_filter_rate": heldout_by_rate(h)}
             if rl_ran and (h := rl.get("heldout")) else None,
             "rl_planned": (m.get("plan") or {}).get("rl", True), "rl_reason": (m.get("plan") or {}).get("rl_reason", ""),
             "mid_share": (m.get("plan") or {}).get("mid_share", 0.0),

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from codechat.speedrun.record import heldout_by_part, heldout_by_rate, mean_reward
+from codechat.speedrun.record import heldout_by_part, heldout_by_rate, heldout_change, mean_reward
 
 
 def parses_after_dropping_last_line(code: str) -> bool:
@@ -392,6 +392,9 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
                          f"before -> after", f"{p1(h['before'])} -> {p1(h['after'])} ({h['before']['samples']} samples "
                                              "a task, the same seeds)" + "".join(  # per part of the pool
                              f"; {part} ({k}) {b:.1%} -> {a:.1%}" for part, (k, b, a) in heldout_by_part(h).items())))
+            if change := heldout_change(h):
+                rows.append(("the slice's change, after - before: pass@1 [95% paired interval over its tasks]",
+                             f"{change[0] * 100:+.1f} points [{change[1] * 100:+.1f}, {change[2] * 100:+.1f}]"))
             if by_rate := heldout_by_rate(h):  # sharpening alone raises the second and lowers the first
                 rows.append(("the slice by its tasks' rate at the filter: pass@1 before -> after", "; ".join(
                     f"{name.replace('_', ' ')} ({k}) {b:.1%} -> {a:.1%}" for name, (k, b, a) in by_rate.items())))
