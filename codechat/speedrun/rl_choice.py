@@ -36,7 +36,8 @@ def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
       but the held-out slice stayed flat (57.8 -> 56.6% on 32 tasks; 27.7 -> 27.7% on 96 in the other).
       At 6d775cc (H100; 96 held out, the filter stopping at 200 kept): 34 steps, reward 0.39 -> 0.53,
       held-out 35.8 -> 35.9%; a third of GRPO's time waited on the judge's 3 s timeouts. At d39a339 (H100,
-      the judge at 1 s): 53 steps, reward 0.41 -> 0.58, held-out 34.8 -> 31.5%.
+      the judge at 1 s): 53 steps, reward 0.41 -> 0.58, held-out 34.8 -> 31.5% (paired over its tasks: -3.3
+      points [-6.4, -0.3], a fall beyond the noise).
     - 16 minutes (H100, 1952296): the filter kept 86 of 358 tasks and GRPO made 36 steps.
     - The doctests mined from a GPU run's whole corpus alone are ~31 tasks, fewer than 32 before the
       filter even runs.
