@@ -75,7 +75,7 @@ def read_profile(raw: Path, wall: float, per_thread: int = 4, least: float = 0.0
     wait idle through a round, and with ``wall`` samples their waits would fill ``top``."""
     threads: dict[str, int] = {}
     ids: dict[str, set[str]] = {}
-    frames: dict[tuple[str, str], int] = {}
+    frames: dict[str, dict[str, int]] = {}  # thread -> its stacks' samples
     helpers: set[str] = set()
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
@@ -95,20 +95,19 @@ def read_profile(raw: Path, wall: float, per_thread: int = 4, least: float = 0.0
                 helpers.add(procs[-1].split(":", 1)[0])
                 continue
             thread = f"{role} {thread}"
-        key = thread, " < ".join(f.split(" (")[0] for f in names[1:][-1:-4:-1])  # the 3 innermost frames
+        where = " < ".join(f.split(" (")[0] for f in names[1:][-1:-4:-1])  # the 3 innermost frames
         threads[thread] = threads.get(thread, 0) + int(n)
         ids.setdefault(thread, set()).add(tid.group(1) if tid else "")
-        frames[key] = frames.get(key, 0) + int(n)
+        own = frames.setdefault(thread, {})
+        own[where] = own.get(where, 0) + int(n)
     count = {t: len(v) for t, v in ids.items()}
     name = lambda t: f"{t} x{count[t]}" if count[t] > 1 else t  # noqa: E731
-    mean = {t: n / (PY_SPY_RATE * wall * count[t]) for t, n in threads.items()}
-    stacks = {k: n / (PY_SPY_RATE * wall * count[k[0]]) for k, n in frames.items()}
-    order = sorted(mean, key=lambda t: -mean[t])
-    top = [{"thread": name(t), "stack": st, "share": v}
+    possible = {t: PY_SPY_RATE * wall * count[t] for t in threads}  # the mean thread's samples
+    order = sorted(threads, key=lambda t: -threads[t] / possible[t])
+    top = [{"thread": name(t), "stack": st, "share": n / possible[t]}
            for t in order
-           for st, v in sorted(((st, v) for (u, st), v in stacks.items() if u == t and v >= least),
-                               key=lambda x: -x[1])[:per_thread]]
-    return {"share": {name(t): mean[t] for t in order}, "top": top,
+           for st, n in sorted(frames[t].items(), key=lambda x: -x[1])[:per_thread] if n / possible[t] >= least]
+    return {"share": {name(t): threads[t] / possible[t] for t in order}, "top": top,
             "helpers": len(helpers)}
 
 
