@@ -35,6 +35,10 @@ figure, ``serve_c{C}_*`` streaming and ``serve_whole_c{C}_*`` not:
   ``--engine process`` the HTTP front end alone: its cost per token whatever the engine's speed);
   ``client_cpu``: the client processes' together, and ``client_cpu_max`` the busiest one's (near 1
   means a client process was saturated: raise ``--client-procs``);
+- ``client_ramp`` / ``_wait`` / ``_stream`` / ``_gap`` / ``_tail``: where the clients' time went
+  (:func:`client_shares`; they add up to 1): before a client's first send, waiting for the first
+  content (the whole request when not streaming), streaming, between one answer and the next send,
+  after its last answer; ``1 - wait - stream`` of the batch is idle from the clients' side;
 - the engine's step timeline over the round (two snapshots of ``/health``'s ``engine`` counters):
   ``busy`` (seconds inside ``Engine.step`` / wall) and ``idle`` (the engine thread waiting for work
   / wall), ``steps``, ``rows_per_launch`` (the mean decode batch), ``prefills`` and
@@ -177,20 +181,21 @@ def start_server(model: Path, args: argparse.Namespace, log: Path, cores: list[i
 
 async def _client_requests(url: str, texts: list[list[str]], new: int, stream: bool) -> dict:
     """One process's clients: client ``k`` sends ``texts[k]`` one after another (official
-    ``openai.AsyncOpenAI``, greedy, ``max_tokens`` = ``new``); its latencies, TTFTs, tokens, errors."""
+    ``openai.AsyncOpenAI``, greedy, ``max_tokens`` = ``new``); its latencies, TTFTs, tokens, errors,
+    and each client's requests as ``(send, first content, end)`` times (``time.monotonic``)."""
     import openai
     api = openai.AsyncOpenAI(api_key="none", base_url=url + "/v1", max_retries=0, timeout=3600)
-    out: dict = {"latencies": [], "ttfts": [], "tokens": 0, "errors": 0}
+    out: dict = {"latencies": [], "ttfts": [], "tokens": 0, "errors": 0, "times": []}
 
-    async def one(text: str) -> None:
+    async def one(text: str, times: list) -> None:
         t0 = time.perf_counter()
-        first = None
+        sent, first, seen = time.monotonic(), None, None
         kw = dict(model="codechat", messages=[{"role": "user", "content": text}], max_tokens=new, temperature=0)
         if stream:
             resp = await api.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
             async for chunk in resp:
                 if first is None and chunk.choices and chunk.choices[0].delta.content:
-                    first = time.perf_counter()
+                    first, seen = time.perf_counter(), time.monotonic()
                 if chunk.usage is not None:
                     out["tokens"] += chunk.usage.completion_tokens
         else:
@@ -198,11 +203,15 @@ async def _client_requests(url: str, texts: list[list[str]], new: int, stream: b
             out["tokens"] += resp.usage.completion_tokens
         out["latencies"].append(time.perf_counter() - t0)
         out["ttfts"].append((first or time.perf_counter()) - t0)
+        end = time.monotonic()
+        times.append((sent, seen or end, end))
 
     async def client(mine: list[str]) -> None:
+        times: list[float] = []
+        out["times"].append(times)
         for text in mine:
             try:
-                await one(text)
+                await one(text, times)
             except openai.APIError as e:
                 out["errors"] += 1
                 print(f"# request failed: {e}", file=sys.stderr)
@@ -225,6 +234,30 @@ def _client_process(url: str, texts: list[list[str]], new: int, stream: bool, st
     cpu0, t0 = time.process_time(), time.monotonic()
     out = asyncio.run(_client_requests(url, texts, new, stream))
     results.put({**out, "cpu_s": time.process_time() - cpu0, "t0": t0, "t1": time.monotonic()})
+
+
+def client_shares(clients: list[list[tuple[float, float, float]]], t0: float, t1: float) -> dict[str, float]:
+    """Where the clients' time went over a round from ``t0`` to ``t1``: each client's requests as
+    ``(send, first content, end)`` times, in order, its time split into ``ramp`` (before its first
+    send), ``wait`` (send to first content: the whole request when not streaming), ``stream`` (first
+    content to end), ``gap`` (an end to the next send: the client's own turnaround) and ``tail`` (its
+    last end to the round's), each summed over the clients over ``len(clients) * (t1 - t0)``; the five
+    add up to 1. With one row per client, ``wait + stream`` is the share of the batch a client keeps
+    busy; the rest is the engine's to lose."""
+    span = max(len(clients) * (t1 - t0), 1e-9)
+    out = dict.fromkeys(("ramp", "wait", "stream", "gap", "tail"), 0.0)
+    for reqs in clients:
+        if not reqs:
+            out["ramp"] += t1 - t0
+            continue
+        out["ramp"] += reqs[0][0] - t0
+        out["tail"] += t1 - reqs[-1][2]
+        for i, (sent, first, end) in enumerate(reqs):
+            out["wait"] += first - sent
+            out["stream"] += end - first
+            if i:
+                out["gap"] += sent - reqs[i - 1][2]
+    return {f"client_{k}": v / span for k, v in out.items()}
 
 
 def _cpu_s(pid: int, children: bool = True) -> float:
@@ -280,7 +313,10 @@ def one_round(url: str, messages: list[str], clients: int, per_client: int, new:
     engine1, e1 = _engine_counters(url)
     for w in workers:
         w.join()
-    wall = max(p["t1"] for p in parts) - min(p["t0"] for p in parts)
+    clients_times = [c for p in parts for c in p["times"]]
+    t0 = min([c[0][0] for c in clients_times if c] or [p["t0"] for p in parts])  # the first send
+    t1 = max([c[-1][2] for c in clients_times if c] or [p["t1"] for p in parts])  # the last answer
+    wall = t1 - t0
     latencies = [x for p in parts for x in p["latencies"]]
     ttfts = [x for p in parts for x in p["ttfts"]]
     pct = (lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan"))
@@ -292,7 +328,8 @@ def one_round(url: str, messages: list[str], clients: int, per_client: int, new:
     return figures | {"errors": sum(p["errors"] for p in parts), "server_cpu": server_cpu / wall,
                       "front_end_us_token": 1e6 * front_cpu / max(tokens, 1),
                       "client_cpu": sum(p["cpu_s"] for p in parts) / wall,
-                      "client_cpu_max": max(p["cpu_s"] for p in parts) / wall} | timeline(engine0, engine1, e1 - e0) \
+                      "client_cpu_max": max(p["cpu_s"] for p in parts) / wall} \
+        | client_shares(clients_times, t0, t1) | timeline(engine0, engine1, e1 - e0) \
         | ({"py_spy": read_profile(py_spy, wall)} if spy is not None and py_spy.is_file() else {})
 
 

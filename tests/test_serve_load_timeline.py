@@ -39,6 +39,16 @@ def test_timeline_is_the_difference_of_two_snapshots_per_step_and_per_second(ser
     assert "idle" not in serve_load.timeline(engine_alone, engine_alone, wall=1.0)  # no thread around it
 
 
+def test_client_shares_split_each_clients_round_into_ramp_wait_stream_gap_and_tail(serve_load):
+    # round 0..10 s, two clients: A sends at 1, first content at 2, ends at 5, sends again at 6, first at 6.5,
+    # ends at 9; B never got a request through (its whole round is ramp)
+    a = [(1.0, 2.0, 5.0), (6.0, 6.5, 9.0)]
+    s = serve_load.client_shares([a, []], 0.0, 10.0)
+    assert s == pytest.approx({"client_ramp": (1 + 10) / 20, "client_wait": 1.5 / 20, "client_stream": 5.5 / 20,
+                               "client_gap": 1 / 20, "client_tail": 1 / 20})
+    assert sum(s.values()) == pytest.approx(1.0)
+
+
 def test_the_profile_gives_each_threads_share_of_the_round_and_the_top_stacks(spy, tmp_path):
     raw = tmp_path / "spy.txt"
     wall = 1000 / spy.PY_SPY_RATE  # 1000 samples' worth
