@@ -1,4 +1,4 @@
-"""``benchmarks/serve_load.py``'s readings of the engine's step counters and of a py-spy profile:
+"""``benchmarks/serve_load.py``'s readings (with ``serve_engine.py``'s) of the engine's step counters, of the clients' times and of a py-spy profile:
 the figures a GPU session acts on, checked on made-up inputs whose answers are known."""
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ from conftest import benchmark_module
 @pytest.fixture(scope="module")
 def serve_load():
     with benchmark_module("serve_load") as module:
+        yield module
+
+
+@pytest.fixture(scope="module")
+def serve_engine():
+    with benchmark_module("serve_engine") as module:
         yield module
 
 
@@ -24,11 +30,11 @@ def counters(**kw) -> dict[str, float]:
     return base | kw
 
 
-def test_timeline_is_the_difference_of_two_snapshots_per_step_and_per_second(serve_load):
+def test_timeline_is_the_difference_of_two_snapshots_per_step_and_per_second(serve_engine):
     before = counters(steps=10, step_s=1.0, launches=10, launch_rows=100, prefills=2, prefill_rows=8, idle_s=5.0)
     after = counters(steps=110, step_s=3.0, launches=100, launch_rows=100 + 90 * 32, wait_s=1.0, prefills=6,
                      prefill_rows=8 + 64, admit_s=0.5, idle_s=6.0, deliver_s=0.2)
-    t = serve_load.timeline(before, after, wall=4.0)
+    t = serve_engine.timeline(before, after, wall=4.0)
     assert t["busy"] == pytest.approx(0.5) and t["idle"] == pytest.approx(0.25)
     assert t["steps"] == 100 and t["rows_per_launch"] == pytest.approx(32.0)
     assert t["prefills"] == 4 and t["rows_per_prefill"] == pytest.approx(16.0)
@@ -36,7 +42,7 @@ def test_timeline_is_the_difference_of_two_snapshots_per_step_and_per_second(ser
     assert t["admit_ms_step"] == pytest.approx(5.0) and t["host_ms_step"] == pytest.approx(5.0)
     assert t["deliver_ms_step"] == pytest.approx(2.0)
     engine_alone = {k: v for k, v in after.items() if k not in ("idle_s", "deliver_s")}
-    assert "idle" not in serve_load.timeline(engine_alone, engine_alone, wall=1.0)  # no thread around it
+    assert "idle" not in serve_engine.timeline(engine_alone, engine_alone, wall=1.0)  # no thread around it
 
 
 def test_client_shares_split_each_clients_round_into_ramp_wait_stream_gap_and_tail(serve_load):
@@ -101,7 +107,7 @@ def test_the_profile_leaves_helper_processes_out_and_gives_a_pools_mean_thread(s
         ("server AnyIO worker thread x2", "encode < run", 0.05)]
 
 
-def test_the_closed_loop_sends_each_clients_next_request_when_its_last_finished(serve_load):
+def test_the_closed_loop_sends_each_clients_next_request_when_its_last_finished(serve_engine):
     """Every request runs once, a client's one after another: with 3 clients, 3 rows at most at a time."""
     import torch
     from codechat.config.stages import preset
@@ -119,7 +125,7 @@ def test_the_closed_loop_sends_each_clients_next_request_when_its_last_finished(
         most = max(most, engine.busy()[0] + engine.busy()[1])
         return out
     engine.step = counted
-    assert serve_load.closed_loop(engine, clients) == 3 * 4 * 5  # every request's 5 tokens (no stop ids)
+    assert serve_engine.closed_loop(engine, clients) == 3 * 4 * 5  # every request's 5 tokens (no stop ids)
     assert most <= 3 and engine.counters.prefills >= 4 and not engine.has_work()
 
 
