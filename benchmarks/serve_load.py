@@ -201,7 +201,7 @@ async def _client_requests(api, texts: list[list[str]], new: int, stream: bool) 
         times.append((sent, seen or end, end))
 
     async def client(mine: list[str]) -> None:
-        times: list[float] = []
+        times: list[tuple[float, float, float]] = []
         out["times"].append(times)
         for text in mine:
             try:
@@ -218,8 +218,9 @@ async def _client_requests(api, texts: list[list[str]], new: int, stream: bool) 
 def _client_process(url: str, texts: list[list[str]], new: int, stream: bool, start, results,
                     cores: list[int]) -> None:
     """A client process (spawned, pinned to ``cores`` when given): says it is ready on ``results``,
-    waits for ``start``, runs its clients, puts its figures, its CPU seconds and its first-send /
-    last-finish times (CLOCK_MONOTONIC, which every process of the machine shares) on ``results``."""
+    waits for ``start``, runs its clients, puts its figures, its CPU seconds and its start / finish
+    times (CLOCK_MONOTONIC, which every process of the machine shares, as the requests' times are)
+    on ``results``. Its openai client is built before it says it is ready."""
     if cores:
         os.sched_setaffinity(0, cores)
     import openai  # imported and built before the start: not timed
@@ -238,8 +239,8 @@ def client_shares(clients: list[list[tuple[float, float, float]]], t0: float, t1
     send), ``wait`` (send to first content: the whole request when not streaming), ``stream`` (first
     content to end), ``gap`` (an end to the next send: the client's own turnaround) and ``tail`` (its
     last end to the round's), each summed over the clients over ``len(clients) * (t1 - t0)``; the five
-    add up to 1. With one row per client, ``wait + stream`` is the share of the batch a client keeps
-    busy; the rest is the engine's to lose."""
+    add up to 1. ``wait + stream`` is the share of the round the clients had a request in flight;
+    with one row a request, the rest is batch the engine could not fill."""
     span = max(len(clients) * (t1 - t0), 1e-9)
     out = dict.fromkeys(("ramp", "wait", "stream", "gap", "tail"), 0.0)
     for reqs in clients:

@@ -1,5 +1,6 @@
-"""``benchmarks/serve_load.py``'s readings (with ``serve_engine.py``'s) of the engine's step counters, of the clients' times and of a py-spy profile:
-the figures a GPU session acts on, checked on made-up inputs whose answers are known."""
+"""``benchmarks/serve_load.py``'s readings (and ``serve_engine.py``'s) of the engine's step counters, of
+the clients' request times and of a py-spy profile: the figures a GPU session acts on, checked on made-up
+inputs whose answers are known."""
 from __future__ import annotations
 
 import pytest
