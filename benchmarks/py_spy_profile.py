@@ -73,7 +73,6 @@ def read_profile(raw: Path, wall: float, per_thread: int = 4, least: float = 0.0
     (the sampled process) or ``engine process`` (its spawned child). Other processes (the compile
     workers of Inductor, pools forked by either) are left out of both and counted in ``helpers``: they
     wait idle through a round, and with ``wall`` samples their waits would fill ``top``."""
-    threads: dict[str, int] = {}
     ids: dict[str, set[str]] = {}
     frames: dict[str, dict[str, int]] = {}  # thread -> its stacks' samples
     helpers: set[str] = set()
@@ -96,10 +95,10 @@ def read_profile(raw: Path, wall: float, per_thread: int = 4, least: float = 0.0
                 continue
             thread = f"{role} {thread}"
         where = " < ".join(f.split(" (")[0] for f in names[1:][-1:-4:-1])  # the 3 innermost frames
-        threads[thread] = threads.get(thread, 0) + int(n)
         ids.setdefault(thread, set()).add(tid.group(1) if tid else "")
         own = frames.setdefault(thread, {})
         own[where] = own.get(where, 0) + int(n)
+    threads = {t: sum(own.values()) for t, own in frames.items()}  # each thread's samples
     count = {t: len(v) for t, v in ids.items()}
     name = lambda t: f"{t} x{count[t]}" if count[t] > 1 else t  # noqa: E731
     possible = {t: PY_SPY_RATE * wall * count[t] for t in threads}  # the mean thread's samples

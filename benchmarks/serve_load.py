@@ -176,29 +176,26 @@ def start_server(model: Path, args: argparse.Namespace, log: Path, cores: list[i
 
 async def _client_requests(api, texts: list[list[str]], new: int, stream: bool) -> dict:
     """One process's clients: client ``k`` sends ``texts[k]`` one after another (``api``, an official
-    ``openai.AsyncOpenAI``; greedy, ``max_tokens`` = ``new``); its latencies, TTFTs, tokens, errors,
-    and each client's requests as ``(send, first content, end)`` times (``time.monotonic``)."""
+    ``openai.AsyncOpenAI``; greedy, ``max_tokens`` = ``new``); its tokens, errors, and each client's
+    requests as ``(send, first content, end)`` times (``time.monotonic``; the end when no content came)."""
     import openai
-    out: dict = {"latencies": [], "ttfts": [], "tokens": 0, "errors": 0, "times": []}
+    out: dict = {"tokens": 0, "errors": 0, "times": []}
 
     async def one(text: str, times: list) -> None:
-        t0 = time.perf_counter()
-        sent, first, seen = time.monotonic(), None, None
+        sent, first = time.monotonic(), None
         kw = dict(model="codechat", messages=[{"role": "user", "content": text}], max_tokens=new, temperature=0)
         if stream:
             resp = await api.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
             async for chunk in resp:
                 if first is None and chunk.choices and chunk.choices[0].delta.content:
-                    first, seen = time.perf_counter(), time.monotonic()
+                    first = time.monotonic()
                 if chunk.usage is not None:
                     out["tokens"] += chunk.usage.completion_tokens
         else:
             resp = await api.chat.completions.create(**kw)  # awaited before the sum is read: others add meanwhile
             out["tokens"] += resp.usage.completion_tokens
-        out["latencies"].append(time.perf_counter() - t0)
-        out["ttfts"].append((first or time.perf_counter()) - t0)
         end = time.monotonic()
-        times.append((sent, seen or end, end))
+        times.append((sent, first or end, end))
 
     async def client(mine: list[str]) -> None:
         times: list[tuple[float, float, float]] = []
@@ -314,8 +311,8 @@ def one_round(url: str, messages: list[str], clients: int, per_client: int, new:
     t0 = min([c[0][0] for c in clients_times if c] or [p["t0"] for p in parts])  # the first send
     t1 = max([c[-1][2] for c in clients_times if c] or [p["t1"] for p in parts])  # the last answer
     wall = t1 - t0
-    latencies = [x for p in parts for x in p["latencies"]]
-    ttfts = [x for p in parts for x in p["ttfts"]]
+    latencies = [end - sent for c in clients_times for sent, _, end in c]
+    ttfts = [first - sent for c in clients_times for sent, first, _ in c]
     pct = (lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan"))
     figures = {"requests_s": len(latencies) / wall, "tokens_s": sum(p["tokens"] for p in parts) / wall,
                "latency_p50_s": pct(latencies, 50), "latency_p99_s": pct(latencies, 99)}
