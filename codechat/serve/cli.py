@@ -18,8 +18,8 @@ from .config import ServeConfig
 API_KEY_ENV = "CODECHAT_API_KEY"
 INSTALL_HINT = "pip install 'codechat[serve]'"
 SERVE_PACKAGES = ("fastapi", "starlette", "uvicorn")  #: what the serve extra brings that serving imports
-#: ``--http`` and ``--loop``: uvicorn's ``http`` and ``loop`` settings. The C ones (httptools, uvloop) are not in the
-#: serve extra: uvicorn's ``auto`` uses them when they are installed.
+#: ``--http`` and ``--loop``: uvicorn's ``http`` and ``loop`` settings. ``auto`` (the default) takes the C ones,
+#: httptools and uvloop, which the serve extra installs (uvloop not on Windows), and h11 and asyncio without them.
 HTTP_PARSERS = ("auto", "h11", "httptools")
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")
 
@@ -67,11 +67,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "default they are, so that the first requests do not pay for it: "
                         "codechat/engine/warmup.py)")
     p.add_argument("--http", choices=HTTP_PARSERS, default="auto",
-                   help="uvicorn's HTTP/1.1 parser: h11 (pure Python, always there), httptools (C; pip install "
-                        "httptools) or auto (httptools when installed, else h11; the default)")
+                   help="uvicorn's HTTP/1.1 parser: h11 (pure Python, always there), httptools (C; the serve "
+                        "extra installs it) or auto (httptools when installed, else h11; the default)")
     p.add_argument("--loop", choices=EVENT_LOOPS, default="auto",
-                   help="the front end's event loop: asyncio, uvloop (pip install uvloop) or auto (uvloop when "
-                        "installed, else asyncio; the default)")
+                   help="the front end's event loop: asyncio, uvloop (C; in the serve extra, not on Windows) or "
+                        "auto (uvloop when installed, else asyncio; the default)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default info: one line per request)")
     p.set_defaults(func=_cmd_serve)
