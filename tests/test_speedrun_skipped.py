@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from codechat.config.stages import ConfigError
-from codechat.speedrun.plan import GPU_SHARES, plan
+from codechat.speedrun.plan import GPU_SHARES, plan, with_plan_overrides
 from codechat.speedrun.report import loss_curves, plot_loss, speedrun_report
 from codechat.speedrun.run import Speedrun
 
@@ -197,10 +197,13 @@ def test_rl_auto_plans_grpo_only_where_its_pool_can_keep_enough_tasks_and_gives_
     assert mid.shares["mid"] / (mid.shares["mid"] + mid.shares["pretrain"]) == pytest.approx(0.2)
     with pytest.raises(ConfigError, match="--rl must be one of auto, on, off"):
         with_rl(g, "maybe", gpu)
+    mined = with_plan_overrides(g, {"rl_pool_mbpp": "false"})  # MBPP train stays in SFT, leaves the pool
+    assert g.rl_pool == (f"mbpp:{MBPP_FIXTURE}", "doctest") and mined.rl_pool == ("doctest",)
+    assert mined.rl_tasks == g.rl_tasks and "mbpp" in mined.stages and mined.mbpp == g.mbpp
+    assert not with_rl(mined, "auto", gpu).rl and with_rl(mined, "on", gpu).rl
 
 
 def test_plan_overrides_set_typed_fields_refuse_the_rest_and_come_back_on_resume(tmp_path):
-    from codechat.speedrun.plan import with_plan_overrides
     cpu = torch.device("cpu")
     p = with_plan_overrides(plan(cpu, "tiny", 2.0), {"rl_prompts_per_step": "4", "rl_evals_share": "0.5",
                                                       "compile": "false", "sft_mine_style": "signature"})

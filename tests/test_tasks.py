@@ -547,7 +547,7 @@ def test_written_doctest_tasks_read_back_as_the_same_tasks_and_the_speedrun_pool
 
     import torch
 
-    from codechat.speedrun.plan import plan
+    from codechat.speedrun.plan import plan, with_plan_overrides
     from codechat.speedrun.run import Speedrun
     src = tmp_path / "src"
     src.mkdir()
@@ -571,3 +571,5 @@ def test_written_doctest_tasks_read_back_as_the_same_tasks_and_the_speedrun_pool
     assert s._rl_pool_spec() == f"mbpp:m.jsonl+tasks:{out}" and s._doctests is None
     out.write_text("")  # the background job found nothing: the stage mines the standard library itself
     assert s._rl_pool_spec() == "mbpp:m.jsonl+doctest"
+    s.p = with_plan_overrides(plan(torch.device("cpu"), "tiny", 2.0, mbpp=str(MINI_MBPP)), {"rl_pool_mbpp": "false"})
+    assert s.p.rl_tasks == f"mbpp:{MINI_MBPP}+doctest" and s._rl_pool_spec() == "doctest"  # the mined tasks alone

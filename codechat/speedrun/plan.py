@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from codechat.config.stages import ConfigError, PretrainConfig, load, pretrain_recipe
+from codechat.train.task_pool import POOL_SEPARATOR
 
 #: The stages, in order (each a key of ``metrics.json`` and of ``SpeedrunPlan.shares``). On a GPU
 #: the compression baselines and the SFT pairs' mining (CPU work) run in background processes started
@@ -211,6 +212,11 @@ class SpeedrunPlan:
     # uses [0.05, 0.95]: with 8 samples the same tasks as [0, 1]); GRPO runs when at least
     # rl_min_tasks are kept, else the stage is skipped saying how many were. Tiered reward, groups of 8.
     rl_tasks: str = "doctest"
+    # Whether --mbpp's train split is in the RL pool (it is in chat SFT's mixture either way). sft/ has seen its
+    # answers: at f18248e (H100) it solved 50% of them against 0.7% of MBPP test, they were 166 of the 193 tasks
+    # the filter kept and 80 of the 96 held out, and 479 GRPO steps on them lowered the held-out slice 49.6% ->
+    # 35.2% (RESULTS, twentieth session). false: the pool is the mined tasks (and --tasks) alone, none seen before.
+    rl_pool_mbpp: bool = True
     # Whether the plan has the RL stage (--rl, resolved by rl_choice.with_rl), and why: a stage that is not run
     # takes no time from pretraining.
     rl: bool = True
@@ -265,6 +271,11 @@ class SpeedrunPlan:
             return load(PretrainConfig, None, self.pretrain_overrides, base=pretrain_recipe(self.preset))
         except ConfigError as e:
             raise ConfigError(str(e).replace(" --", " --pretrain.")) from None
+
+    @property
+    def rl_pool(self) -> tuple[str, ...]:
+        """The RL pool's task specs: :attr:`rl_tasks`, less ``--mbpp``'s train split unless :attr:`rl_pool_mbpp`."""
+        return tuple(s for s in self.rl_tasks.split(POOL_SEPARATOR) if self.rl_pool_mbpp or s != f"mbpp:{self.mbpp}")
 
     @property
     def mine_parts(self) -> tuple[tuple[str, float], ...]:

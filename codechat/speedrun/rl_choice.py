@@ -8,7 +8,6 @@ import torch
 
 from codechat.config.stages import ConfigError
 from codechat.speedrun.plan import SpeedrunPlan
-from codechat.train.task_pool import POOL_SEPARATOR
 
 #: ``--rl`` choices: ``on``, ``off``, or ``auto`` (:func:`with_rl`'s rule).
 RL_CHOICES = ("auto", "on", "off")
@@ -50,7 +49,7 @@ def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
     if choice not in RL_CHOICES:
         raise ConfigError(f"--rl must be one of {', '.join(RL_CHOICES)}, got {choice!r}")
     if choice == "auto":
-        pool = any(s != "doctest" for s in p.rl_tasks.split(POOL_SEPARATOR))
+        pool = any(s != "doctest" for s in p.rl_pool)
         long = p.time_budget_min >= RL_AUTO_MIN_BUDGET_MIN
         on = device.type == "cuda" and pool and long
         why = ("--rl auto: on a GPU with a pool beyond the corpus's doctests (--mbpp or --tasks)" if on else

@@ -75,8 +75,9 @@ class RLStage:
         return origins
 
     def _rl_pool_spec(self) -> str:
-        """The RL pool's spec: the plan's, its ``doctest`` part (this Python's standard library) replaced by
-        the tasks mined from every corpus source in the background when that job wrote any."""
+        """The RL pool's spec: the plan's (:attr:`~codechat.speedrun.plan.SpeedrunPlan.rl_pool`), its
+        ``doctest`` part (this Python's standard library) replaced by the tasks mined from every corpus source in
+        the background when that job wrote any."""
         job, self._doctests = self._doctests, None
         if job is not None:
             try:
@@ -90,8 +91,8 @@ class RLStage:
                       "standard library instead")
         f = self.doctest_file
         if not (f.is_file() and f.stat().st_size):
-            return self.p.rl_tasks
-        return POOL_SEPARATOR.join(f"tasks:{f}" if s == "doctest" else s for s in self.p.rl_tasks.split(POOL_SEPARATOR))
+            return POOL_SEPARATOR.join(self.p.rl_pool)
+        return POOL_SEPARATOR.join(f"tasks:{f}" if s == "doctest" else s for s in self.p.rl_pool)
 
     def _rl(self, grant: float, tag: str) -> dict[str, Any]:
         """GRPO from ``sft/`` on the pool's tasks that ``sft/`` sometimes solves (the pass-rate filter,

@@ -425,9 +425,9 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
         for spec in tasks.split(POOL_SEPARATOR):
             parse_spec(spec)  # a bad spec stops here, before the run directory exists
         p = replace(p, rl_tasks=p.rl_tasks + POOL_SEPARATOR + tasks)
-    p = with_rl(p, rl, dev)
-    if plan_overrides:
+    if plan_overrides:  # before with_rl, whose --rl auto reads the plan's pool (rl_pool_mbpp)
         p = with_plan_overrides(p, plan_overrides)
+    p = with_rl(p, rl, dev)
     if pretrain_overrides:
         p = replace(p, pretrain_overrides={**p.pretrain_overrides, **pretrain_overrides})
         p.pretrain_base()  # a bad setting stops here, before the run directory exists
