@@ -233,6 +233,9 @@ class SpeedrunPlan:
     # +-12 points on 32 tasks at 58% and +-4.6 on 96 at 28% (H100, 2a91d01): 96, so that a gain of a few
     # points can clear it.
     rl_heldout_tasks: int = 96
+    # Samples a held-out task is scored with (rl.heldout_samples): 16, against the filter's 8, halves the
+    # sampling noise in each task's paired change; the slice is a few dozen tasks, so it costs seconds.
+    rl_heldout_samples: int = 16
     # Input/output tasks of pure corpus functions mined into the pool on a GPU (codechat.data.io_tasks;
     # 0: no cap): the doctests alone are ~31 tasks, and MBPP's train split is also in chat SFT.
     rl_io_tasks: int = 1000

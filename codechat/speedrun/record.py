@@ -112,7 +112,8 @@ def heldout_change(heldout: dict[str, Any]) -> list[float] | None:
 
 def heldout_by_rate(heldout: dict[str, Any]) -> dict[str, list]:
     """``{"below_half" | "half_or_more": [tasks, pass@1 before, pass@1 after]}`` of the RL held-out slice, its tasks
-    split by their rate at the pass-rate filter (``heldout.json``'s ``before.filter_solved``, of ``samples``); empty
+    split by their rate at the pass-rate filter (``heldout.json``'s ``before.filter_solved``, of ``filter_samples``,
+    ``samples`` in figures before it); empty
     without it. Whether GRPO taught something that carries over or only sharpened each task's mode: sharpening
     alone raises the tasks solved more often than not and lowers the rest, and the slice's mean can stay flat.
     The filter's samples are an independent reading of the same policy: split by the "before" counts instead,
@@ -124,7 +125,7 @@ def heldout_by_rate(heldout: dict[str, Any]) -> dict[str, list]:
         return {}
 
     def rate(task_id: str) -> str:
-        return "below_half" if 2 * at[task_id] < n else "half_or_more"
+        return "below_half" if 2 * at[task_id] < heldout["before"].get("filter_samples", n) else "half_or_more"
     before, after = by_part(b, n, rate), by_part(a, n, rate)
     return {g: [before[g]["tasks"], before[g]["pass@1"], after[g]["pass@1"]]
             for g in ("below_half", "half_or_more") if g in before}

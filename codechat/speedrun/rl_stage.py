@@ -116,7 +116,8 @@ class RLStage:
                         judge_workers=p.judge_workers,
                         filter_samples=p.rl_filter_samples, filter_min=p.rl_filter_min, filter_max=p.rl_filter_max,
                         min_tasks=p.rl_min_tasks, filter_deadline_s=filter_s, filter_enough=p.rl_filter_enough,
-                        engine_slots=p.rl_engine_slots, heldout_tasks=p.rl_heldout_tasks, check_references=False),
+                        engine_slots=p.rl_engine_slots, heldout_tasks=p.rl_heldout_tasks,
+                        heldout_samples=p.rl_heldout_samples, check_references=False),
             train=TrainConfig(max_steps=0, time_budget_s=train_s, micro_batch_size=p.rl_micro_batch_size, log_every=1,
                               eval_every=10**9, save_every=10**9, save_every_s=p.checkpoint_every_s),
             run=RunConfig(out=str(out_dir), seed=self.seed, device=self.device_arg, resume=self.resume))

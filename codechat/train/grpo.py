@@ -301,7 +301,7 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | 
         if heldout:  # the slice again, with the trained policy and the same seeds
             engine.load_weights(model)
             model.eval()
-            after = score_slice(engine, tok, heldout, judge, rl.filter_samples, sampling, cfg.run.seed)
+            after = score_slice(engine, tok, heldout, judge, rl.slice_samples, sampling, cfg.run.seed)
             result["heldout"] = {"before": before, "after": after}
             if world.main:
                 write_text(out / "heldout.json", json.dumps(result["heldout"], indent=1))
@@ -322,8 +322,9 @@ def _heldout_before(engine: Any, tok: Any, heldout: list, passed: dict[str, int]
         return None
     if resumed and path.exists():
         return json.loads(path.read_text())["before"]
-    before = score_slice(engine, tok, heldout, judge, rl.filter_samples, sampling, seed)
+    before = score_slice(engine, tok, heldout, judge, rl.slice_samples, sampling, seed)
     before["filter_solved"] = {t.task_id: passed[t.task_id] for t in heldout}
+    before["filter_samples"] = rl.filter_samples
     if main:
         write_text(path, json.dumps({"before": before}, indent=1))
     echo(f"held-out slice: {len(heldout)} kept tasks set aside, pass@1 {before['pass@1']:.2%} before RL")

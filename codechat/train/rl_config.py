@@ -57,6 +57,9 @@ class RLConfig:
     # Kept tasks set aside, never trained on, scored before step 0 and after the last (codechat.train.rl_heldout;
     # heldout.json): at most this many, leaving min_tasks to train on (0: none). Needs the filter.
     heldout_tasks: int = 0
+    # Samples a held-out task is scored with, before and after (0: filter_samples). More samples narrow the
+    # paired change's interval at little cost: the slice is a few dozen tasks, the filter samples hundreds.
+    heldout_samples: int = 0
     # Run every pool task's reference solution against its tests before step 0 (a failing one is an error
     # naming the task). With the filter a task whose tests fail its reference is never solved, so never kept:
     # the speedrun, whose mined tasks were run when mined, skips the check.
@@ -71,6 +74,11 @@ class RLConfig:
     judge_memory_mb: int = 1024
     engine_slots: int = 0  # rows decoded at once (0: prompts_per_step x group_size)
     log_rollouts_every: int = 10  # print / keep the best and a typical rollout every N steps (0: never)
+
+    @property
+    def slice_samples(self) -> int:
+        """Samples each held-out task is scored with: :attr:`heldout_samples`, else :attr:`filter_samples`."""
+        return self.heldout_samples or self.filter_samples
 
     def __post_init__(self) -> None:
         _check(self.group_size >= 2, f"rl.group_size={self.group_size}: a group of one has no variance, so every "
@@ -100,6 +108,8 @@ class RLConfig:
                f"({self.min_tasks}) plus rl.heldout_tasks ({self.heldout_tasks}); raise it, or 0 for no such stop")
         _check(self.filter_order in FILTER_ORDERS,
                f"rl.filter_order must be one of {', '.join(FILTER_ORDERS)}, got {self.filter_order!r}")
+        _check(self.heldout_samples == 0 or self.heldout_samples >= 2,
+               f"rl.heldout_samples={self.heldout_samples}: a pass rate needs at least 2 samples (0: filter_samples)")
         _check(self.heldout_tasks >= 0 and (self.heldout_tasks == 0 or self.filter_samples),
                f"rl.heldout_tasks={self.heldout_tasks}: a held-out slice (>= 0) is taken from the pass-rate filter's "
                "kept tasks; set rl.filter_samples too")
