@@ -275,7 +275,8 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     from codechat.speedrun.run import Speedrun
     tasks = write_tasks(tmp_path / "tasks.jsonl", mined=True)
     p = replace(plan(torch.device("cpu"), "tiny", 2.0), rl_tasks=f"tasks:{tasks}", rl_tokens=16, rl_prompts_per_step=4,
-                rl_min_tasks=2, rl_heldout_tasks=2, rl_filter_share=1.0, eval_limit=1, eval_tokens=16)
+                rl_min_tasks=2, rl_heldout_tasks=2, rl_heldout_samples=4, rl_filter_share=1.0, eval_limit=1,
+                eval_tokens=16)
     run = tmp_path / "run"
     shutil.copytree(policy, run / "sft")
     shutil.copytree(policy, run / "pretrain")  # the base the slice is also scored on
@@ -290,14 +291,17 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     assert out["pool"]["tasks"] == 10 and out["pool"]["decontaminated"] == []
     h = out["heldout"]  # two kept tasks never trained on, scored on sft/ and rl/ with the same seeds
     assert h == json.loads((run / "rl" / "heldout.json").read_text())
-    assert h["before"]["tasks"] == h["after"]["tasks"] == 2 and h["before"]["samples"] == p.rl_filter_samples
+    assert h["before"]["tasks"] == h["after"]["tasks"] == 2
+    # scored with rl_heldout_samples each (not the filter's 8), the filter's counts kept beside them
+    assert h["before"]["samples"] == h["after"]["samples"] == 4 and h["before"]["filter_samples"] == p.rl_filter_samples == 8
+    assert all(0 <= c <= 4 for c in h["before"]["solved"].values()) and set(h["before"]["filter_solved"]) == set(h["before"]["solved"])
     assert set(h["before"]["solved"]) == set(h["after"]["solved"]) <= set(f["kept_ids"])
     assert all(0 <= x[k] <= 1 for x in (h["before"], h["after"]) for k in ("pass@1",))
     for x in (h["before"], h["after"]):  # per part of the pool, summing back to the slice's pass@1
         assert sum(b["tasks"] for b in x["by_part"].values()) == 2
         assert sum(b["tasks"] * b["pass@1"] for b in x["by_part"].values()) / 2 == pytest.approx(x["pass@1"])
     b = out["heldout_pretrain"]  # the slice's tasks on pretrain/, as many samples a task, GRPO's temperature
-    assert b["stage"] == "pretrain" and b["problems"] == 2 and b["n"] == p.rl_filter_samples and b["temperature"] == 1.0
+    assert b["stage"] == "pretrain" and b["problems"] == 2 and b["n"] == 4 and b["temperature"] == 1.0
     assert (run / "eval" / "rl-heldout-pretrain" / "results.json").is_file()
     he = out["humaneval"]  # HumanEval scored again, on the RL checkpoint
     assert he["stage"] == "rl" and he["problems"] == 1 and (run / "eval" / "humaneval-rl" / "results.json").is_file()
@@ -496,3 +500,8 @@ def test_the_held_out_slice_is_split_by_each_tasks_rate_at_the_filter():
     one = {"before": {"samples": 8, "solved": {"a": 5}, "filter_solved": {"a": 1}}, "after": {"samples": 8, "solved": {"a": 2}}}
     assert heldout_by_rate(one) == {"below_half": [1, 5 / 8, 2 / 8]}  # an empty side is left out
     assert heldout_by_rate({"before": {"samples": 8, "solved": before}, "after": {"samples": 8, "solved": after}}) == {}
+    # scored with 16 samples, the filter's 8: the filter's rate is of its own 8 (b's 5 of 8 is over half, not 5 of 16)
+    twice = {t: 2 * c for t, c in before.items()}
+    h16 = {"before": {"samples": 16, "solved": twice, "filter_solved": at, "filter_samples": 8},
+           "after": {"samples": 16, "solved": {t: 2 * c for t, c in after.items()}}}
+    assert heldout_by_rate(h16) == heldout_by_rate(h)

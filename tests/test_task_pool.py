@@ -144,6 +144,7 @@ def test_the_filter_samples_the_smallest_solutions_first_under_a_deadline(monkey
 
 @pytest.mark.parametrize("setting, fragment", [
     ({"filter_samples": 1}, "a pass rate needs at least 2 samples"),
+    ({"filter_samples": 8, "heldout_samples": 1}, "rl.heldout_samples=1: a pass rate needs at least 2"),
     ({"filter_min": 0.7, "filter_max": 0.3}, "0 <= min <= max <= 1"),
     ({"min_tasks": 0}, "rl.min_tasks >= 1"),
     ({"filter_order": "easiest"}, "rl.filter_order must be one of smallest, random"),
