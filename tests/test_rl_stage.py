@@ -293,8 +293,10 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     assert h == json.loads((run / "rl" / "heldout.json").read_text())
     assert h["before"]["tasks"] == h["after"]["tasks"] == 2
     # scored with rl_heldout_samples each (not the filter's 8), the filter's counts kept beside them
-    assert h["before"]["samples"] == h["after"]["samples"] == 4 and h["before"]["filter_samples"] == p.rl_filter_samples == 8
-    assert all(0 <= c <= 4 for c in h["before"]["solved"].values()) and set(h["before"]["filter_solved"]) == set(h["before"]["solved"])
+    assert h["before"]["samples"] == h["after"]["samples"] == 4
+    assert h["before"]["filter_samples"] == p.rl_filter_samples == 8
+    assert all(0 <= c <= 4 for c in h["before"]["solved"].values())
+    assert set(h["before"]["filter_solved"]) == set(h["before"]["solved"])
     assert set(h["before"]["solved"]) == set(h["after"]["solved"]) <= set(f["kept_ids"])
     assert all(0 <= x[k] <= 1 for x in (h["before"], h["after"]) for k in ("pass@1",))
     for x in (h["before"], h["after"]):  # per part of the pool, summing back to the slice's pass@1
