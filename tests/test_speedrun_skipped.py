@@ -186,8 +186,8 @@ def test_rl_auto_plans_grpo_only_where_its_pool_can_keep_enough_tasks_and_gives_
     short = with_rl(plan(gpu, None, 9.0, mbpp=str(MBPP_FIXTURE)), "auto", gpu)  # too short to keep 32 tasks
     assert not short.rl and "rl" not in short.stages and "below a 16-minute GPU budget" in short.rl_reason
     assert with_rl(plan(gpu, None, 9.0, mbpp=str(MBPP_FIXTURE)), "on", gpu).rl
-    off = with_rl(plan(gpu, None, 9.0), "auto", gpu)  # the corpus's doctests alone
-    assert not off.rl and "rl" not in off.stages and "doctests alone" in off.rl_reason
+    off = with_rl(plan(gpu, None, 9.0), "auto", gpu)  # the tasks mined from the corpus alone
+    assert not off.rl and "rl" not in off.stages and "mined from the corpus alone" in off.rl_reason
     assert off.shares["pretrain"] == pytest.approx(plan(gpu, None, 9.0).shares["pretrain"] + GPU_SHARES["rl"])
     assert sum(off.shares.values()) == pytest.approx(1.0) and off.training_s(540) > plan(gpu, None, 9.0).training_s(540)
     assert not with_rl(plan(cpu, "tiny", 12.0), "auto", cpu).rl and with_rl(plan(cpu, "tiny", 12.0), "on", cpu).rl

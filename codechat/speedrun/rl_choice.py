@@ -38,8 +38,9 @@ def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
       the judge at 1 s): 53 steps, reward 0.41 -> 0.58, held-out 34.8 -> 31.5% (paired over its tasks: -3.3
       points [-6.4, -0.3], a fall beyond the noise).
     - 16 minutes (H100, 1952296): the filter kept 86 of 358 tasks and GRPO made 36 steps.
-    - The doctests mined from a GPU run's whole corpus alone are ~31 tasks, fewer than 32 before the
-      filter even runs.
+    - The tasks mined from a GPU run's corpus alone (``--plan.rl_pool_mbpp false``, no ``--tasks``) were 897 at
+      a06a26b (H100, 9 minutes: 345 doctest and 551 input/output tasks); at f18248e the filter kept ~7% of
+      those it sampled (27 of ~360): about 60 of the whole, not yet measured as ``auto``'s pool.
     - On a CPU the tiny model's filter kept fewer than 32 tasks in every run (``tests/test_speedrun.py``),
       and the stage took 72 s of a busy 2-core machine's 12-minute budget doing so (issue 44).
 
@@ -55,8 +56,9 @@ def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
         why = ("--rl auto: on a GPU with a pool beyond the corpus's doctests (--mbpp or --tasks)" if on else
                "--rl auto: off on a CPU (the tiny model's pass-rate filter keeps too few tasks)"
                if device.type != "cuda" else
-               "--rl auto: off, the pool would be the corpus's doctests alone (~31 tasks, fewer than the 32 GRPO "
-               "needs); add --mbpp FILE or --tasks SPEC, or --rl on" if not pool else
+               "--rl auto: off, the pool would be the tasks mined from the corpus alone (~7% of them kept by the "
+               "pass-rate filter on a GPU, not yet measured as auto's pool); add --mbpp FILE or --tasks SPEC, or "
+               "--rl on" if not pool else
                f"--rl auto: off below a {RL_AUTO_MIN_BUDGET_MIN:g}-minute GPU budget (in 9 minutes GRPO learned "
                "the tasks it trained on but moved no held-out task beyond its noise, and its time came out of "
                "pretraining); --rl on to run it anyway")
