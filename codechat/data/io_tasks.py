@@ -1,8 +1,9 @@
 """Input/output tasks for RL: self-contained pure functions of the corpus, tested on their own behaviour.
 
 Doctests are few (345 in a GPU run's whole corpus at a06a26b; the pass-rate filter kept 8 of them at f18248e),
-and MBPP's train split is in chat SFT, so a pool of those is either too small or already memorised. Most corpus functions have no examples,
-but many small ones are pure: :func:`mine_io_tasks` keeps those and writes their tests from what they do.
+and MBPP's train split is in chat SFT, so a pool of those is either too small or already memorised. Most corpus
+functions have no examples, but many small ones are pure: :func:`mine_io_tasks` keeps those and writes their tests
+from what they do.
 
 1. **Candidates** (the AST alone): module-level, undecorated, non-dunder functions with a docstring, 1-3 plain
    positional parameters, at most :data:`~codechat.data.mining.MAX_FUNCTION_LINES` lines, whose body

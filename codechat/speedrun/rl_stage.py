@@ -27,8 +27,8 @@ from codechat.train.task_pool import POOL_SEPARATOR
 #: Seconds chat SFT waits for the RL pool's background mining, to leave its functions out of the SFT pairs.
 RL_TASKS_WAIT_S = 15.0
 #: The share of the time kept after GRPO that HumanEval and MBPP on ``rl/`` need: before them the held-out
-#: slice is scored again with the trained policy (96 tasks x 8 samples, ~4-5 s on an H100) and on ``pretrain/``
-#: (within a tenth of the time left).
+#: slice is scored again with the trained policy (96 tasks x 8 samples took ~4-5 s on an H100; x 16, the plan's
+#: ``rl_heldout_samples`` since 75b8303, twice that, unmeasured) and on ``pretrain/`` (within a tenth of the time left).
 AFTER_RL_EVAL_SHARE = 0.85
 
 
