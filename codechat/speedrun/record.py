@@ -112,9 +112,9 @@ def heldout_change(heldout: dict[str, Any]) -> list[float] | None:
 
 def heldout_by_rate(heldout: dict[str, Any]) -> dict[str, list]:
     """``{"below_half" | "half_or_more": [tasks, pass@1 before, pass@1 after]}`` of the RL held-out slice, its tasks
-    split by their rate at the pass-rate filter (``heldout.json``'s ``before.filter_solved``, of ``filter_samples``,
-    ``samples`` in figures before it); empty
-    without it. Whether GRPO taught something that carries over or only sharpened each task's mode: sharpening
+    split by their rate at the pass-rate filter (``heldout.json``'s ``before.filter_solved`` of ``filter_samples``;
+    of ``samples`` in figures written before ``filter_samples`` was); empty without it.
+    Whether GRPO taught something that carries over or only sharpened each task's mode: sharpening
     alone raises the tasks solved more often than not and lowers the rest, and the slice's mean can stay flat.
     The filter's samples are an independent reading of the same policy: split by the "before" counts instead,
     the groups would move apart by regression to the mean alone (``benchmarks/RESULTS.md``, seventeenth session)."""
@@ -123,9 +123,10 @@ def heldout_by_rate(heldout: dict[str, Any]) -> dict[str, list]:
                    heldout["after"].get("solved"), heldout["before"].get("samples"))
     if not at or not b or not a or not n:
         return {}
+    filter_n = heldout["before"].get("filter_samples", n)
 
     def rate(task_id: str) -> str:
-        return "below_half" if 2 * at[task_id] < heldout["before"].get("filter_samples", n) else "half_or_more"
+        return "below_half" if 2 * at[task_id] < filter_n else "half_or_more"
     before, after = by_part(b, n, rate), by_part(a, n, rate)
     return {g: [before[g]["tasks"], before[g]["pass@1"], after[g]["pass@1"]]
             for g in ("below_half", "half_or_more") if g in before}
