@@ -198,7 +198,7 @@ def check_benchmark_documents_left_out(mbpp_file: Path, n_mbpp_test: int, tok_di
     a file that only shares a function name is kept; the shards equal a build of the clean files alone."""
     import gzip
     from codechat.data.corpus import benchmark_decontaminator
-    from codechat.data.mining import humaneval_file
+    from codechat.data.decontam import humaneval_file
     with gzip.open(humaneval_file(), "rt") as f:
         he0 = json.loads(f.readline())
     mbpp = {r["task_id"]: r for r in map(json.loads, mbpp_file.read_text().splitlines())}

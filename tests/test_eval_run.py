@@ -19,7 +19,7 @@ from codechat.cli import main
 from codechat.config.stages import ModelConfig, to_dict
 from codechat.data.benchmarks import HUMANEVAL_FILE
 from codechat.data.formats import HUMANEVAL_PROMPT, mbpp_prompt
-from codechat.data.mining import humaneval_file
+from codechat.data.decontam import humaneval_file
 from codechat.engine import Engine, EngineConfig, SamplingConfig
 from codechat.eval import sandbox
 from codechat.eval import suites as es

@@ -14,7 +14,7 @@ from codechat.chat.calls import FUNCTION_CALL_TOKEN
 from codechat.chat.conversation import Conversation, Message, render, supervised_spans
 from codechat.data.formats import (HUMANEVAL_PROMPT, FormatError, detect_format, load_records, mbpp_prompt,
                                    to_conversation)
-from codechat.data.mining import humaneval_file
+from codechat.data.decontam import humaneval_file
 from codechat.data.readers import LoadCounts, read_rows
 from conftest import shared_file
 

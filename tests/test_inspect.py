@@ -13,7 +13,7 @@ from codechat.config.stages import ConfigError
 from codechat.data import corpus
 from codechat.data import inspect as data_inspect
 from codechat.data.formats import load_records
-from codechat.data.mining import humaneval_file
+from codechat.data.decontam import humaneval_file
 from conftest import shared_file
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sft"

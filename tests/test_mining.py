@@ -1,4 +1,5 @@
-"""Offline (docstring -> function) SFT pairs and decontamination against HumanEval and MBPP.
+"""Offline (docstring -> function) SFT pairs (codechat.data.mining) and decontamination against HumanEval and MBPP
+(codechat.data.decontam).
 
 MBPP, Code Alpaca and the glaive sample come from ``shared/`` (those tests skip, saying what is missing,
 when it is absent); the same decontamination rules are pinned on the project's own small files in
@@ -16,10 +17,10 @@ import pytest
 from codechat.chat.conversation import Conversation, Message
 from codechat.config.sft import SFTConfig
 from codechat.config.stages import default_corpus_dirs
-from codechat.data import mining
+from codechat.data import decontam
 from codechat.data.formats import HUMANEVAL_PROMPT, load_records
-from codechat.data.mining import (BenchmarkProblem, Decontaminator, MiningCounts, humaneval_problems, mbpp_problems,
-                                  mine_records, normalized_tokens)
+from codechat.data.decontam import BenchmarkProblem, Decontaminator, humaneval_problems, mbpp_problems, normalized_tokens
+from codechat.data.mining import MiningCounts, mine_records
 from codechat.data.benchmarks import mbpp_split
 from codechat.data.mixture import Mixture
 
@@ -107,7 +108,7 @@ def test_mine_is_a_mixture_source(tok):
 def test_humaneval_and_mbpp_test_problems_are_all_excluded(benchmarks, shared_dir):
     dec = Decontaminator(benchmarks)
     assert dec.benchmarks == {"HumanEval": 164, "MBPP": 500}
-    humaneval = load_records(mining.humaneval_file())
+    humaneval = load_records(decontam.humaneval_file())
     assert sum(not dec.keep(r) for r in humaneval) == 164
     records = load_records(shared_dir / "data/mbpp/mbpp.jsonl")
     excluded = {r.line for r in records if not dec.keep(r)}
@@ -137,7 +138,7 @@ def mini_benchmarks() -> list[BenchmarkProblem]:
 def test_mini_humaneval_and_mbpp_test_problems_are_all_excluded(mini_benchmarks):
     dec = Decontaminator(mini_benchmarks)
     assert dec.benchmarks == {"HumanEval": 164, "MBPP": 5}  # MBPP: the test split (11-510) only
-    humaneval = load_records(mining.humaneval_file())
+    humaneval = load_records(decontam.humaneval_file())
     assert sum(not dec.keep(r) for r in humaneval) == 164
     records = load_records(MINI_MBPP)
     excluded = {int(r.task_id) for r in records if not dec.keep(r)}
@@ -188,7 +189,7 @@ def test_overlap_rule_normalises_case_and_whitespace_and_uses_the_threshold():
 
 
 def check_from_config_warns(monkeypatch, caplog, mbpp: Path, n_test: int) -> None:
-    monkeypatch.setattr(mining, "humaneval_file", lambda: None)
+    monkeypatch.setattr(decontam, "humaneval_file", lambda: None)
     caplog.set_level(logging.WARNING, logger="codechat")  # log records (one line each), not Python warnings
     dec = Decontaminator.from_config(SFTConfig(decontam_mbpp=str(mbpp)))
     assert [r.message for r in caplog.records if "shipped with codechat is missing" in r.message]

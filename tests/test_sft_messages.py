@@ -57,7 +57,7 @@ def test_mbpp_is_mentioned_only_for_sources_it_matters_for(tmp_path, caplog):
     [msg] = mbpp_messages(SFTConfig(data=f"mine:{src},{alpaca}:0.5"), caplog)
     assert msg == (f"decontamination does not check MBPP's test problems for {alpaca}: give the MBPP file as "
                    "--sft.decontam_mbpp PATH/mbpp.jsonl")
-    assert caplog.records[-1].name == "codechat.data.mining" and caplog.records[-1].levelno == logging.WARNING
+    assert caplog.records[-1].name == "codechat.data.decontam" and caplog.records[-1].levelno == logging.WARNING
     cfg = SFTConfig(data=f"{mined}#completion,{alpaca},hf:org/name")
     assert third_party_sources(cfg.data, cfg) == [str(alpaca), "hf:org/name"]
 

@@ -56,7 +56,7 @@ class SFTConfig:
     skip_bad: bool = False  # skip (and count) records that fit no format instead of failing
     max_examples: int = 0  # > 0 -> a seeded subset of at most this many records (smoke tests)
     seed: int = 1337  # mixture order and subsets
-    decontaminate: bool = True  # drop examples overlapping HumanEval / MBPP test problems (codechat.data.mining)
+    decontaminate: bool = True  # drop examples overlapping HumanEval / MBPP test problems (codechat.data.decontam)
     decontam_mbpp: str = ""  # MBPP .jsonl whose test problems are checked too; "" -> HumanEval, plus the held-out
     #                          tasks of MBPP files among the sources (an MBPP source keeps only train and prompt)
     decontam_ngram: int = 10  # n of the normalised token n-grams compared

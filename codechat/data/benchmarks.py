@@ -1,5 +1,5 @@
 """Who the evaluation benchmarks are, for both sides: decontamination of training data
-(:mod:`codechat.data.mining`) and evaluation (:mod:`codechat.eval.problems`).
+(:mod:`codechat.data.decontam`) and evaluation (:mod:`codechat.eval.problems`).
 
 - HumanEval (Chen et al. 2021): its 164 problems ship with codechat as
   ``codechat/data/shipped/HumanEval.jsonl.gz`` (:data:`HUMANEVAL_FILE`), copied unchanged from

@@ -14,7 +14,7 @@ pipeline only (text that spells ``<|end|>`` encodes as ordinary tokens). Shards 
 documents, in source order, identical for any number of workers and for the same texts
 whichever kind of source held them.
 
-Decontamination: given a :class:`codechat.data.mining.Decontaminator` (HumanEval, optionally MBPP's
+Decontamination: given a :class:`codechat.data.decontam.Decontaminator` (HumanEval, optionally MBPP's
 test split), each worker checks every document by its n-gram rule before tokenising it; a
 document that holds at least the rule's share of some benchmark part's n-grams (its prompt, its
 tests or its solution) is left out of both splits, counted as ``contaminated`` and listed in the
@@ -223,7 +223,7 @@ def build_corpus(srcs: Sequence[str | os.PathLike], tokenizer_dir: str | os.Path
         skip_bad: count and leave out bad records instead of stopping at the first.
         workers: tokenising processes; 0 means ``os.cpu_count()``.
         shard_tokens: a shard is closed after the document that brings it to this many tokens.
-        decontaminator: a :class:`codechat.data.mining.Decontaminator`; documents overlapping its
+        decontaminator: a :class:`codechat.data.decontam.Decontaminator`; documents overlapping its
             benchmark problems are left out (module docstring). ``None``: no check.
         quality: ``off``, ``report`` or ``filter`` (:mod:`codechat.data.quality`): with ``filter`` each
             train document is written as many times as ``quality_weights`` gives its band (val: once).
@@ -389,9 +389,9 @@ def read_split(data_dir: str | os.PathLike, split: str) -> list[np.memmap]:
 def benchmark_decontaminator(mbpp_file: str | os.PathLike | None = None,
                               unchecked: Sequence[str] | None = None) -> Any:
     """The check a corpus gets: HumanEval's 164 problems, plus MBPP's test split from ``mbpp_file``
-    (:meth:`codechat.data.mining.Decontaminator.from_config`, which logs a warning naming the
+    (:meth:`codechat.data.decontam.Decontaminator.from_config`, which logs a warning naming the
     ``unchecked`` sources when MBPP is not checked; ``()``: nothing to say, None: a general one)."""
-    from codechat.data.mining import Decontaminator
+    from codechat.data.decontam import Decontaminator
     return Decontaminator.from_config(SFTConfig(decontam_mbpp=str(mbpp_file or "")), unchecked=unchecked)
 
 

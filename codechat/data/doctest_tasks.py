@@ -204,7 +204,7 @@ def _doctest_candidate(node: ast.FunctionDef | ast.AsyncFunctionDef, tree: ast.M
 
 
 def _decontaminator(mbpp_file: str | Path | None) -> Any:
-    from codechat.data.mining import Decontaminator, humaneval_problems, mbpp_problems
+    from codechat.data.decontam import Decontaminator, humaneval_problems, mbpp_problems
     problems = humaneval_problems()
     if mbpp_file:
         problems += mbpp_problems(mbpp_file)
@@ -222,7 +222,7 @@ def mine_doctest_tasks(srcs: Sequence[str | Path] | None = None, *, max_files: i
     Python's standard library), in file then line order; rules in the module docstring.
 
     Only files whose text holds ``>>>`` are parsed. Candidates are decontaminated by ``decontaminator``
-    (a :class:`codechat.data.mining.Decontaminator`, e.g. the one a task pool checks all its tasks with,
+    (a :class:`codechat.data.decontam.Decontaminator`, e.g. the one a task pool checks all its tasks with,
     whose builder says what it checks; ``mbpp_file`` is then unused) or, when it is None, against
     HumanEval and MBPP's test problems in ``mbpp_file`` (without ``mbpp_file``: HumanEval only, and a
     one-line warning through the logger ``codechat.data.doctest_tasks``), deduplicated by reference,

@@ -156,7 +156,7 @@ class Mixture:
         """Load every positive-weight source of ``spec`` (``cfg`` gives seed, mode, format, skip_bad, max_examples).
 
         ``keep(record)`` False excludes a record (counted in ``Source.excluded``), e.g.
-        :meth:`codechat.data.mining.Decontaminator.keep`. With ``cfg.teacher_completions`` each
+        :meth:`codechat.data.decontam.Decontaminator.keep`. With ``cfg.teacher_completions`` each
         record is its prompt plus the teacher's answer (:func:`codechat.data.prompts.join_answers`),
         joined before ``keep``.
 
@@ -203,7 +203,7 @@ class Mixture:
         That MBPP is not checked is logged only when there are sources it matters for
         (:func:`third_party_sources`): pairs mined from Python source have nothing to say about it.
         """
-        from codechat.data.mining import Decontaminator
+        from codechat.data.decontam import Decontaminator
         dec = None
         if cfg.decontaminate:
             spec = cfg.data or "mine:"

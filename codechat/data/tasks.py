@@ -72,7 +72,7 @@ decorated, not a dunder, a docstring of at most ``MAX_DOC_CHARS`` characters, at
   passes its tests in the sandbox, so a function that needs the rest of its module (globals,
   helpers, classes) is excluded; so is any task whose text (prompt, reference, tests) overlaps a
   HumanEval problem or an MBPP test problem (``mbpp_file``) by the rule of
-  :class:`codechat.data.mining.Decontaminator`.
+  :class:`codechat.data.decontam.Decontaminator`.
 
 The yield is small: CPython 3.11's standard library (1790 files) has 161 module-level functions
 with doctests in 34 files; 76 become candidates and 37 keep (the others mostly need their

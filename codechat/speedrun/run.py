@@ -9,7 +9,7 @@ HumanEval and MBPP's test split (``--mbpp``) are scored on ``sft/`` before RL an
 again on ``rl/``: the effect of RL is a measured difference.
 
 Data: the pretraining corpus leaves out every file that overlaps a HumanEval problem (or, with
-``--mbpp``, an MBPP test problem) by :class:`codechat.data.mining.Decontaminator`'s rule, and
+``--mbpp``, an MBPP test problem) by :class:`codechat.data.decontam.Decontaminator`'s rule, and
 the report lists them; chat SFT trains on functions mined from the corpus (the standard library,
 and on a GPU the installed packages at a lower weight; asked for both ways,
 :data:`codechat.config.sft.MINE_STYLES`), MBPP's train split with ``--mbpp`` and the sources of

@@ -9,7 +9,7 @@ many were kept, truncated and dropped and the share of supervised tokens; it ref
 when nothing would be supervised. ``DIR/data_report.json`` holds ``preflight`` (those counts),
 ``supervised_share``, ``examples_per_epoch``, ``max_steps``, ``max_length`` / ``max_prompt_length``
 (the budgets used), ``decontamination`` (:meth:`Decontaminator.report
-<codechat.data.mining.Decontaminator.report>`: excluded per benchmark and per rule) and ``sources``
+<codechat.data.decontam.Decontaminator.report>`: excluded per benchmark and per rule) and ``sources``
 (per source: weight, target share, records, skipped, excluded). After training (also on Ctrl-C)
 the realised proportions are logged and added to ``sources`` (``drawn``: records the loader drew,
 a chunk at a time; ``share``: of all draws), with ``realised_at_step``; before training there

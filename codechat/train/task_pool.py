@@ -20,7 +20,7 @@ Equal sizes keep the seeded shuffle's order.
 The pool (:func:`load_pool`) is one task spec or several joined by ``+`` (``mbpp:PATH+doctest``,
 :func:`codechat.data.tasks.load_tasks`), each read with its RL default split (MBPP: train), and
 decontaminated against HumanEval and MBPP's test split (``mbpp_file``) by the rule of
-:class:`codechat.data.mining.Decontaminator`: a task whose prompt, reference or tests overlap a
+:class:`codechat.data.decontam.Decontaminator`: a task whose prompt, reference or tests overlap a
 benchmark problem is left out and named in the report.
 """
 from __future__ import annotations
