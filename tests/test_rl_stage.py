@@ -459,12 +459,30 @@ def test_the_filter_streams_tasks_into_the_engine_and_counts_as_a_batch_does(pol
 def test_the_held_out_slice_is_a_seeded_draw_that_leaves_min_tasks_to_train_on():
     from codechat.train.rl_heldout import split_heldout
     tasks = [f"t{i}" for i in range(40)]
-    train, held = split_heldout(tasks, 8, 30, seed=3)
+
+    def split(*args, seed):
+        return split_heldout(tasks, *args, seed=seed, group=str)
+    train, held = split(8, 30, seed=3)
     assert len(held) == 8 and len(train) == 32 and not set(train) & set(held) and set(train) | set(held) == set(tasks)
     assert train == [t for t in tasks if t in train]  # the training tasks keep their order
-    assert (train, held) == split_heldout(tasks, 8, 30, seed=3) and held != split_heldout(tasks, 8, 30, seed=4)[1]
-    assert split_heldout(tasks, 8, 35, seed=3)[1].__len__() == 5  # min_train wins
-    assert split_heldout(tasks, 8, 40, seed=3) == (tasks, []) and split_heldout(tasks, 0, 2, seed=3) == (tasks, [])
+    assert (train, held) == split(8, 30, seed=3) and held != split(8, 30, seed=4)[1]
+    assert split(8, 35, seed=3)[1].__len__() == 5  # min_train wins
+    assert split(8, 40, seed=3) == (tasks, []) and split(0, 2, seed=3) == (tasks, [])
+
+
+def test_copies_of_a_function_fall_on_one_side_of_the_held_out_split():
+    from codechat.train.rl_heldout import copy_group, split_heldout
+    assert copy_group("io/pydantic/v1/json.py::decimal_encoder") == copy_group("doctest/fastapi/encoders.py::"
+                                                                             "decimal_encoder") == "decimal_encoder"
+    assert copy_group("mbpp/601") == "mbpp/601"
+    tasks = [SimpleNamespace(task_id=f"io/pkg{i % 7}/m.py::f{i % 12}") for i in range(48)]  # 12 names, 4 copies each
+    for seed in range(5):
+        train, held = split_heldout(tasks, 16, 32, seed)
+        assert len(held) == 16 and len(train) == 32  # whole groups of 4 fill the 16 exactly
+        assert not {copy_group(t.task_id) for t in held} & {copy_group(t.task_id) for t in train}
+    uneven = tasks[:4] + [SimpleNamespace(task_id=f"io/x.py::g{i}") for i in range(40)]  # one group of 4 and singletons
+    train, held = split_heldout(uneven, 10, 30, seed=1)
+    assert len(held) == 10 and not {copy_group(t.task_id) for t in held} & {copy_group(t.task_id) for t in train}
 
 
 def test_the_held_out_slice_is_broken_down_by_part_of_the_pool():

@@ -1,15 +1,16 @@
 """A held-out slice of the filtered RL pool: tasks GRPO never trains on, scored before and after it.
 
 The pass-rate filter keeps the tasks the SFT policy sometimes solves. A slice of them
-(``rl.heldout_tasks``, a seeded draw, taken only where at least ``rl.min_tasks`` remain to train on) is
-set aside; it is scored with the policy before the first step and again after the last, each task
-with ``rl.filter_samples`` fresh samples (the same seeds both times, not the filter's: the filter chose
-these tasks for their rates, so its own samples would flatter the "before"). The figure is pass@1 over
-the slice with its 95% bootstrap interval over tasks (:func:`codechat.eval.passk.bootstrap_interval`):
-whether GRPO learned something that carries to unseen tasks of the pool's kind, beside HumanEval and MBPP.
-The same per part of the pool (:func:`.task_pool.pool_part`: MBPP's train split, which chat SFT may also
-train on, against the mined ``io`` and ``doctest`` tasks), as the kept tasks are mostly MBPP's on a GPU
-(``benchmarks/RESULTS.md``, fifteenth session).
+(``rl.heldout_tasks``, a seeded draw, taken only where at least ``rl.min_tasks`` remain to train on;
+tasks that share a function name stay on one side, :func:`copy_group`) is set aside; it is scored with the
+policy before the first step and again after the last, each task with ``rl.heldout_samples`` fresh samples
+(0: ``rl.filter_samples``; the same seeds both times, not the filter's: the filter chose these tasks for
+their rates, so its own samples would flatter the "before"). The figure is pass@1 over the slice with its
+95% bootstrap interval over tasks (:func:`codechat.eval.passk.bootstrap_interval`): whether GRPO learned
+something that carries to unseen tasks of the pool's kind, beside HumanEval and MBPP. The same per part of
+the pool (:func:`.task_pool.pool_part`: MBPP's train split, which chat SFT may also train on, against the
+mined ``io`` and ``doctest`` tasks), as the kept tasks were mostly MBPP's on a GPU while that split was in
+the speedrun's pool (``benchmarks/RESULTS.md``, fifteenth session).
 """
 from __future__ import annotations
 
@@ -20,11 +21,32 @@ from .rollouts import Judge, collect
 from .task_pool import pool_part
 
 
-def split_heldout(tasks: Sequence, n: int, min_train: int, seed: int) -> tuple[list, list]:
-    """``(train, heldout)``: ``min(n, len(tasks) - min_train)`` of ``tasks`` (none when that is < 1) drawn
-    with ``seed`` for the held-out slice, the rest, in their order, to train on."""
+def copy_group(task_id: str) -> str:
+    """The group a task is held out or trained on with: a mined task's function name (the part of its id after
+    ``::``, so ``io/pkg/a.py::f`` and ``io/vendored/pkg/a.py::f`` are one group), else the whole id. Vendored
+    and copied functions are common in a corpus of installed packages: at a897d34 the slice held
+    ``decimal_encoder`` of ``fastapi`` and ``pydantic.v1`` while GRPO trained on ``pydantic.deprecated``'s, and
+    ``assoc`` of ``torch.fx``'s copy of ``toolz`` while it trained on ``toolz``'s (``benchmarks/RESULTS.md``,
+    twenty-second session)."""
+    return task_id.rsplit("::", 1)[-1] if "::" in task_id else task_id
+
+
+def split_heldout(tasks: Sequence, n: int, min_train: int, seed: int,
+                  group: Callable[[Any], str] = lambda t: copy_group(t.task_id)) -> tuple[list, list]:
+    """``(train, heldout)``: a seeded draw of whole groups of ``tasks`` (``group(task)``, default
+    :func:`copy_group` of its ``task_id``) for the held-out slice, at most ``min(n, len(tasks) - min_train)``
+    tasks (none when that is < 1; a group that would pass it is skipped for smaller ones), so no task has a
+    namesake on the other side; the rest, in their order, to train on."""
     k = max(0, min(n, len(tasks) - min_train))
-    held = set(random.Random(f"{seed}:heldout").sample(range(len(tasks)), k))
+    groups: dict[str, list[int]] = {}
+    for i, t in enumerate(tasks):
+        groups.setdefault(group(t), []).append(i)
+    order = list(groups.values())
+    random.Random(f"{seed}:heldout").shuffle(order)
+    held: set[int] = set()
+    for members in order:
+        if len(held) + len(members) <= k:
+            held.update(members)
     return [t for i, t in enumerate(tasks) if i not in held], [t for i, t in enumerate(tasks) if i in held]
 
 
