@@ -73,6 +73,20 @@ def test_a_skipped_stage_says_skipped_and_why_and_is_not_run_again(tmp_path, cap
     assert "Run in progress" not in report and "stopped at stage" not in report
 
 
+def test_each_stage_arms_a_dump_of_its_stacks_for_when_it_overruns_and_disarms_it_after(tmp_path, monkeypatch):
+    import faulthandler
+
+    from codechat.speedrun import run as run_module
+    calls: list[tuple] = []
+    monkeypatch.setattr(faulthandler, "dump_traceback_later", lambda timeout, file: calls.append(("arm", timeout)))
+    monkeypatch.setattr(faulthandler, "cancel_dump_traceback_later", lambda: calls.append(("disarm",)))
+    p = plan(torch.device("cpu"), "tiny", 2.0)
+    Stubbed(p, tmp_path, torch.device("cpu"), "cpu", 0, resume=False).execute()
+    assert [c[0] for c in calls] == ["arm", "disarm"] * len(p.stages)
+    first = p.planned_s()[p.stages[0]]  # the stage's time left, then a minute more
+    assert calls[0][1] == pytest.approx(first + run_module.OVERRUN_STACKS_S, abs=1.0) and run_module.OVERRUN_STACKS_S == 60
+
+
 class Overrun(Stubbed):
     """Stubs on a fake clock: each stage takes its grant, pretraining 100 s more (a busy machine)."""
 
@@ -180,16 +194,15 @@ def test_mid_training_takes_its_share_from_pretraining_and_bad_shares_are_refuse
 def test_rl_auto_plans_grpo_only_where_its_pool_can_keep_enough_tasks_and_gives_its_share_to_pretraining():
     from codechat.speedrun.rl_choice import with_rl
     cpu, gpu = torch.device("cpu"), torch.device("cuda")  # planning only: nothing runs on the device
-    g = plan(gpu, None, 16.0, mbpp=str(MBPP_FIXTURE))
+    g = plan(gpu, None, 9.0, mbpp=str(MBPP_FIXTURE))
     on = with_rl(g, "auto", gpu)
-    assert on.rl and "rl" in on.stages and on.shares == g.shares and "--mbpp or --tasks" in on.rl_reason
-    short = with_rl(plan(gpu, None, 9.0, mbpp=str(MBPP_FIXTURE)), "auto", gpu)  # too short to keep 32 tasks
-    assert not short.rl and "rl" not in short.stages and "below a 16-minute GPU budget" in short.rl_reason
-    assert with_rl(plan(gpu, None, 9.0, mbpp=str(MBPP_FIXTURE)), "on", gpu).rl
-    off = with_rl(plan(gpu, None, 9.0), "auto", gpu)  # the tasks mined from the corpus alone
-    assert not off.rl and "rl" not in off.stages and "mined from the corpus alone" in off.rl_reason
-    assert off.shares["pretrain"] == pytest.approx(plan(gpu, None, 9.0).shares["pretrain"] + GPU_SHARES["rl"])
-    assert sum(off.shares.values()) == pytest.approx(1.0) and off.training_s(540) > plan(gpu, None, 9.0).training_s(540)
+    assert on.rl and "rl" in on.stages and on.shares == g.shares and "9 minutes or more" in on.rl_reason
+    assert with_rl(plan(gpu, None, 9.0), "auto", gpu).rl  # the tasks mined from the corpus alone are the pool
+    short = with_rl(plan(gpu, None, 5.0), "auto", gpu)  # the filter's yield is not measured that short
+    assert not short.rl and "rl" not in short.stages and "below a 9-minute GPU budget" in short.rl_reason
+    assert with_rl(plan(gpu, None, 5.0), "on", gpu).rl
+    assert short.shares["pretrain"] == pytest.approx(plan(gpu, None, 5.0).shares["pretrain"] + GPU_SHARES["rl"])
+    assert sum(short.shares.values()) == pytest.approx(1.0) and short.training_s(300) > plan(gpu, None, 5.0).training_s(300)
     assert not with_rl(plan(cpu, "tiny", 12.0), "auto", cpu).rl and with_rl(plan(cpu, "tiny", 12.0), "on", cpu).rl
     forced = with_rl(g, "off", gpu)
     assert not forced.rl and forced.rl_reason == "--rl off" and "mbpp" in forced.stages
@@ -197,10 +210,10 @@ def test_rl_auto_plans_grpo_only_where_its_pool_can_keep_enough_tasks_and_gives_
     assert mid.shares["mid"] / (mid.shares["mid"] + mid.shares["pretrain"]) == pytest.approx(0.2)
     with pytest.raises(ConfigError, match="--rl must be one of auto, on, off"):
         with_rl(g, "maybe", gpu)
-    mined = with_plan_overrides(g, {"rl_pool_mbpp": "false"})  # MBPP train stays in SFT, leaves the pool
-    assert g.rl_pool == (f"mbpp:{MBPP_FIXTURE}", "doctest") and mined.rl_pool == ("doctest",)
-    assert mined.rl_tasks == g.rl_tasks and "mbpp" in mined.stages and mined.mbpp == g.mbpp
-    assert not with_rl(mined, "auto", gpu).rl and with_rl(mined, "on", gpu).rl
+    assert g.rl_pool == ("doctest",)  # MBPP's train split stays in SFT, out of the pool (rl_pool_mbpp false)
+    both = with_plan_overrides(g, {"rl_pool_mbpp": "true"})
+    assert both.rl_pool == (f"mbpp:{MBPP_FIXTURE}", "doctest") and both.rl_tasks == g.rl_tasks
+    assert "mbpp" in g.stages and both.mbpp == g.mbpp
 
 
 def test_plan_overrides_set_typed_fields_refuse_the_rest_and_come_back_on_resume(tmp_path):

@@ -34,17 +34,16 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--funcall-data", help="conversations with tools (glaive, ShareGPT or OpenAI messages): adds "
                                           "function-calling SFT on FILE@train and its evaluation on FILE@heldout")
     p.add_argument("--mbpp", metavar="PATH", help="MBPP's mbpp.jsonl: its train split (tasks 601-974) joins chat SFT "
-                                                  "and is RL's task set, its test split (11-510) is evaluated (pass@1, "
+                                                  "(and RL's pool with --plan.rl_pool_mbpp true), its test split (11-510) is evaluated (pass@1, "
                                                   "pass@10), and its test problems are kept out of every training set")
     p.add_argument("--tasks", metavar="SPEC", help="more RL tasks for the pool (codechat rl's task spec, several "
-                                                   "joined by +), beside the standard library's doctests and, with "
-                                                   "--mbpp, MBPP's train split; the pool is decontaminated and "
-                                                   "filtered by the SFT model's pass rate before GRPO")
+                                                   "joined by +), beside the doctest and input/output tasks mined "
+                                                   "from the corpus; the pool is decontaminated and filtered by the "
+                                                   "SFT model's pass rate before GRPO")
     p.add_argument("--rl", choices=["auto", "on", "off"], default="auto",
                    help="the RL stage (GRPO on the pool's tasks that the SFT model sometimes solves): auto (default) "
-                        "runs it on a GPU with a budget of 16 minutes or more when the pool holds more than the "
-                        "corpus's doctests (--mbpp or --tasks), never on a CPU; a stage that does not run takes no "
-                        "time from pretraining")
+                        "runs it on a GPU with a budget of 9 minutes or more, never on a CPU; a stage that does not "
+                        "run takes no time from pretraining")
     p.add_argument("--data", metavar="SPEC", help="more chat-SFT sources, a mixture spec SOURCE[#FORMAT][:WEIGHT],... "
                                                   "(weight: copies per epoch), e.g. code_alpaca_2k.json:1")
     p.add_argument("--mid-share", type=float, default=0.0, metavar="F",

@@ -3,10 +3,10 @@
 The pool (:mod:`codechat.train.task_pool`) is the plan's ``rl_tasks``: doctest tasks (on a GPU mined
 from every corpus source in a background process while pretraining runs, with up to ``rl_io_tasks``
 input/output tasks of pure corpus functions, :mod:`codechat.data.io_tasks`; else from this Python's
-standard library), MBPP's train split with ``--mbpp``, and ``--tasks``. The pass-rate filter samples
-each pool task with ``sft/`` and GRPO trains on the kept ones when at least ``rl_min_tasks`` remain;
-otherwise the stage is skipped with the counts. HumanEval (and MBPP) are scored again on ``rl/``, so the
-report sets them beside the figures on ``sft/``. :class:`RLStage` is a part of
+standard library), ``--tasks``, and MBPP's train split with ``--mbpp`` and ``rl_pool_mbpp`` (off by
+default). The pass-rate filter samples each pool task with ``sft/`` and GRPO trains on the kept ones when
+at least ``rl_min_tasks`` remain; otherwise the stage is skipped with the counts. HumanEval (and MBPP) are
+scored again on ``rl/``, so the report sets them beside the figures on ``sft/``. :class:`RLStage` is a part of
 :class:`codechat.speedrun.run.Speedrun`, whose loop calls its ``_rl(grant, tag)``.
 """
 from __future__ import annotations

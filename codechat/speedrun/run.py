@@ -29,16 +29,19 @@ it up front (printed, and in the report as planned vs actual); when a stage star
 the time left times its share of the stages still to run, so a stage that ran long shrinks the
 ones after it. Training stages train for their grant less what the stage spends around its
 steps (loading, evaluation); the evaluation stops sampling new problems at its grant. A training
-stage whose compile would eat too much of its grant (``compile_max_share``) runs eager.
+stage whose compile would eat too much of its grant (``compile_max_share``) runs eager. A stage still
+running :data:`OVERRUN_STACKS_S` after its time ran out writes every thread's stack to stderr, once.
 
 On a CPU it trains the ``tiny`` preset (12 minutes in all by default, within 15 on 2 cores);
 on a GPU a preset sized to the budget, on the standard library plus the installed packages.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import multiprocessing as mp
 import os
+import sys
 import time
 import traceback
 from concurrent.futures import Future
@@ -74,6 +77,21 @@ from codechat.train.stop import RunStopped, active
 FINISHED = ("done", "skipped")
 #: What each stage reads from an earlier one: a stage whose input was skipped is skipped too.
 NEEDS = {"chat": "sft", "eval": "sft", "mbpp": "sft", "rl": "sft", "funcall": "sft", "funcall_eval": "funcall"}
+#: Seconds past the time a stage has left after which every thread's stack is written to stderr once
+#: (:func:`faulthandler.dump_traceback_later`), so that a stage that overruns says where it was: on a fresh
+#: H200 the eval stage, granted 27 s, ran 208 s without a line (``benchmarks/RESULTS.md``, twenty-second session).
+OVERRUN_STACKS_S = 60.0
+
+
+def _dump_stacks_after(seconds: float) -> None:
+    """Arm :func:`faulthandler.dump_traceback_later` on stderr (the process's own where ``sys.stderr`` has
+    no file descriptor, as under pytest's capture); nowhere to write: not armed."""
+    for f in (sys.stderr, sys.__stderr__):
+        try:
+            faulthandler.dump_traceback_later(seconds, file=f)
+            return
+        except (AttributeError, ValueError, OSError):  # None, or no fileno (io.UnsupportedOperation)
+            continue
 
 
 class SpeedrunFailed(RuntimeError):
@@ -205,6 +223,7 @@ class Speedrun(TuningStages, GenerationStages, RLStage, BackgroundJobs):
             self._write()
             t0 = self.clock()
             self.begin_stage(left)
+            _dump_stacks_after(left + OVERRUN_STACKS_S)
             try:
                 self.m[name] = getattr(self, f"_{name}")(grant, tag)
             except BaseException as e:
@@ -223,6 +242,8 @@ class Speedrun(TuningStages, GenerationStages, RLStage, BackgroundJobs):
                 raise SpeedrunFailed(f"stage {name} failed: {type(e).__name__}: {e}\n"
                                      f"finished stages are in {self.run / 'report.md'}; after fixing the cause, "
                                      f"continue with --out {self.run} --resume") from e
+            finally:
+                faulthandler.cancel_dump_traceback_later()
             st["wall_s"] = st.get("wall_s", 0.0) + self.clock() - t0
             self.m[name]["wall_s"] = st["wall_s"]
             if self.m[name].get("skipped") is True:  # (the data stage's "skipped" counts files)
@@ -425,7 +446,7 @@ def run_speedrun(preset: str | None = None, out: str | None = None, time_budget_
         for spec in tasks.split(POOL_SEPARATOR):
             parse_spec(spec)  # a bad spec stops here, before the run directory exists
         p = replace(p, rl_tasks=p.rl_tasks + POOL_SEPARATOR + tasks)
-    if plan_overrides:  # before with_rl, whose --rl auto reads the plan's pool (rl_pool_mbpp)
+    if plan_overrides:  # before with_rl, which moves the shares of a stage not run
         p = with_plan_overrides(p, plan_overrides)
     p = with_rl(p, rl, dev)
     if pretrain_overrides:
