@@ -1,4 +1,4 @@
-"""Offline SFT data and decontamination.
+"""Offline SFT data: functions mined from Python source into instruction conversations.
 
 Mining. :func:`mine_records` turns Python source files (by default this Python's standard
 library, present on every machine) into instruction conversations, so SFT runs with no download::
