@@ -480,7 +480,8 @@ def test_copies_of_a_function_fall_on_one_side_of_the_held_out_split():
         train, held = split_heldout(tasks, 16, 32, seed)
         assert len(held) == 16 and len(train) == 32  # whole groups of 4 fill the 16 exactly
         assert not {copy_group(t.task_id) for t in held} & {copy_group(t.task_id) for t in train}
-    uneven = tasks[:4] + [SimpleNamespace(task_id=f"io/x.py::g{i}") for i in range(40)]  # one group of 4 and singletons
+    f0 = [t for t in tasks if t.task_id.endswith("::f0")]
+    uneven = f0 + [SimpleNamespace(task_id=f"io/x.py::g{i}") for i in range(40)]  # one group of 4 and singletons
     train, held = split_heldout(uneven, 10, 30, seed=1)
     assert len(held) == 10 and not {copy_group(t.task_id) for t in held} & {copy_group(t.task_id) for t in train}
 

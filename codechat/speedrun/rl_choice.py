@@ -30,9 +30,10 @@ def with_rl(p: SpeedrunPlan, choice: str, device: torch.device) -> SpeedrunPlan:
       were kept at ~7% of those sampled.
     - 9 minutes, before the streaming filter: it kept 11 (H200, ed0ed6f; MBPP train and ~31 doctests), 18
       (H100, 0151c41) and 7 (H100, 8a79860; 896 corpus tasks, of which it sampled a few hundred) tasks, fewer
-      than 32: RL's 71 s came out of pretraining and went unused. With MBPP's train split in the pool (answers chat SFT had shown it,
-      pool pass@1 35-50%) the streaming filter kept 172-213 tasks and GRPO made 19-150 steps in six runs,
-      but the held-out slice never rose beyond its interval (+1.9, -1.2, 0.0, +0.1, -3.3, +0.4 points).
+      than 32: RL's 71 s came out of pretraining and went unused. With MBPP's train split in the pool
+      (answers chat SFT had shown it, pool pass@1 35-50%) the streaming filter kept 172-213 tasks and GRPO
+      made 19-150 steps in six runs, but the held-out slice never rose beyond its interval (+1.9, -1.2, 0.0,
+      +0.1, -3.3, +0.4 points).
     - 16 minutes (H100, 1952296): the filter kept 86 of 358 tasks and GRPO made 36 steps.
     - Below 9 minutes: not measured, so not planned (the model the filter samples is weaker still).
     - On a CPU the tiny model's filter kept fewer than 32 tasks in every run (``tests/test_speedrun.py``),
