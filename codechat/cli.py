@@ -227,6 +227,8 @@ def _add_rl(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, help="tokens sampled per completion at most (default 256)")
     p.add_argument("--loss-norm", choices=["token", "sequence"], help="loss per token (DAPO, default) or per sequence")
     p.add_argument("--max-steps", type=int, help="RL steps (default 50)")
+    p.add_argument("--epochs", type=float, help="passes over the tasks trained on (those the filter kept, less the "
+                                                "held-out slice), in place of --max-steps")
     p.add_argument("--dead-steps", type=int, help="stop after N steps in a row without signal (default 20)")
     p.add_argument("--force", action="store_true", help="start even when the pre-RL check says the run will stall")
     _add_stage_io(p, "rl")
@@ -239,8 +241,10 @@ def _cmd_rl(args: argparse.Namespace, overrides: dict[str, str]) -> int:
     flags = {**_stage_flags(args, parallel=False), "rl.tasks": args.tasks, "rl.split": args.split,
              "rl.group_size": args.group_size, "rl.prompts_per_step": args.prompts_per_step, "rl.reward": args.reward,
              "rl.max_new_tokens": args.max_new_tokens, "rl.loss_norm": args.loss_norm,
-             "train.max_steps": args.max_steps, "rl.dead_steps": args.dead_steps, "rl.force": args.force or None,
-             "rl.filter_samples": args.filter_samples}
+             "train.max_steps": args.max_steps, "train.epochs": args.epochs, "rl.dead_steps": args.dead_steps,
+             "rl.force": args.force or None, "rl.filter_samples": args.filter_samples}
+    if args.epochs is not None and args.max_steps is None:
+        flags["train.max_steps"] = 0  # the default 50 would win over --epochs
     cfg = _stage_config(RLStageConfig, None, flags, overrides)
     result = run_rl(cfg)
     if result["stopped"] == "dead":

@@ -9,6 +9,7 @@ the reward can teach it which of the two to write.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -98,7 +99,7 @@ def test_the_policy_learns_and_shuffled_rewards_teach_nothing(policy, tmp_path):
     curve = rewards(tmp_path / "rl")
     pre = json.loads((tmp_path / "rl" / "preflight.json").read_text())
     assert pre["pass@1"] < 0.3 and pre["band"] != "stall", pre
-    assert res["stopped"] == "budget" and res["step"] == 60 and len(curve) == 60
+    assert res["stopped"] == "max_steps" and res["step"] == 60 and len(curve) == 60
     assert sum(curve[:3]) / 3 < 0.3, curve
     assert best_window(curve) > 0.8, curve  # 2026-12-01, 2-core VM: 0.16 -> ~0.83 after 20 steps
     control = run_rl(rl_config(policy, tasks, tmp_path / "control", **{"rl.shuffle_rewards": "true"}),
@@ -112,6 +113,15 @@ def rl_cli(policy: Path, tasks: Path, out: Path, *extra: str) -> list[str]:
     return ["rl", "--init", str(policy), "--tasks", f"tasks:{tasks}", "--group-size", "8", "--prompts-per-step", "4",
             "--max-new-tokens", "16", "--out", str(out), "--device", "cpu", "--rl.preflight_tasks", "4",
             "--optim.lr", "2e-3", "--rl.judge_timeout_s", "10", *extra]
+
+
+def test_epochs_set_the_step_count_from_the_tasks_trained_on(policy, tmp_path, capsys):
+    tasks = write_tasks(tmp_path / "tasks.jsonl")  # one task a digit, 4 a step: 2 passes are ceil(2 * 10 / 4) steps
+    assert main(rl_cli(policy, tasks, tmp_path / "rl", "--epochs", "2")) == 0
+    out = capsys.readouterr().out
+    assert f"2 passes over {len(DIGITS)} tasks: at most {math.ceil(2 * len(DIGITS) / 4)} steps" in out, out
+    rows = (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == math.ceil(2 * len(DIGITS) / 4) and f"done: step {len(rows)}," in out
 
 
 @pytest.mark.parametrize("reward", ["binary", "tiered"])
@@ -275,8 +285,8 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     from codechat.speedrun.run import Speedrun
     tasks = write_tasks(tmp_path / "tasks.jsonl", mined=True)
     p = replace(plan(torch.device("cpu"), "tiny", 2.0), rl_tasks=f"tasks:{tasks}", rl_tokens=16, rl_prompts_per_step=4,
-                rl_min_tasks=2, rl_heldout_tasks=2, rl_heldout_samples=4, rl_filter_share=1.0, eval_limit=1,
-                eval_tokens=16)
+                rl_min_tasks=2, rl_heldout_tasks=2, rl_heldout_samples=4, rl_filter_samples=8, rl_filter_share=1.0,
+                rl_epochs=1, eval_limit=1, eval_tokens=16)
     run = tmp_path / "run"
     shutil.copytree(policy, run / "sft")
     shutil.copytree(policy, run / "pretrain")  # the base the slice is also scored on
@@ -285,7 +295,9 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     s.m["eval"] = {"humaneval": s._score("humaneval", "HumanEval", "[8/9]", n=p.eval_n, max_new_tokens=16, limit=1)}
     s.begin_stage(20.0)
     out = s._rl(20.0, "[9/9]")
-    assert out["skipped"] is False and out["steps"] >= 1 and out["stopped"] == "budget", out
+    # one pass over the kept tasks less the two held out, 4 a step (rl_epochs), well within the 20 s
+    assert out["skipped"] is False and out["stopped"] == "max_steps", out
+    assert out["train_tasks"] == out["filter"]["kept"] - 2 and out["steps"] == math.ceil(out["train_tasks"] / 4)
     f = out["filter"]  # every task sampled (three batches of 4, well within 20 s), those with rates in (0, 1) kept
     assert f["pool"] == f["sampled"] == 10 and 4 <= f["kept"] == len(f["kept_ids"]) <= 10 and "counts" not in f
     assert out["pool"]["tasks"] == 10 and out["pool"]["decontaminated"] == []
@@ -338,7 +350,8 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
                                                 "pass@1_ci95": None}
     report = speedrun_report(s.m)
     assert "| HumanEval (1 of 1 problems, the same before and after) | pass@1 | 50.00% |" in report
-    assert "## RL (GRPO)" in report and f"{out['steps']} (stopped: budget)" in report
+    assert "## RL (GRPO)" in report
+    assert f"{out['steps']} (stopped: max_steps, at most 1 pass over its {out['train_tasks']} tasks)" in report
     assert "; before step 0 (s): policy " in report and "; kept for the evaluations after it 8 s" in report
     assert "first 5 steps -> last 5" in report
     assert out["settings"]["group_size"] == p.rl_group_size and out["settings"]["tasks_per_step"] == 4

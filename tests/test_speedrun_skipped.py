@@ -5,6 +5,7 @@ one point visibly, and its legend names only the curves drawn."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,8 @@ def test_mid_training_takes_its_share_from_pretraining_and_bad_shares_are_refuse
                              ({"mid_data": "x.jsonl"}, "--mid-data needs it")):
         with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace(")", r"\)")):
             plan(cpu, "tiny", 10.0, **kwargs)
+    with pytest.raises(ConfigError, match=r"rl_epochs must be >= 0 \(0: GRPO until its time is up\), got -1"):
+        replace(p, rl_epochs=-1)
 
 
 def test_rl_auto_plans_grpo_only_where_its_pool_can_keep_enough_tasks_and_gives_its_share_to_pretraining():
@@ -278,7 +281,6 @@ def test_chat_sft_leaves_out_the_mined_pairs_of_the_rl_pools_functions(tmp_path,
     """The RL pool's corpus tasks ask for functions that chat SFT would otherwise train on (every one of
     them: the pairs are mined from the same corpus); with RL planned those pairs are left out."""
     import shutil
-    from dataclasses import replace
 
     from codechat.data.io_tasks import write_corpus_tasks
     from codechat.data.mining import write_mined

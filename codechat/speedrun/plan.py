@@ -226,7 +226,11 @@ class SpeedrunPlan:
     rl_group_size: int = 8
     rl_prompts_per_step: int = 8
     rl_tokens: int = 256  # max new tokens per rollout
-    rl_filter_samples: int = 8
+    # Samples a pool task gets at the filter: 16, so that tasks sft/ solves 1 time in 10-16 are kept too. With 8
+    # two H100 runs at 6a8ecb2 kept 41 and 36 of 897 (a slice of 9 and 4 tasks beside the 32 trained on); their
+    # counts (f1 tasks solved once, f2 twice, ...) put 16 samples at ~66 and ~52 kept (Good-Turing: f1 - f2 +
+    # f3 - ...; RESULTS, twenty-third session). Twice the filter's time: 24 s -> ~50 s there.
+    rl_filter_samples: int = 16
     rl_filter_min: float = 0.0
     rl_filter_max: float = 1.0
     rl_min_tasks: int = 32
@@ -235,13 +239,21 @@ class SpeedrunPlan:
     # +-12 points on 32 tasks at 58% and +-4.6 on 96 at 28% (H100, 2a91d01): 96, so that a gain of a few
     # points can clear it.
     rl_heldout_tasks: int = 96
-    # Samples a held-out task is scored with (rl.heldout_samples): 16, against the filter's 8, halves the
-    # sampling noise in each task's paired change; the slice is a few dozen tasks, so it costs seconds.
+    # Samples a held-out task is scored with (rl.heldout_samples): 16, against 8, halves the sampling noise in
+    # each task's paired change; the slice is a few dozen tasks, so it costs seconds.
     rl_heldout_samples: int = 16
+    # Passes GRPO makes over the tasks it trains on at most (train.epochs; 0: until the time is up). 12: 48
+    # steps over 32 tasks. The H200 run at a897d34 made ~13 (53 steps) and MBPP pass@1 held (1.06% -> 1.08%);
+    # the two H100 runs at 6a8ecb2, given the same time, made ~69 and ~54 (277 and 215 steps, the completions
+    # shrinking 82 -> 13 tokens as the 32 tasks were learnt) and MBPP pass@1 halved (1.20% -> 0.46%, 1.08% ->
+    # 0.52%): GRPO on a few dozen tasks forgets beyond a dozen passes (RESULTS, twenty-third session).
+    rl_epochs: float = 12.0
     # Input/output tasks of pure corpus functions mined into the pool on a GPU (codechat.data.io_tasks;
     # 0: no cap): 551 beside 345 doctests at a06a26b (H100, 9 minutes); MBPP's train split is also in chat SFT.
     rl_io_tasks: int = 1000
-    rl_filter_share: float = 0.2  # of the RL stage's grant the filter may sample for
+    # Of the RL stage's grant the filter may sample for: 0.45 (~60 s of the ~135 s a 9-minute GPU run grants it)
+    # lets 16 samples of the whole pool finish; GRPO's passes (rl_epochs) fit in what is left.
+    rl_filter_share: float = 0.45
     # The filter stops once this many tasks are kept (0: no such stop): rl_heldout_tasks set aside, the rest
     # (>= rl_min_tasks) to train on. At 2a91d01 (H100, 9 minutes) stopping at 96 took 9 s (372 tasks
     # sampled, 111 kept) and GRPO then drew its 79 training tasks ~15 times each in 150 steps; the whole pool
@@ -327,6 +339,8 @@ class SpeedrunPlan:
             raise ConfigError(f"rl_filter_enough={self.rl_filter_enough} would stop the pass-rate filter before it kept "
                               f"rl_min_tasks + rl_heldout_tasks = {self.rl_min_tasks + self.rl_heldout_tasks} tasks; "
                               "raise it, or 0 for no such stop")
+        if self.rl_epochs < 0:
+            raise ConfigError(f"rl_epochs must be >= 0 (0: GRPO until its time is up), got {self.rl_epochs}")
         if self.checkpoint_every_s <= 0:
             raise ConfigError(f"--checkpoint-every-s must be > 0, got {self.checkpoint_every_s}")
 

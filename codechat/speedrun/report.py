@@ -374,7 +374,9 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
                                           f"loss, advantages scaled by {g['advantage_scale']}"))
         setup = ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in (r.get("setup_s") or {}).items())
         reserved = f"; kept for the evaluations after it {r['evals_reserved_s']:.0f} s" if "evals_reserved_s" in r else ""
-        rows += [("steps", f"{r['steps']} (stopped: {r['stopped']})"),
+        limit = (f", at most {r['epochs']:g} pass{'' if r['epochs'] == 1 else 'es'} over its {r['train_tasks']} "
+                 "tasks") if r.get("epochs") else ""
+        rows += [("steps", f"{r['steps']} (stopped: {r['stopped']}{limit})"),
                  ("time", f"the stage: planned {st['planned_s']:.0f} s, granted {st.get('granted_s', 0):.0f} s"
                           + (f"; before step 0 (s): {setup}" if setup else "")
                           + f"; GRPO done after {r['train_wall_s']:.0f} s{reserved}"),

@@ -107,7 +107,8 @@ class RLStage:
         train_s = max(1.0, self.time_left() - evals_s)
         print(f"{tag} RL pool {tasks}: pass-rate filter ({p.rl_filter_samples} samples a task, at most "
               f"{filter_s:.0f} s, stopping at {p.rl_filter_enough or 'all'} kept), then GRPO when >= {p.rl_min_tasks} "
-              f"tasks remain (tiered reward, groups of {p.rl_group_size}) until {evals_s:.0f} s before the stage's "
+              f"tasks remain (tiered reward, groups of {p.rl_group_size}, at most {p.rl_epochs:g} passes over them) "
+              f"until {evals_s:.0f} s before the stage's "
               f"end ({self.time_left():.0f} s from now), kept for {evals_why}")
         cfg = RLStageConfig(
             init=str(self.run / "sft"),
@@ -118,7 +119,7 @@ class RLStage:
                         min_tasks=p.rl_min_tasks, filter_deadline_s=filter_s, filter_enough=p.rl_filter_enough,
                         engine_slots=p.rl_engine_slots, heldout_tasks=p.rl_heldout_tasks,
                         heldout_samples=p.rl_heldout_samples, check_references=False),
-            train=TrainConfig(max_steps=0, time_budget_s=train_s, micro_batch_size=p.rl_micro_batch_size, log_every=1,
+            train=TrainConfig(max_steps=0, epochs=p.rl_epochs, time_budget_s=train_s, micro_batch_size=p.rl_micro_batch_size, log_every=1,
                               eval_every=10**9, save_every=10**9, save_every_s=p.checkpoint_every_s),
             run=RunConfig(out=str(out_dir), seed=self.seed, device=self.device_arg, resume=self.resume))
         try:
@@ -150,6 +151,7 @@ class RLStage:
                     "max_new_tokens": r.max_new_tokens, "clip_eps": [r.clip_eps, r.clip_eps_high],
                     "loss_norm": r.loss_norm, "advantage_scale": r.advantage_scale}
         return {"skipped": False, "tasks": tasks, "settings": settings, "steps": out["step"], "stopped": out["stopped"],
+                "epochs": p.rl_epochs, "train_tasks": out.get("train_tasks"),
                 "message": out["message"], "train_budget_s": train_s, "filter_budget_s": filter_s,
                 "evals_reserved_s": evals_s, "setup_s": out.get("setup_s"),
                 "train_wall_s": trained_s, **self._rl_pool(out_dir),

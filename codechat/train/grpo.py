@@ -203,11 +203,12 @@ def _log_rollouts(out: Path, step: int, rollouts: list[Rollout], echo: Any) -> N
 
 def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | None = None) -> dict[str, Any]:
     """Run GRPO from ``cfg.init`` on ``cfg.rl.tasks``; returns the last metrics, ``stopped``
-    (``budget`` or ``dead``), when dead ``message``, ``setup_s`` (seconds before step 0: loading the
-    ``policy``, the ``pool`` (its references run when ``rl.check_references``), the ``trainer``, the
-    ``engine``, and with the filter the ``filter`` and the held-out slice's scoring, ``heldout_before``)
-    and with a held-out slice ``heldout``. ``deadline``: the trainer's wall-clock stop
-    (:class:`~codechat.train.trainer.Trainer`), None for none.
+    (``max_steps``: ``train.max_steps``, or ``train.epochs`` passes over the ``train_tasks`` GRPO trained on;
+    ``budget``: ``train.time_budget_s`` or ``deadline``; or ``dead``), when dead ``message``, ``setup_s``
+    (seconds before step 0: loading the ``policy``, the ``pool`` (its references run when
+    ``rl.check_references``), the ``trainer``, the ``engine``, and with the filter the ``filter`` and the
+    held-out slice's scoring, ``heldout_before``) and with a held-out slice ``heldout``. ``deadline``: the
+    trainer's wall-clock stop (:class:`~codechat.train.trainer.Trainer`), None for none.
 
     Raises:
         ConfigError: a missing --init, a torchrun world with a layout other than ``ddp`` or a
@@ -287,6 +288,10 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | 
                                       "fix that, or pass --force to run anyway (the run stops itself after "
                                       f"--dead-steps {rl.dead_steps} dead steps)")
                 echo("--force: starting anyway")
+        # --epochs: the step limit from the tasks GRPO trains on, known only now (after the filter and the split)
+        trainer.tcfg = trainer.tcfg.with_epochs(len(schedule.tasks) / rl.prompts_per_step)
+        if cfg.train.epochs and not cfg.train.max_steps:
+            echo(f"{cfg.train.epochs:g} passes over {len(schedule.tasks)} tasks: at most {trainer.tcfg.max_steps} steps")
         # the KL reference: the initial policy; under LoRA the base with the adapters off (no second copy)
         ref = None if rl.beta == 0 else base_forward(model) if cfg.peft == "lora" else \
             copy.deepcopy(model).eval().requires_grad_(False)
@@ -297,7 +302,7 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | 
         echo("before step 0: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in setup_s.items()))
         with active().polled():
             result = _loop(trainer, schedule, engine, tok, judge, update, log, rl, sampling, out, echo)
-        result["setup_s"] = setup_s
+        result["setup_s"], result["train_tasks"] = setup_s, len(schedule.tasks)
         if heldout:  # the slice again, with the trained policy and the same seeds
             engine.load_weights(model)
             model.eval()
@@ -402,6 +407,8 @@ def _loop(trainer: Trainer, schedule: TaskSchedule, engine: Any, tok: Any, judge
     finally:
         if log is not None:
             log.close()
+    if stopped == "budget" and trainer.tcfg.max_steps and trainer.step >= trainer.tcfg.max_steps:
+        stopped = "max_steps"
     return {"step": trainer.step, "elapsed_s": trainer.elapsed_s, "stopped": stopped, "message": message,
             **trainer.last}
 
