@@ -364,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(args, "stop_after_min"):  # SIGTERM keeps its default for the other commands (serve)
             return call()
         calm_threads_when_busy()  # training commands, before PyTorch loads (codechat.config.threads)
+        # a long job's log file (`> run.log`) follows it line by line, as a terminal does: block-buffered, a
+        # stage's lines could sit unwritten for minutes, and a killed run's log end before where it stopped
+        if not sys.stdout.isatty() and hasattr(sys.stdout, "reconfigure"):
+            sys.stdout.reconfigure(line_buffering=True)
         with stop_watch(args.stop_after_min).install():  # they stop cleanly (codechat.train.stop)
             return call()
     except RunStopped as e:

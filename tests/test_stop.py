@@ -180,6 +180,16 @@ def test_the_command_exits_75_naming_the_resume_command_and_resuming_finishes(to
     assert ckpt.load(out)["state"]["step"] == 6
 
 
+def test_a_training_command_writes_a_log_file_line_by_line(tmp_path, monkeypatch):
+    # stdout redirected to a file is block-buffered (without PYTHONUNBUFFERED): a stage's lines could sit unwritten
+    log = (tmp_path / "run.log").open("w")
+    assert not log.isatty() and not log.line_buffering
+    monkeypatch.setattr(sys, "stdout", log)
+    assert main(["pretrain", "--data", str(tmp_path / "missing"), "--max-steps", "1", "--device", "cpu"]) == 2
+    assert log.line_buffering
+    log.close()
+
+
 def test_sigterm_stops_a_training_command_at_a_step_boundary_with_its_checkpoint(tok_dir, corpus_dir, tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "codechat", *cli_pretrain(tok_dir, corpus_dir, out, "--max-steps", "100000")]
