@@ -76,6 +76,9 @@ def test_the_filter_keeps_exactly_the_tasks_in_its_bounds(monkeypatch):
     res = filter_pool(tasks, stub_policy(passing, late, chunk=5, clock=clock), n=8, min_rate=0, max_rate=1, seed=3,
                       deadline_s=0.5)  # passed after the first five tasks
     assert len(late) == 1 and res.sampled == 5 and res.pool == 27 and set(res.kept) <= set(late[0])
+    # the first verdict's time (an engine's warm-up lands there) apart from the whole: 1 s a batch of 5 here
+    whole = filter_pool(tasks, stub_policy(passing, [], chunk=5, clock=clock), n=8, min_rate=0, max_rate=1, seed=3)
+    assert (whole.first_s, whole.seconds) == (1.0, 6.0) and whole.as_dict(0, 1)["first_s"] == 1.0
     # a sampler that asks for one task at a time: the deadline passes while it samples the first
     assert filter_pool(tasks, stub_policy(passing, [], chunk=1, clock=clock), n=8, min_rate=0, max_rate=1, seed=3,
                        deadline_s=0.5).sampled == 1

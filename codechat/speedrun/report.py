@@ -353,8 +353,9 @@ def _rl_section(m: dict[str, Any]) -> list[str]:
                      + f"{len(pool['decontaminated'])} left out as overlapping a benchmark problem"
                      + (f": {left_out}" if left_out else "")))
     if f := r.get("filter"):
-        rows.append(("pass-rate filter", f"{f['sampled']} of {f['pool']} tasks sampled in {f['seconds']:.0f} s (pool "
-                                         f"pass@1 {f['pass@1']:.2%}): {f['never_solved']} never solved, "
+        first = f", the first verdict after {f['first_s']:.1f} s" if "first_s" in f else ""
+        rows.append(("pass-rate filter", f"{f['sampled']} of {f['pool']} tasks sampled in {f['seconds']:.0f} s{first} "
+                                         f"(pool pass@1 {f['pass@1']:.2%}): {f['never_solved']} never solved, "
                                          f"{f['always_solved']} always solved, **{f['kept']} kept** (rate in "
                                          f"[{f['min_rate']:g}, {f['max_rate']:g}], neither 0 nor 1)"))
     if f and f.get("histogram"):

@@ -171,7 +171,8 @@ def pass_rate_filter(engine: Any, tok: Any, tasks: list, judge: Judge, cfg: RLCo
     figures = res.as_dict(cfg.filter_min, cfg.filter_max)
     if main:
         write_text(path, json.dumps(figures, indent=1))
-    echo(f"pass-rate filter: {res.sampled} of {res.pool} pool tasks x {g} samples in {res.seconds:.0f} s, pool "
+    echo(f"pass-rate filter: {res.sampled} of {res.pool} pool tasks x {g} samples in {res.seconds:.0f} s (the first "
+         f"verdict after {res.first_s:.1f} s), pool "
          f"pass@1 {figures['pass@1']:.2%}; kept {len(res.kept)} (rate in [{cfg.filter_min:g}, {cfg.filter_max:g}], "
          f"neither 0 nor 1)")
     if len(res.kept) < cfg.min_tasks:

@@ -140,6 +140,8 @@ class FilterResult:
         kept: the ids kept (:func:`in_bounds`), in pool order.
         pool: tasks in the pool; ``sampled`` of them were sampled before ``deadline_s`` ran out.
         seconds: wall time of the sampling and judging.
+        first_s: seconds to the first task's verdict (NaN with none): on a GPU the engine's compilation and
+            CUDA-graph capture land there, so a slow start shows apart from the sampling.
     """
 
     counts: dict[str, tuple[int, int]]
@@ -147,6 +149,7 @@ class FilterResult:
     pool: int
     sampled: int
     seconds: float
+    first_s: float = math.nan
 
     def pass_at_1(self) -> float:
         """Mean pass rate of the sampled tasks (the policy's pass@1 on the pool; NaN with none)."""
@@ -158,6 +161,7 @@ class FilterResult:
         return {"pool": self.pool, "sampled": self.sampled, "kept": len(self.kept), "min_rate": min_rate,
                 "max_rate": max_rate, "never_solved": sum(r == 0 for r in rates),
                 "always_solved": sum(r == 1 for r in rates), "pass@1": self.pass_at_1(), "seconds": self.seconds,
+                "first_s": self.first_s,
                 "kept_ids": self.kept, "histogram": self.histogram(),
                 "counts": {k: list(v) for k, v in self.counts.items()}}
 
@@ -230,11 +234,13 @@ def filter_pool(tasks: Sequence, sample: Callable[[Iterator[tuple[Any, int]]], I
                 return
             yield tasks[i], derive_seed(seed, f"filter:{tasks[i].task_id}")
 
+    first_s = math.nan
     for task, c in sample(feed()):
+        first_s = time.perf_counter() - t0 if not counts else first_s
         counts[task.task_id] = (n, int(c))
         kept_so_far += in_bounds(n, int(c), min_rate, max_rate)
     kept = [t.task_id for t in tasks if t.task_id in counts and in_bounds(*counts[t.task_id], min_rate, max_rate)]
-    return FilterResult(counts, kept, len(tasks), len(counts), time.perf_counter() - t0)
+    return FilterResult(counts, kept, len(tasks), len(counts), time.perf_counter() - t0, first_s)
 
 
 def too_few_message(result: FilterResult, min_tasks: int, min_rate: float, max_rate: float) -> str:
