@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             return call()
         calm_threads_when_busy()  # training commands, before PyTorch loads (codechat.config.threads)
         # a long job's log file (`> run.log`) follows it line by line, as a terminal does: block-buffered, a
-        # stage's lines could sit unwritten for minutes, and a killed run's log end before where it stopped
+        # stage's lines could sit unwritten for minutes, and a stopped run's log ends short of where it was
         if not sys.stdout.isatty() and hasattr(sys.stdout, "reconfigure"):
             sys.stdout.reconfigure(line_buffering=True)
         with stop_watch(args.stop_after_min).install():  # they stop cleanly (codechat.train.stop)

@@ -107,9 +107,10 @@ class RLStage:
         train_s = max(1.0, self.time_left() - evals_s)
         print(f"{tag} RL pool {tasks}: pass-rate filter ({p.rl_filter_samples} samples a task, at most "
               f"{filter_s:.0f} s, stopping at {p.rl_filter_enough or 'all'} kept), then GRPO when >= {p.rl_min_tasks} "
-              f"tasks remain (tiered reward, groups of {p.rl_group_size}, at most {p.rl_epochs:g} passes over them) "
-              f"until {evals_s:.0f} s before the stage's "
-              f"end ({self.time_left():.0f} s from now), kept for {evals_why}")
+              f"tasks remain (tiered reward, groups of {p.rl_group_size}"
+              + (f", at most {p.rl_epochs:g} passes over them" if p.rl_epochs else "")
+              + f") until {evals_s:.0f} s before the stage's end ({self.time_left():.0f} s from now), kept for "
+              f"{evals_why}")
         cfg = RLStageConfig(
             init=str(self.run / "sft"),
             rl=RLConfig(tasks=tasks, mbpp_file=p.mbpp, reward="tiered", group_size=p.rl_group_size,
@@ -119,8 +120,9 @@ class RLStage:
                         min_tasks=p.rl_min_tasks, filter_deadline_s=filter_s, filter_enough=p.rl_filter_enough,
                         engine_slots=p.rl_engine_slots, heldout_tasks=p.rl_heldout_tasks,
                         heldout_samples=p.rl_heldout_samples, check_references=False),
-            train=TrainConfig(max_steps=0, epochs=p.rl_epochs, time_budget_s=train_s, micro_batch_size=p.rl_micro_batch_size, log_every=1,
-                              eval_every=10**9, save_every=10**9, save_every_s=p.checkpoint_every_s),
+            train=TrainConfig(max_steps=0, epochs=p.rl_epochs, time_budget_s=train_s,
+                              micro_batch_size=p.rl_micro_batch_size, log_every=1, eval_every=10**9, save_every=10**9,
+                              save_every_s=p.checkpoint_every_s),
             run=RunConfig(out=str(out_dir), seed=self.seed, device=self.device_arg, resume=self.resume))
         try:
             out = run_rl(cfg, show_progress=False, deadline=self.deadline - evals_s)

@@ -236,7 +236,8 @@ def filter_pool(tasks: Sequence, sample: Callable[[Iterator[tuple[Any, int]]], I
 
     first_s = math.nan
     for task, c in sample(feed()):
-        first_s = time.perf_counter() - t0 if not counts else first_s
+        if not counts:
+            first_s = time.perf_counter() - t0
         counts[task.task_id] = (n, int(c))
         kept_so_far += in_bounds(n, int(c), min_rate, max_rate)
     kept = [t.task_id for t in tasks if t.task_id in counts and in_bounds(*counts[t.task_id], min_rate, max_rate)]
