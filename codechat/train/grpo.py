@@ -290,8 +290,8 @@ def run_rl(cfg: RLStageConfig, *, show_progress: bool = True, deadline: float | 
                                       f"--dead-steps {rl.dead_steps} dead steps)")
                 echo("--force: starting anyway")
         # --epochs: the step limit from the tasks GRPO trains on, known only now (after the filter and the split)
-        trainer.tcfg = trainer.tcfg.with_epochs(len(schedule.tasks) / rl.prompts_per_step)
-        if cfg.train.epochs and not cfg.train.max_steps:
+        given, trainer.tcfg = trainer.tcfg, trainer.tcfg.with_epochs(len(schedule.tasks) / rl.prompts_per_step)
+        if trainer.tcfg is not given:
             echo(f"{cfg.train.epochs:g} passes over {len(schedule.tasks)} tasks: at most {trainer.tcfg.max_steps} steps")
         # the KL reference: the initial policy; under LoRA the base with the adapters off (no second copy)
         ref = None if rl.beta == 0 else base_forward(model) if cfg.peft == "lora" else \
