@@ -69,6 +69,8 @@ def _assert_complete(out: Path) -> dict:
     assert all(0 < c <= h["n"] for c in h["solved"].values())
     results = json.loads((out / "eval" / "humaneval" / "results.json").read_text())
     assert {t: v["c"] for t, v in results["per_task"].items() if v["c"]} == h["solved"]
+    assert h["counts"] == {k: v for k, v in results["counts"].items() if v} and h["finish"] == results["finish"]
+    assert sum(h["counts"].values()) == sum(h["finish"].values()) == h["problems"] * h["n"]
     rl = m["rl"]  # the tiny model solves too few of its pool's tasks: the filter skips RL, saying how many
     f = rl["filter"]
     assert rl["skipped"] and rl["reason"].startswith(f"{f['kept']} of {f['sampled']} sampled pool tasks")
@@ -87,6 +89,8 @@ def _assert_complete(out: Path) -> dict:
     assert report.count("```python") == smp["n"] and f"{smp['parse_ok']} of {smp['n']} parse" in report
     assert "## Chat answers (after SFT)" in report and "PSF License" in report and "MIT License" in report
     assert "## HumanEval" in report and "planned up front vs actual" in report and "Solved by at least one" in report
+    outcomes = ", ".join(f"{k} {v:,}" for k, v in h["counts"].items())
+    assert f"| samples by outcome (syntax: no code found, or it does not parse) | {outcomes} |" in report
     assert "Decontamination: every document was checked against HumanEval (164 problems)" in report
     assert (out / "loss.png").stat().st_size > 1000 and (out / "sft_loss.png").stat().st_size > 1000
     return m

@@ -132,7 +132,10 @@ class Problem:
     reference: str = ""  # a known-good solution, as judged (the canonical / reference code)
 
     def program(self, code: str) -> str:
-        """The program the sandbox runs: ``code``, then ``test_setup_code``."""
+        """The program the sandbox runs: ``code``, then ``test_setup_code``; ``""`` when ``code`` is
+        blank (judged "the program has no code", whatever the setup defines)."""
+        if not code.strip():
+            return ""
         setup = self.test_setup_code.strip("\n")
         return code.rstrip() + ("\n\n\n" + setup + "\n" if setup else "\n")
 

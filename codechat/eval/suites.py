@@ -91,14 +91,15 @@ def solution_code(problem: Problem, mode: str, completion: str) -> str:
     (:data:`FUNCTION_PROMPT_SUITES`: HumanEval, mined tasks); MBPP's completion. Chat mode:
     :func:`extract_code` of the answer; for HumanEval the prompt's header (imports and helper
     functions it defines) comes first, and an answer that is only the function's body is put
-    under the prompt's signature.
+    under the prompt's signature. An answer with no code is ``""`` in every suite (the sandbox's
+    ``syntax`` status, "the program has no code"), not HumanEval's header alone.
     """
     if mode == "base":
         if problem.suite in FUNCTION_PROMPT_SUITES:
             return problem.base_prompt + completion
         return textwrap.dedent(completion).strip("\n")
     code = extract_code(completion, problem.entry_point)
-    if problem.suite != "humaneval":
+    if problem.suite != "humaneval" or not code.strip():
         return code
     if code.strip() and not defines(code, problem.entry_point or ""):
         as_body = problem.base_prompt + textwrap.indent(textwrap.dedent(code), "    ")

@@ -118,7 +118,8 @@ class GenerationStages:
                 "problems": res["problems"], "problems_planned": res["problems_planned"],
                 "pass@k": res["pass@k"], "pass@1": res["pass@1"], "pass@1_stderr": res["pass@1_stderr"],
                 "pass@1_ci95": res["pass@1_ci95"],
-                "solved": solved, "verdict": res["verdict_band"], "verdict_text": res["verdict"]}
+                "solved": solved, "counts": {k: v for k, v in res["counts"].items() if v}, "finish": res["finish"],
+                "verdict": res["verdict_band"], "verdict_text": res["verdict"]}
 
     def _eval(self, grant: float, tag: str) -> dict[str, Any]:
         p = self.p

@@ -190,6 +190,10 @@ def _code_eval_section(h: dict[str, Any], title: str) -> list[str]:
         rows.append((k, f"{v:.2%}" + (f" ± {h['pass@1_stderr']:.2%}" if k == "pass@1" and h["pass@1_stderr"]
                                         is not None else "")
                      + (f" (95% bootstrap interval over problems: {ci[0]:.2%} to {ci[1]:.2%})" if ci else "")))
+    if "counts" in h:  # metrics.json of runs before 2026-12-07 lack them
+        rows += [("samples by outcome (syntax: no code found, or it does not parse)",
+                  ", ".join(f"{k} {v:,}" for k, v in h["counts"].items())),
+                 ("generations ended by", ", ".join(f"{k} {v:,}" for k, v in sorted(h["finish"].items())))]
     rows.append(("verdict for RL", h["verdict_text"]))
     solved = sorted(h["solved"].items(), key=lambda kv: (-kv[1], kv[0]))
     text = ", ".join(f"{t} ({c}/{h['n']})" for t, c in solved) or "none"
