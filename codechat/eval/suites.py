@@ -101,7 +101,7 @@ def solution_code(problem: Problem, mode: str, completion: str) -> str:
     code = extract_code(completion, problem.entry_point)
     if problem.suite != "humaneval" or not code.strip():
         return code
-    if code.strip() and not defines(code, problem.entry_point or ""):
+    if not defines(code, problem.entry_point or ""):
         as_body = problem.base_prompt + textwrap.indent(textwrap.dedent(code), "    ")
         if parse_quietly(as_body) is not None:
             return as_body
