@@ -336,8 +336,9 @@ def test_solution_code_puts_a_bare_humaneval_body_under_the_signature_and_keeps_
     assert es.solution_code(he, "chat", full) == he.header + full  # List comes from the header
     assert es.solution_code(he, "base", body) == he.reference
     # no code in the answer: judged "the program has no code" (syntax), as in MBPP, not the header alone
-    assert he.header and he.test_setup_code and es.solution_code(he, "chat", "I cannot solve this.") == ""
-    res = sandbox.run(he.program(es.solution_code(he, "chat", "I cannot solve this.")), he.tests, timeout_s=10)
+    none = es.solution_code(he, "chat", "I cannot solve this.")
+    assert he.header and he.test_setup_code and none == ""
+    res = sandbox.run(he.program(none), he.tests, timeout_s=10)
     assert (res.status, res.error) == ("syntax", "SyntaxError: the program has no code")
 
 
