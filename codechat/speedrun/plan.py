@@ -164,9 +164,11 @@ class SpeedrunPlan:
     sft_mine_other_weight: float = 0.0
     # An MBPP file (--mbpp): its train split (tasks 601-974) joins SFT, repeated this many times
     # per epoch of the mixture (mix mode "epoch"; the mined pairs count once), and its test split
-    # is the `mbpp` stage.
+    # is the `mbpp` stage. At 3 its 327 records were drawn ~18 times each in a 9-minute GPU run, and
+    # MBPP test pass@10 was 0.9 points lower than at 1 on two seeds (benchmarks/RESULTS.md,
+    # twenty-fifth session); without it the model does not answer in MBPP's form (0.1%).
     mbpp: str = ""
-    mbpp_weight: float = 3.0
+    mbpp_weight: float = 1.0
     # More SFT sources (--data), a mixture spec SOURCE[#FORMAT][:WEIGHT],... (codechat.data.mixture),
     # weights in the same epoch units; e.g. Code Alpaca.
     sft_data: str = ""
