@@ -326,6 +326,11 @@ def test_extract_code_prefers_a_later_block_that_parses_over_a_broken_first_draf
     broken = "def add(a, b):\n    return a +"
     assert extract_code(f"A first try:\n```python\n{broken}\n```\nFixed:\n```python\n{ADD}\n```", "add") == ADD
     assert extract_code(f"```python\n{broken}\n```", "add") == broken  # alone, the broken one is still the answer
+    # unfenced too: a def that never parses is code that does not parse, not an answer without code
+    unfenced = "def add(a, b)\n    return a + b"
+    assert extract_code(f"Here:\n{unfenced}\nDone.", "add") == f"{unfenced}\nDone."
+    res = sandbox.run(extract_code(unfenced, "add"), ["assert add(1, 2) == 3"], timeout_s=10)
+    assert res.status == "syntax" and "expected ':'" in res.error, res.error
 
 
 def test_solution_code_puts_a_bare_humaneval_body_under_the_signature_and_keeps_imports():

@@ -98,6 +98,14 @@ def _code_spans(text: str) -> list[str]:
     return spans
 
 
+def _unparsed_code(text: str) -> list[str]:
+    """The text from its first ``def``/``class``/import/decorator line on, when no span of it parses:
+    the answer is code that does not parse (judged with its own SyntaxError), not an answer without code."""
+    lines = text.split("\n")
+    first = next((i for i, line in enumerate(lines) if _CODE_START.match(line)), None)
+    return [] if first is None else ["\n".join(lines[first:])]
+
+
 def _normalise(block: str) -> str:
     """A block without blank edge lines, dedented when only that makes it parse."""
     block = block.strip("\n").rstrip()
@@ -114,14 +122,16 @@ def extract_code(text: str, entry_point: str | None = None) -> str:
     ``def``/``class``/import. Among candidates, the first that defines ``entry_point`` (the
     function the tests call) wins, with any other candidates that define names it calls but
     does not define (helpers) placed before it; without ``entry_point`` or a candidate defining
-    it, every candidate that parses, joined. Returns ``""`` when nothing looks like code.
+    it, every candidate that parses, joined. Code that never parses is still the answer (a broken
+    fenced block, or the text from its first ``def`` on): the sandbox names its SyntaxError. Returns
+    ``""`` when nothing looks like code.
     """
     text = text.replace("\r\n", "\n")
     blocks = [m.group(3) for m in _FENCE.finditer(text) if m.group(2).lower() in _PY_TAGS]
     if not blocks:
         bare = text.strip("\n")
         whole = parse_quietly(bare) is not None or parse_quietly(textwrap.dedent(bare)) is not None
-        blocks = [bare] if whole else _code_spans(text)
+        blocks = [bare] if whole else _code_spans(text) or _unparsed_code(text)
     blocks = [b for b in map(_normalise, blocks) if b.strip()]
     if not blocks:
         return ""
