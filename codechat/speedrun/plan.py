@@ -162,11 +162,9 @@ class SpeedrunPlan:
     # standard library. The H200's site-packages hold ~30k minable functions (59,514 pairs) to the
     # stdlib's 1,542: at 0.1 they are ~2/3 of an epoch and each is seen about once in a 9-minute run.
     sft_mine_other_weight: float = 0.0
-    # An MBPP file (--mbpp): its train split (tasks 601-974) joins SFT, repeated this many times
-    # per epoch of the mixture (mix mode "epoch"; the mined pairs count once), and its test split
-    # is the `mbpp` stage. At 3 its 327 records were drawn ~18 times each in a 9-minute GPU run, and
-    # MBPP test pass@10 was 0.9 points lower than at 1 on two seeds (benchmarks/RESULTS.md,
-    # twenty-fifth session); without it the model does not answer in MBPP's form (0.1%).
+    # An MBPP file (--mbpp): its train split (tasks 601-974) joins SFT, this many times per epoch of the
+    # mixture (mix mode "epoch"; mined pairs count once); its test split is the `mbpp` stage. At 3, test
+    # pass@10 was 0.9 points below 1's on two seeds; at 0, 0.1% (RESULTS.md, twenty-fifth session).
     mbpp: str = ""
     mbpp_weight: float = 1.0
     # More SFT sources (--data), a mixture spec SOURCE[#FORMAT][:WEIGHT],... (codechat.data.mixture),
