@@ -10,8 +10,11 @@ SFT questions answered on one base inside one device call.
 ``codechat sft --config RUN/sft/config.yaml --init RUN/pretrain --out RUN/sweep/NAME/sft`` for
 ``--budget-s`` seconds of training (the speedrun's own SFT settings, then the variant's
 overrides; ``{data}`` in them is the speedrun's SFT data spec), then ``codechat eval run`` on
-HumanEval (and on MBPP test with ``--mbpp``) with the speedrun's sampling (``--n``,
-``--temperature``, ``--max-new-tokens``). A variant whose results exist is not run again, so a
+HumanEval (and on MBPP with ``--mbpp``) with the speedrun's sampling (``--n``,
+``--temperature``, ``--max-new-tokens``). MBPP is scored on its validation split (tasks 511-600)
+unless ``--mbpp-split test`` is given: a recipe is chosen on validation, never on the test split
+(tasks 11-510) that the speedrun reports. HumanEval has no validation split: its rows are a report,
+not a criterion. A variant whose results exist is not run again, so a
 killed sweep resumes.
 
 Printed: one row per variant: SFT steps, its fixed-set loss (``eval_loss`` at the end: the first
@@ -50,7 +53,11 @@ def _variant(run: Path, name: str, extra: list[str], args: argparse.Namespace) -
     out = run / "sweep" / name
     done = out / "row.json"
     if done.is_file():
-        return json.loads(done.read_text())
+        row = json.loads(done.read_text())
+        if "mbpp" in row and args.mbpp and row["mbpp"].get("split", "test") != args.mbpp_split:
+            raise SystemExit(f"{done} scored MBPP {row['mbpp'].get('split', 'test')}, not {args.mbpp_split}: "
+                             "give the variant another name")
+        return row
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     run_codechat(["sft", "--config", str(run / "sft" / "config.yaml"), "--init", str(run / "pretrain"),
@@ -64,14 +71,17 @@ def _variant(run: Path, name: str, extra: list[str], args: argparse.Namespace) -
            "eval_curve": curve}
     suites = [] if args.loss_only else [("humaneval", "humaneval")] + ([("mbpp", f"mbpp:{args.mbpp}")] if args.mbpp
                                                                      else [])
+    split = {"mbpp": args.mbpp_split, "humaneval": "test"}
     for key, suite in suites:
         t0 = time.perf_counter()
         run_codechat(["eval", "run", "--model", str(out / "sft"), "--suite", suite, "--n", str(args.n),
                    "--k", "1,10" if args.n >= 10 else "1", "--temperature", str(args.temperature),
                    "--max-new-tokens", str(args.max_new_tokens), "--out", str(out / "eval" / key), "--quiet",
+                   "--split", split[key],
                    *(["--limit", str(args.limit)] if args.limit else [])], out / f"eval_{key}.log")
         res = json.loads((out / "eval" / key / "results.json").read_text())
-        row[key] = {"pass@1": res["pass@1"], "pass@10": res["pass@k"].get("pass@10"), "problems": res["problems"],
+        row[key] = {"split": split[key], "pass@1": res["pass@1"], "pass@10": res["pass@k"].get("pass@10"),
+                    "problems": res["problems"],
                     "solved": sorted(t for t, v in res["per_task"].items() if v["c"]),
                     "wall_s": round(time.perf_counter() - t0, 1)}
     tmp = done.with_suffix(".tmp")
@@ -92,7 +102,9 @@ def main() -> None:
                     help="a name and the `codechat sft` flags that make it ({data}: the speedrun's SFT data spec); "
                          "NAME= alone repeats the speedrun's SFT")
     ap.add_argument("--budget-s", type=float, default=50.0, help="seconds of SFT training per variant (default 50)")
-    ap.add_argument("--mbpp", help="MBPP's mbpp.jsonl: also score MBPP test")
+    ap.add_argument("--mbpp", help="MBPP's mbpp.jsonl: also score MBPP")
+    ap.add_argument("--mbpp-split", choices=("validation", "test"), default="validation",
+                    help="MBPP split scored (default validation, 511-600: choose recipes here; test, 11-510: report only)")
     ap.add_argument("--n", type=int, default=20, help="samples per problem (default 20)")
     ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
     ap.add_argument("--max-new-tokens", type=int, default=512, help="tokens per sample at most (default 512)")
@@ -114,7 +126,7 @@ def main() -> None:
         r = rows[-1]
         print(f"{r['variant']:<16} steps {r['steps']:>5}  fixed-set loss {r['fixed_set_loss'] or float('nan'):.3f}  "
               + "  ".join(f"{k} pass@1 {_pct(r[k]['pass@1'])} pass@10 {_pct(r[k]['pass@10'])} "
-                          f"solved {len(r[k]['solved'])}/{r[k]['problems']}"
+                          f"solved {len(r[k]['solved'])}/{r[k]['problems']} ({r[k].get('split', 'test')})"
                           for k in ("humaneval", "mbpp") if k in r), flush=True)
     out = run / "sweep" / "results.json"
     tmp = out.with_suffix(".tmp")
