@@ -104,7 +104,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=50.0, help="seconds of SFT training per variant (default 50)")
     ap.add_argument("--mbpp", help="MBPP's mbpp.jsonl: also score MBPP")
     ap.add_argument("--mbpp-split", choices=("validation", "test"), default="validation",
-                    help="MBPP split scored (default validation, 511-600: choose recipes here; test, 11-510: report only)")
+                    help="MBPP split scored (default validation, 511-600: choose recipes here; "
+                         "test, 11-510: report only)")
     ap.add_argument("--n", type=int, default=20, help="samples per problem (default 20)")
     ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
     ap.add_argument("--max-new-tokens", type=int, default=512, help="tokens per sample at most (default 512)")
