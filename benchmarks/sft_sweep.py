@@ -14,8 +14,8 @@ HumanEval (and on MBPP with ``--mbpp``) with the speedrun's sampling (``--n``,
 ``--temperature``, ``--max-new-tokens``). MBPP is scored on its validation split (tasks 511-600)
 unless ``--mbpp-split test`` is given: a recipe is chosen on validation, never on the test split
 (tasks 11-510) that the speedrun reports. HumanEval has no validation split: its rows are a report,
-not a criterion. A variant whose results exist is not run again, so a
-killed sweep resumes.
+not a criterion. A variant whose results exist is not run again, so a killed sweep resumes (a
+cached row scored on the other MBPP split is refused).
 
 Printed: one row per variant: SFT steps, its fixed-set loss (``eval_loss`` at the end: the first
 training examples', or held-out records' with ``--sft.eval_data SPEC`` among the overrides), pass@1 and
