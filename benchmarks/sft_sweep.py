@@ -54,9 +54,9 @@ def _variant(run: Path, name: str, extra: list[str], args: argparse.Namespace) -
     done = out / "row.json"
     if done.is_file():
         row = json.loads(done.read_text())
-        if "mbpp" in row and args.mbpp and row["mbpp"].get("split", "test") != args.mbpp_split:
-            raise SystemExit(f"{done} scored MBPP {row['mbpp'].get('split', 'test')}, not {args.mbpp_split}: "
-                             "give the variant another name")
+        cached = row["mbpp"].get("split", "test") if "mbpp" in row else None  # rows before --mbpp-split: test
+        if cached and args.mbpp and cached != args.mbpp_split:
+            raise SystemExit(f"{done} scored MBPP {cached}, not {args.mbpp_split}: give the variant another name")
         return row
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -69,18 +69,17 @@ def _variant(run: Path, name: str, extra: list[str], args: argparse.Namespace) -
     row = {"variant": name, "overrides": shlex.join(extra), "sft_wall_s": round(sft_s, 1),
            "steps": max((r.get("step", 0) for r in rows), default=0), "fixed_set_loss": curve[-1][1] if curve else None,
            "eval_curve": curve}
-    suites = [] if args.loss_only else [("humaneval", "humaneval")] + ([("mbpp", f"mbpp:{args.mbpp}")] if args.mbpp
-                                                                     else [])
-    split = {"mbpp": args.mbpp_split, "humaneval": "test"}
-    for key, suite in suites:
+    suites = [] if args.loss_only else [("humaneval", "humaneval", "test")] + (
+        [("mbpp", f"mbpp:{args.mbpp}", args.mbpp_split)] if args.mbpp else [])
+    for key, suite, split in suites:
         t0 = time.perf_counter()
         run_codechat(["eval", "run", "--model", str(out / "sft"), "--suite", suite, "--n", str(args.n),
                    "--k", "1,10" if args.n >= 10 else "1", "--temperature", str(args.temperature),
                    "--max-new-tokens", str(args.max_new_tokens), "--out", str(out / "eval" / key), "--quiet",
-                   "--split", split[key],
+                   "--split", split,
                    *(["--limit", str(args.limit)] if args.limit else [])], out / f"eval_{key}.log")
         res = json.loads((out / "eval" / key / "results.json").read_text())
-        row[key] = {"split": split[key], "pass@1": res["pass@1"], "pass@10": res["pass@k"].get("pass@10"),
+        row[key] = {"split": split, "pass@1": res["pass@1"], "pass@10": res["pass@k"].get("pass@10"),
                     "problems": res["problems"],
                     "solved": sorted(t for t, v in res["per_task"].items() if v["c"]),
                     "wall_s": round(time.perf_counter() - t0, 1)}
