@@ -188,7 +188,7 @@ def test_speedrun_whose_humaneval_stage_fails_keeps_its_report_and_resumes_only_
         (out / "report.md").read_text()
     # --mbpp and --data: MBPP's train split and 10% of the Alpaca records join the mined pairs in SFT, MBPP's test
     # split is scored (2 problems x 10 samples), and the corpus is checked against the file's 3 test problems
-    assert m["sft"]["data"] == f"mine:{m['plan']['sources'][0]}:1,{mbpp}#mbpp:1,{alpaca}:0.1"
+    assert m["sft"]["data"] == f"mine:{m['plan']['sources'][0]}:1,{mbpp}#mbpp:3,{alpaca}:0.1"
     mined, from_mbpp, from_alpaca = m["sft"]["sources"]
     # MBPP keeps train + prompt tasks (7) less the one copying a test task (604); the 4 held-out go by task id
     assert (from_mbpp["records"], from_mbpp["excluded"]) == (6, 5)

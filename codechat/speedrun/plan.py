@@ -163,10 +163,10 @@ class SpeedrunPlan:
     # stdlib's 1,542: at 0.1 they are ~2/3 of an epoch and each is seen about once in a 9-minute run.
     sft_mine_other_weight: float = 0.0
     # An MBPP file (--mbpp): its train split (tasks 601-974) joins SFT, this many times per epoch of the
-    # mixture (mix mode "epoch"; mined pairs count once); its test split is the `mbpp` stage. 1 beat 3 on
-    # test (pass@10 +0.9, pass@1 -0.15; RESULTS.md, 25th session): to be confirmed on validation (511-600).
+    # mixture (mix mode "epoch"; mined pairs count once); its test split is the `mbpp` stage. On validation
+    # (511-600) 3 kept up with 1 (pass@10 4.62% against 4.26%, one seed; RESULTS.md, 27th session).
     mbpp: str = ""
-    mbpp_weight: float = 1.0
+    mbpp_weight: float = 3.0
     # More SFT sources (--data), a mixture spec SOURCE[#FORMAT][:WEIGHT],... (codechat.data.mixture),
     # weights in the same epoch units; e.g. Code Alpaca.
     sft_data: str = ""
