@@ -322,6 +322,8 @@ def test_the_speedrun_rl_stage_filters_its_pool_trains_and_reports_before_and_af
     assert 0 <= out["reward_first"] <= 1 and len(out["curve"]) == out["steps"] and (run / "rl_reward.png").is_file()
     # no HumanEval stage finished on sft/ yet: the evaluations after GRPO keep the plan's share of the grant
     assert out["evals_reserved_s"] == pytest.approx(p.rl_evals_share * 20.0)
+    # the filter samples for its share of the time before that reserve, never into it (rl_filter_share 1.0 here)
+    assert out["filter_budget_s"] <= 20.0 - out["evals_reserved_s"]
     assert set(out["setup_s"]) == {"policy", "pool", "trainer", "engine", "filter", "heldout_before"}
     assert all(v >= 0 for v in out["setup_s"].values())
     # with it, they keep what HumanEval and MBPP took on sft/, scaled to the problems a deadline left out

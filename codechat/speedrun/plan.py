@@ -207,7 +207,7 @@ class SpeedrunPlan:
     # The RL stage (GRPO from the SFT model): its pool is the tasks mined from the corpus (doctests, and
     # input/output tasks on a GPU; codechat.data.tasks) and --tasks (--mbpp's train split: rl_pool_mbpp);
     # decontaminated against HumanEval and MBPP test. The pass-rate filter samples rl_filter_samples
-    # completions of each pool task with sft/ (for at most rl_filter_share of the stage's grant) and
+    # completions of each pool task with sft/ (for at most rl_filter_share of its time before the evaluations) and
     # keeps those solved sometimes, with a rate in [rl_filter_min, rl_filter_max] (the seed system
     # uses [0.05, 0.95]: with 8 samples the same tasks as [0, 1]); GRPO runs when at least
     # rl_min_tasks are kept, else the stage is skipped saying how many were. Tiered reward, groups of 8.
@@ -251,8 +251,9 @@ class SpeedrunPlan:
     # Input/output tasks of pure corpus functions mined into the pool on a GPU (codechat.data.io_tasks;
     # 0: no cap): 551 beside 345 doctests at a06a26b (H100, 9 minutes); MBPP's train split is also in chat SFT.
     rl_io_tasks: int = 1000
-    # Of the RL stage's grant the filter may sample for: 0.45 (~60 s of the ~135 s a 9-minute GPU run grants it)
-    # lets 16 samples of the whole pool finish; GRPO's passes (rl_epochs) fit in what is left.
+    # Of the RL stage's time before the evaluations after it, the share the filter may sample for; GRPO has the rest.
+    # 0.45 (~50 s of ~110) lets 16 samples of the whole pool finish. A share of the whole grant (before a40f8a2) was
+    # all of that time on a slow host: GRPO made one step (RESULTS, twenty-seventh session).
     rl_filter_share: float = 0.45
     # The filter stops once this many tasks are kept (0: no such stop): rl_heldout_tasks set aside, the rest
     # (>= rl_min_tasks) to train on. At 2a91d01 (H100, 9 minutes) stopping at 96 took 9 s (372 tasks

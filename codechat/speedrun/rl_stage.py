@@ -100,11 +100,12 @@ class RLStage:
         Skipped, with the filter's counts, when fewer than ``rl_min_tasks`` tasks are kept."""
         from codechat.train.grpo import RLConfig, RLStageConfig, run_rl
         p, t0, out_dir, tasks = self.p, time.monotonic(), self.run / "rl", self._rl_pool_spec()
-        # the filter's deadline (0 would mean none): at least its first task, more as the grant allows
-        filter_s = max(1.0, p.rl_filter_share * grant)
         # GRPO stops in time for the evaluations on rl/; its own budget is the most it could get
         evals_s, evals_why = self._evals_after_rl_s(grant)
         train_s = max(1.0, self.time_left() - evals_s)
+        # the filter's deadline (0 would mean none): its share of the time before that reserve, never all of it
+        # (what it keeps needs GRPO's steps), and at least its first task
+        filter_s = max(1.0, p.rl_filter_share * (self.time_left() - evals_s))
         print(f"{tag} RL pool {tasks}: pass-rate filter ({p.rl_filter_samples} samples a task, at most "
               f"{filter_s:.0f} s, stopping at {p.rl_filter_enough or 'all'} kept), then GRPO when >= {p.rl_min_tasks} "
               f"tasks remain (tiered reward, groups of {p.rl_group_size}"
