@@ -86,6 +86,9 @@ def _assert_complete(out: Path) -> dict:
     report = (out / "report.md").read_text()
     assert "## RL (GRPO)" in report
     assert "stopped at stage" not in report and "gzip -9, per document" in report
+    # the host is named: the same GPU trains less beside a slower CPU
+    assert m["machine"]["gpu"] is None and m["machine"]["cores"] == os.cpu_count()
+    assert report.splitlines()[0].endswith(f"on cpu ({os.cpu_count()} cores of {m['machine']['cpu'] or 'an unnamed CPU'})")
     assert report.count("```python") == smp["n"] and f"{smp['parse_ok']} of {smp['n']} parse" in report
     assert "## Chat answers (after SFT)" in report and "PSF License" in report and "MIT License" in report
     assert "## HumanEval" in report and "planned up front vs actual" in report and "Solved by at least one" in report
@@ -296,7 +299,9 @@ def test_a_speedrun_stopped_twice_by_stop_after_min_resumes_into_one_run_within_
 
 def test_the_record_of_a_run_with_rl_names_its_steps_and_both_humaneval_figures(monkeypatch):
     from codechat.speedrun.record import current_commit, record_line
-    m = {"preset": "d12", "device": "cuda:0", "total_wall_s": 512.5, "pretrain": {"val_bpb_final": 0.61},
+    host = {"gpu": "NVIDIA H100 80GB HBM3", "cpu": "Intel(R) Xeon(R) Platinum 8480+", "cores": 16}
+    m = {"preset": "d12", "device": "cuda:0", "machine": host, "total_wall_s": 512.5,
+         "pretrain": {"val_bpb_final": 0.61, "train_time_s": 170.2}, "sft": {"steps": 347},
          "eval": {"humaneval": {"pass@k": {"pass@1": 0.011, "pass@10": 0.05}}},
          "rl": {"skipped": False, "steps": 37, "humaneval": {"pass@k": {"pass@1": 0.02, "pass@10": 0.07}},
                 "mbpp": {"pass@k": {"pass@1": 0.03, "pass@10": 0.08}, "problems": 320,
@@ -315,6 +320,7 @@ def test_the_record_of_a_run_with_rl_names_its_steps_and_both_humaneval_figures(
     assert (line["rl_reward_first5"], line["rl_reward_last5"]) == (pytest.approx(0.2), pytest.approx(0.4))
     assert (line["rl_ran"], line["rl_steps"], line["funcall"], line["val_bpb"]) == (True, 37, None, 0.61)
     assert line["funcall_strict"] is None
+    assert (line["machine"], line["pretrain_train_s"], line["sft_steps"]) == (host, 170.2, 347)
     assert line["date"].endswith("Z") and line["commit"] == "c0ffee"
     monkeypatch.setenv("CODECHAT_COMMIT", "feed123")
     assert current_commit() == "feed123"

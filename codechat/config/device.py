@@ -6,6 +6,8 @@ evaluation, the speedrun, the benchmarks); this module imports nothing of codech
 from __future__ import annotations
 
 import contextlib
+import os
+import platform
 
 import torch
 
@@ -45,3 +47,18 @@ def peak_flops(device: torch.device) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
+def machine(device: torch.device) -> dict[str, str | int | None]:
+    """The machine a run ran on: ``gpu`` (the CUDA device's name, None on another device), ``cpu`` (the
+    processor's model name from ``/proc/cpuinfo``, else :func:`platform.processor`, None when neither says)
+    and ``cores`` (:func:`os.cpu_count`). Runs on the same GPU differ with the host: the speedrun's
+    tokenizer, mining, compiles and sandboxes are CPU work (``benchmarks/RESULTS.md``, twenty-seventh session)."""
+    cpu = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "cpu": cpu or platform.processor() or None, "cores": os.cpu_count()}

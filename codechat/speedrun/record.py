@@ -7,6 +7,10 @@ The line (every key always present; ``None`` where the run had no such stage)::
                     of the checkout codechat runs from, else None; ``+dirty`` appended when tracked files differ
     command         the command line, ``codechat speedrun ...`` (shell-quoted)
     preset, device  the model preset and the torch device
+    machine         {"gpu": name or None, "cpu": model name or None, "cores": n}
+                    (:func:`codechat.config.device.machine`; None in runs written before it): the same
+                    GPU trains less on a slower host
+    pretrain_train_s  seconds pretraining trained (its first step included); sft_steps chat SFT's optimizer steps
     total_wall_s    seconds of all stages (setup excluded), float
     val_bpb         whole-split validation bits per byte after pretraining
     humaneval       {"pass@1": p, "pass@10": p, "pass@1_ci95": [lo, hi], "problems": n} as fractions (None where
@@ -138,7 +142,10 @@ def record_line(m: dict[str, Any], command: str, commit: str | None) -> dict[str
     rl_ran = bool(rl) and rl.get("skipped") is False
     fc = m.get("funcall_eval")
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit, "command": command,
-            "preset": m.get("preset"), "device": m.get("device"), "total_wall_s": m.get("total_wall_s"),
+            "preset": m.get("preset"), "device": m.get("device"), "machine": m.get("machine"),
+            "total_wall_s": m.get("total_wall_s"),
+            "pretrain_train_s": (m.get("pretrain") or {}).get("train_time_s"),
+            "sft_steps": (m.get("sft") or {}).get("steps"),
             "val_bpb": (m.get("pretrain") or {}).get("val_bpb_final"),
             "humaneval": _passk((m.get("eval") or {}).get("humaneval")),
             "humaneval_after_rl": _passk(rl.get("humaneval")) if rl_ran else None,

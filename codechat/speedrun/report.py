@@ -212,6 +212,8 @@ def speedrun_report(m: dict[str, Any]) -> str:
     failed = [s for s in order if stages[s]["status"] == "failed"]
     done = [s for s in order if stages[s]["status"] in FINISHED]
     head = f"# codechat speedrun — `{m['preset']}` on {m['device']}"
+    if mc := m.get("machine"):  # runs written before it have none
+        head += f" ({mc['gpu'] + '; ' if mc['gpu'] else ''}{mc['cores']} cores of {mc['cpu'] or 'an unnamed CPU'})"
     lines = [head, ""]
     if failed:
         s = failed[0]

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from codechat.config.atomic import write_text
-from codechat.config.device import autocast_for, resolve_device
+from codechat.config.device import autocast_for, machine, resolve_device
 from codechat.config.stages import (ConfigError, PretrainConfig, RunConfig, load,
                                     pretrain_recipe, replace, to_dict)
 from codechat.data.corpus import benchmark_decontaminator, build_corpus, load_index, read_split
@@ -139,7 +139,7 @@ class Speedrun(TuningStages, GenerationStages, RLStage, BackgroundJobs):
                            if p.mbpp else {}),
                         **({"more SFT data (--data)": f"{p.sft_data} (each source's own licence)"} if p.sft_data else {}),
                         **({"function-calling data": f"{p.funcall_data} (its own licence)"} if p.funcall_data else {})}
-            self.m = {"preset": p.preset, "device": str(device), "device_type": device.type,
+            self.m = {"preset": p.preset, "device": str(device), "device_type": device.type, "machine": machine(device),
                       # "0" when the machine was busy as the command started (codechat.config.threads)
                       "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
                       "time_budget_min": p.time_budget_min, "licenses": licenses,
