@@ -174,6 +174,24 @@ def test_loader_resume_continues_the_exact_batches(tok, mbpp_file):
         assert torch.equal(got.inputs, want.inputs) and torch.equal(got.labels, want.labels)
 
 
+def test_the_next_chunk_is_built_ahead_and_the_batches_are_those_built_on_the_spot(tok, mbpp_file):
+    cfg = SFTConfig(max_length=128, max_prompt_length=96, decontaminate=False, chunk_examples=16, packing=True)
+    a = SFTLoader(mixture(mbpp_file, cfg), tok, cfg, 2)
+    seq = [a.next_batch() for _ in range(24)]
+    assert a.chunk >= 2  # the batches crossed chunks
+    a.settle()  # the chunk after this one is built already: the mixture is past it
+    assert a.mixture.state_dict() != a.state_dict()["mixture"]
+    # each batch again from a loader resumed at its position: a resume builds its chunk on the spot
+    state = SFTLoader(mixture(mbpp_file, cfg), tok, cfg, 2).state_dict()
+    for want in seq:
+        c = SFTLoader(mixture(mbpp_file, cfg), tok, cfg, 2)
+        c.load_state_dict(json.loads(json.dumps(state)))
+        got = c.next_batch()
+        state = c.state_dict()
+        assert torch.equal(got.inputs, want.inputs) and torch.equal(got.labels, want.labels)
+        assert torch.equal(got.doc_ids, want.doc_ids)
+
+
 def test_a_model_sft_on_one_example_stops_by_itself_and_chats(tok, tok_dir, tmp_path, memorise):
     conv = Conversation([Message("user", "Say hello."), Message("assistant", "hello there")])
     model = tiny_model(tok)

@@ -15,10 +15,16 @@ Labels: ``inputs = ids[:-1]``, ``labels[j] = ids[j+1]`` where ``mask[j+1]`` else
 is found by length — never by comparing token values — so an ``<|end|>`` label survives even
 when the pad value equals the end id. The position is (mixture state at the chunk's start,
 chunk number, micro-batches already handed out), enough to rebuild the chunk on resume.
+
+The next chunk is rendered and packed in a background thread while this one's micro-batches are
+handed out: the batches are the same, in the same order, and the trainer does not stop every
+chunk to render one (an H100's chat SFT stood ~1.3 s every ~46 steps doing it beside a busy host,
+``benchmarks/RESULTS.md``, twenty-seventh session).
 """
 from __future__ import annotations
 
 import bisect
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Sequence
 
 import numpy as np
@@ -111,6 +117,10 @@ class SFTLoader:
         self._chunk_start = mixture.state_dict()
         self._batches: list[list[list[RenderedExample]]] | None = None
         self._rendered: dict[int, RenderedExample | None] = {}  # each record is rendered once per process
+        # the next chunk (its mixture state at its start, its micro-batches), being built in the background; the
+        # thread alone draws from the mixture while it runs
+        self._ahead: Future | None = None
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="sft-chunk")
 
     def _render_chunk(self) -> list[RenderedExample]:
         out = []
@@ -124,8 +134,9 @@ class SFTLoader:
                 out.append(self._rendered[key])
         return out
 
-    def _build(self) -> list[list[list[RenderedExample]]]:
-        """The micro-batches (lists of rows, each a list of examples) of the current chunk."""
+    def _build(self, chunk: int) -> list[list[list[RenderedExample]]]:
+        """The micro-batches (lists of rows, each a list of examples) of chunk number ``chunk``, drawn
+        from the mixture's position."""
         examples = self._render_chunk()
         if self.cfg.packing:
             bins = pack_best_fit([len(ex) - 1 for ex in examples], self.cfg.max_length)
@@ -135,7 +146,7 @@ class SFTLoader:
         batches = [rows[i:i + self.micro_batch_size] for i in range(0, len(rows), self.micro_batch_size)]
         if self.cfg.packing and batches:  # empty rows fill the last micro-batch: one (B, T) for every step,
             batches[-1] += [[]] * (self.micro_batch_size - len(batches[-1]))  # so compiled kernels never recompile
-        order = np.random.default_rng([self.cfg.seed, self.chunk]).permutation(len(batches))
+        order = np.random.default_rng([self.cfg.seed, chunk]).permutation(len(batches))
         usable = len(batches) - len(batches) % self.world_size  # every rank gets as many
         return [batches[i] for i in order[:usable]]
 
@@ -147,8 +158,8 @@ class SFTLoader:
         """
         for _ in range(2):
             if self._batches is None:
-                self._chunk_start = self.mixture.state_dict()
-                self._batches = self._build()
+                ahead, self._ahead = self._ahead, None
+                self._enter(*(ahead.result() if ahead is not None else self._start_and_build(self.chunk)))
             i = self.emitted + self.rank
             if i < len(self._batches):
                 self.emitted += self.world_size
@@ -160,15 +171,31 @@ class SFTLoader:
                          f"rank(s): kept {self.counts.kept}, dropped {self.counts.dropped}; check the data and "
                          "--sft.max_length / --sft.max_prompt_length")
 
+    def _start_and_build(self, chunk: int) -> tuple[dict[str, Any], list[list[list[RenderedExample]]]]:
+        """The mixture's state at chunk ``chunk``'s start (its position now) and the chunk's micro-batches."""
+        return self.mixture.state_dict(), self._build(chunk)
+
+    def _enter(self, start: dict[str, Any], batches: list[list[list[RenderedExample]]]) -> None:
+        """Make the chunk that starts at mixture state ``start`` the current one, and begin building the next."""
+        self._chunk_start, self._batches = start, batches
+        self._ahead = self._worker.submit(self._start_and_build, self.chunk + 1)
+
+    def settle(self) -> None:
+        """Wait for the chunk being built ahead: the mixture's position and draws and :attr:`counts` then stay
+        still (they include that chunk). Its error, if any, is raised when the chunk is needed."""
+        if self._ahead is not None:
+            self._ahead.exception()
+
     def state_dict(self) -> dict[str, Any]:
         return {"mixture": self._chunk_start, "chunk": self.chunk, "emitted": self.emitted}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Rebuild the saved chunk and skip what was already handed out."""
+        self.settle()  # it draws from the mixture; then forgotten
+        self._ahead = None
         self.mixture.load_state_dict(state["mixture"])
-        self.chunk, self.emitted, self._batches = state["chunk"], state["emitted"], None
-        self._chunk_start = state["mixture"]
-        self._batches = self._build()
+        self.chunk, self.emitted = state["chunk"], state["emitted"]
+        self._enter(state["mixture"], self._build(self.chunk))
 
 
 def preflight(mixture: Mixture, tok: Tokenizer, cfg: SFTConfig, n: int

@@ -12,7 +12,7 @@ when nothing would be supervised. ``DIR/data_report.json`` holds ``preflight`` (
 <codechat.data.decontam.Decontaminator.report>`: excluded per benchmark and per rule) and ``sources``
 (per source: weight, target share, records, skipped, excluded). After training (also on Ctrl-C)
 the realised proportions are logged and added to ``sources`` (``drawn``: records the loader drew,
-a chunk at a time; ``share``: of all draws), with ``realised_at_step``; before training there
+a chunk at a time, the chunk it built ahead included; ``share``: of all draws), with ``realised_at_step``; before training there
 are none to report.
 """
 from __future__ import annotations
@@ -139,6 +139,7 @@ def run_sft(cfg: SFTStageConfig, *, show_progress: bool = True, deadline: float 
     try:
         result = trainer.fit()
     finally:  # the realised proportions exist only now (also after Ctrl-C)
+        loader.settle()
         data_report.update(sources=mixture.report(), realised_at_step=trainer.step)
         if world.main:
             write_text(out / "data_report.json", json.dumps(data_report, indent=1, default=str))
