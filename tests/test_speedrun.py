@@ -88,7 +88,8 @@ def _assert_complete(out: Path) -> dict:
     assert "stopped at stage" not in report and "gzip -9, per document" in report
     # the host is named: the same GPU trains less beside a slower CPU
     assert m["machine"]["gpu"] is None and m["machine"]["cores"] == os.cpu_count()
-    assert report.splitlines()[0].endswith(f"on cpu ({os.cpu_count()} cores of {m['machine']['cpu'] or 'an unnamed CPU'})")
+    cpu = m["machine"]["cpu"] or "an unnamed CPU"
+    assert report.splitlines()[0].endswith(f"on cpu ({os.cpu_count()} cores of {cpu})")
     assert report.count("```python") == smp["n"] and f"{smp['parse_ok']} of {smp['n']} parse" in report
     assert "## Chat answers (after SFT)" in report and "PSF License" in report and "MIT License" in report
     assert "## HumanEval" in report and "planned up front vs actual" in report and "Solved by at least one" in report

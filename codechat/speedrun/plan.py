@@ -252,8 +252,8 @@ class SpeedrunPlan:
     # 0: no cap): 551 beside 345 doctests at a06a26b (H100, 9 minutes); MBPP's train split is also in chat SFT.
     rl_io_tasks: int = 1000
     # Of the RL stage's time before the evaluations after it, the share the filter may sample for; GRPO has the rest.
-    # 0.45 (~50 s of ~110) lets 16 samples of the whole pool finish. A share of the whole grant (before a40f8a2) was
-    # all of that time on a slow host: GRPO made one step (RESULTS, twenty-seventh session).
+    # 0.45 (~50 s of ~110) lets 16 samples of the whole pool finish. A share of the whole grant (a40f8a2 and before)
+    # was all of that time on a slow host: GRPO made one step (RESULTS, twenty-seventh session).
     rl_filter_share: float = 0.45
     # The filter stops once this many tasks are kept (0: no such stop): rl_heldout_tasks set aside, the rest
     # (>= rl_min_tasks) to train on. At 2a91d01 (H100, 9 minutes) stopping at 96 took 9 s (372 tasks

@@ -12,8 +12,8 @@ when nothing would be supervised. ``DIR/data_report.json`` holds ``preflight`` (
 <codechat.data.decontam.Decontaminator.report>`: excluded per benchmark and per rule) and ``sources``
 (per source: weight, target share, records, skipped, excluded). After training (also on Ctrl-C)
 the realised proportions are logged and added to ``sources`` (``drawn``: records the loader drew,
-a chunk at a time, the chunk it built ahead included; ``share``: of all draws), with ``realised_at_step``; before training there
-are none to report.
+a chunk at a time, the chunk it built ahead included; ``share``: of all draws), with
+``realised_at_step``; before training there are none to report.
 """
 from __future__ import annotations
 
