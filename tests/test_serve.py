@@ -115,7 +115,9 @@ def test_a_stream_is_the_same_answer_in_pieces_ending_with_done(client, served, 
     chunks = list(client.chat.completions.create(model="codechat", messages=after_call, tools=[weather],
                                                  stream=True, stream_options={"include_usage": True}, **GREEDY))
     pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
-    assert len(pieces) > 3 and "".join(pieces) == whole.choices[0].message.content
+    # the pieces' count depends on how fast this reader keeps up (the tokens it has not taken come together: one
+    # piece under load, test_serve_parts.test_a_lagging_reader_takes_every_waiting_step_at_once_...)
+    assert len(pieces) >= 1 and "".join(pieces) == whole.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
     assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
     assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].object == "chat.completion.chunk"
