@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from codechat.chat.budget import BudgetCounts, render_with_budget
 from codechat.chat.calls import FUNCTION_CALL_TOKEN, parse_assistant, parse_assistant_text, parse_call
 from codechat.chat.conversation import (ROLE_TOKENS, TOOLS_HEADER, Conversation, Message, parse_conversation, render,
-                           render_for_completion, render_turns, supervised_spans)
+                           render_for_completion, render_turns, supervised_spans, turn_texts)
 from codechat.config.sft import SFTConfig
 from codechat.config.stages import ConfigError, ModelConfig
 from codechat.data.formats import load_records
@@ -79,6 +79,20 @@ def test_tools_without_system_message_get_their_own_system_turn(tok):
     assert ids[1] == tok.special_id("<|system|>")
     assert tok.decode(ids[2:ids.index(tok.end_id)]) == TOOLS_HEADER + '\n{"name": "f"}'
     assert parse_conversation(tok, ids) == conv
+
+
+def test_turns_rendered_from_texts_encoded_together_are_those_encoded_one_by_one(tok):
+    # the SFT loader encodes a chunk's texts in one encode_batch (it releases the GIL) and renders from them
+    conv = Conversation((Message("user", "Weather in Oslo?"),
+                         Message("assistant", "", {"name": "get_weather", "arguments": {"city": "Oslo"}}),
+                         Message("function_response", '{"temp_c": 3}'), Message("assistant", "3°C.")),
+                        tools=({"name": "get_weather", "parameters": {}},))
+    texts = turn_texts(conv)
+    assert texts == [TOOLS_HEADER + '\n{"name": "get_weather", "parameters": {}}', "Weather in Oslo?",
+                     '{"name": "get_weather", "arguments": {"city": "Oslo"}}', '{"temp_c": 3}', "3°C."]
+    assert render_turns(tok, conv, tok.encode_batch(texts)) == render_turns(tok, conv)
+    with pytest.raises(ValueError, match="4 encoded texts for a conversation of 5"):
+        render_turns(tok, conv, tok.encode_batch(texts[:4]))
 
 
 def test_render_for_completion_ends_with_the_assistant_header(tok):
@@ -262,6 +276,7 @@ def test_render_then_parse_round_trips_and_masks_only_assistant_text(tok, conten
     conv = Conversation(tuple(msgs))
     ids, mask = render(tok, conv)
     assert parse_conversation(tok, ids) == conv
+    assert render_turns(tok, conv, tok.encode_batch(turn_texts(conv))) == render_turns(tok, conv)
     assert spans_text(tok, ids, mask) == assistant_spans(conv)
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from codechat import checkpoint as ckpt
-from codechat.chat.budget import render_with_budget
+from codechat.chat.budget import RenderedExample, render_with_budget
 from codechat.chat.conversation import Conversation, Message, render_for_completion
 from codechat.config.sft import SFTConfig
 from codechat.config.stages import ModelConfig, to_dict
@@ -117,6 +117,16 @@ def test_case04_end_label_survives_when_pad_equals_end(tok):
         assert b.labels[r, len(ex) - 2] == tok.end_id  # the closing <|end|> is a target
         assert (b.labels[r, len(ex) - 1:] == IGNORE_INDEX).all()  # padding, found by length
     assert b.n_tokens == sum(len(e) - 1 for e in exs)
+
+
+def test_a_packed_micro_batch_is_laid_out_token_by_token(tok):
+    two = [RenderedExample([1, 2, 3, 4], [0, 0, 1, 1], 2), RenderedExample([5, 6, 7], [0, 1, 1], 1)]
+    b = collate([two, [], [RenderedExample([8, 9], [0, 1], 1)]], pad_id=0, pad_to_multiple=8, packed=True)
+    X = IGNORE_INDEX
+    assert b.inputs.tolist() == [[1, 2, 3, 5, 6, 0, 0, 0], [0] * 8, [8, 0, 0, 0, 0, 0, 0, 0]]
+    assert b.labels.tolist() == [[X, 3, 4, 6, 7, X, X, X], [X] * 8, [9, X, X, X, X, X, X, X]]
+    assert b.doc_ids.tolist() == [[0, 0, 0, 1, 1, 2, 2, 2], [0] * 8, [0, 1, 1, 1, 1, 1, 1, 1]]
+    assert b.n_tokens == 6 and b.inputs.dtype == b.labels.dtype == b.doc_ids.dtype == torch.long
 
 
 def test_packed_and_padded_batches_give_the_same_loss(tok, mbpp_file):

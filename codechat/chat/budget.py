@@ -8,6 +8,7 @@ would keep no supervised token is dropped. :class:`BudgetCounts` says what happe
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -148,7 +149,8 @@ def _cut_from_left(turns: list[Turn], budget: int, counts: BudgetCounts, *, keep
 
 
 def render_with_budget(tok: Tokenizer, conv: Conversation, cfg: BudgetConfig, counts: BudgetCounts | None = None,
-                       *, source: str = "", line: int = 0) -> RenderedExample | None:
+                       *, source: str = "", line: int = 0, encoded: Sequence[list[int]] | None = None
+                       ) -> RenderedExample | None:
     """Render ``conv`` within ``cfg.max_prompt_length`` / ``cfg.max_length``, counting every cut in ``counts``.
 
     The last assistant turn is the completion (its content, call and ``<|end|>``); everything
@@ -173,6 +175,9 @@ def render_with_budget(tok: Tokenizer, conv: Conversation, cfg: BudgetConfig, co
     The completion is then cut on the right to ``max_length - len(prompt)`` tokens (at least
     ``max_length - max_prompt_length`` >= 1), so a kept example always has supervised tokens.
 
+    ``encoded``: the ids of :func:`~codechat.chat.conversation.turn_texts`, when the caller encoded them
+    already (see :func:`~codechat.chat.conversation.render_turns`).
+
     Returns:
         The example, or ``None`` when it is dropped (counted in ``counts.dropped`` by reason:
         ``no_assistant_turn``, ``no_supervised_tokens``).
@@ -184,7 +189,7 @@ def render_with_budget(tok: Tokenizer, conv: Conversation, cfg: BudgetConfig, co
         raise ValueError("max_length is 0 (follow the model) and was never resolved: use SFTConfig.for_model()")
     counts = counts if counts is not None else BudgetCounts()
     counts.seen += 1
-    turns = render_turns(tok, conv)
+    turns = render_turns(tok, conv, encoded)
     last = max((k for k, t in enumerate(turns) if t.role == "assistant"), default=-1)
     if last < 0:
         counts.drop("no_assistant_turn")

@@ -198,18 +198,49 @@ class Turn:
         return len(self.content) + 2
 
 
-def render_turns(tok: Tokenizer, conv: Conversation) -> list[Turn]:
-    """The turns of ``conv`` in order, the system turn (with tools) first when there is one."""
-    turns: list[Turn] = []
+def turn_texts(conv: Conversation) -> list[str]:
+    """The texts :func:`render_turns` encodes, in its order: the system text (when there is one), then each
+    other message's content (when not empty) and call (when it has one)."""
+    texts = []
     sys_text = system_text(conv)
     if sys_text is not None:
-        turns.append(Turn("system", tok.special_id(ROLE_TOKENS["system"]), tok.encode(sys_text), False))
+        texts.append(sys_text)
     for m in conv.messages:
         if m.role == "system":
             continue
-        content = tok.encode(m.content) if m.content else []
+        if m.content:
+            texts.append(m.content)
         if m.function_call is not None:
-            content += [tok.special_id(FUNCTION_CALL_TOKEN)] + tok.encode(format_call(m.function_call))
+            texts.append(format_call(m.function_call))
+    return texts
+
+
+def render_turns(tok: Tokenizer, conv: Conversation, encoded: Sequence[list[int]] | None = None) -> list[Turn]:
+    """The turns of ``conv`` in order, the system turn (with tools) first when there is one.
+
+    Args:
+        encoded: the ids of :func:`turn_texts`, in its order, when the caller encoded them already (e.g. many
+            conversations' texts in one :meth:`~codechat.tokenizer.Tokenizer.encode_batch`, which releases the
+            GIL); by default each text is encoded here.
+
+    Raises:
+        ValueError: ``encoded`` does not hold one entry per text of :func:`turn_texts`.
+    """
+    texts = turn_texts(conv)
+    if encoded is None:
+        encoded = [tok.encode(t) for t in texts]
+    elif len(encoded) != len(texts):
+        raise ValueError(f"{len(encoded)} encoded texts for a conversation of {len(texts)}")
+    pieces = iter(encoded)
+    turns: list[Turn] = []
+    if conv.messages[0].role == "system" or conv.tools:  # system_text(conv) is not None
+        turns.append(Turn("system", tok.special_id(ROLE_TOKENS["system"]), list(next(pieces)), False))
+    for m in conv.messages:
+        if m.role == "system":
+            continue
+        content = list(next(pieces)) if m.content else []
+        if m.function_call is not None:
+            content += [tok.special_id(FUNCTION_CALL_TOKEN), *next(pieces)]
         turns.append(Turn(m.role, tok.special_id(ROLE_TOKENS[m.role]), content, m.role == "assistant"))
     return turns
 
@@ -298,5 +329,5 @@ def supervised_spans(mask: Sequence[int]) -> list[tuple[int, int]]:
 
 
 __all__ = ["ROLES", "ROLE_TOKENS", "TOOLS_HEADER", "Message", "Conversation", "Turn", "normalize_tool", "reply_message",
-           "system_text", "split_tools", "render_turns", "join_turns", "render", "render_for_completion",
+           "system_text", "split_tools", "turn_texts", "render_turns", "join_turns", "render", "render_for_completion",
            "parse_conversation", "supervised_spans"]

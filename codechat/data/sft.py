@@ -19,11 +19,15 @@ chunk number, micro-batches already handed out), enough to rebuild the chunk on 
 The next chunk is rendered and packed in a background thread while this one's micro-batches are
 handed out: the batches are the same, in the same order, and the trainer does not stop every
 chunk to render one (an H100's chat SFT stood ~1.3 s every ~46 steps doing it beside a busy host,
-``benchmarks/RESULTS.md``, twenty-seventh session).
+``benchmarks/RESULTS.md``, twenty-seventh session). The chunk's new texts are encoded in one
+``encode_batch``, which releases the GIL: encoded one by one they held it, and the thread and the
+training loop took turns (~10 s of 54 lost in the twenty-eighth session's runs;
+``benchmarks/sft_loader_overhead.py``).
 """
 from __future__ import annotations
 
 import bisect
+from itertools import chain
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -31,17 +35,12 @@ import numpy as np
 import torch
 
 from codechat.chat.budget import BudgetCounts, RenderedExample, render_with_budget
+from codechat.chat.conversation import turn_texts
 from codechat.config.sft import SFTConfig
 from ..model import IGNORE_INDEX
 from ..tokenizer import Tokenizer
 from .batch import Batch
 from .mixture import Mixture
-
-
-def example_tensors(ex: RenderedExample) -> tuple[list[int], list[int]]:
-    """(inputs, labels) of one example, both ``len(ex) - 1`` long."""
-    labels = [t if m else IGNORE_INDEX for t, m in zip(ex.ids[1:], ex.mask[1:])]
-    return ex.ids[:-1], labels
 
 
 def pack_best_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -77,24 +76,34 @@ def collate(rows: Sequence[Sequence[RenderedExample]], pad_id: int, pad_to_multi
 
     Returns a :class:`Batch` of (B, T) tensors with ``n_tokens`` the real (non-padding) inputs
     and, when ``packed``, ``doc_ids`` numbering the examples of each row (padding its own document).
+    The rows are laid out with numpy from one flat copy of their ids: a Python loop over tokens would
+    take ~0.5 ms a row of 1,024 from the training thread.
     """
-    parts = [[example_tensors(ex) for ex in row] for row in rows]
-    lengths = [sum(len(x) for x, _ in row) for row in parts]
+    examples = [ex for row in rows for ex in row]
+    n = np.array([len(ex) - 1 for ex in examples], dtype=np.int64)  # inputs of each example
+    ids = np.fromiter(chain.from_iterable(ex.ids for ex in examples), np.int64, int(n.sum()) + len(examples))
+    mask = np.fromiter(chain.from_iterable(ex.mask for ex in examples), np.bool_, len(ids))
+    last = np.cumsum(n + 1) - 1  # each example's last id: an input of none, the label of the one before
+    keep = np.ones(len(ids), dtype=np.bool_)
+    keep[last] = False
+    first = np.ones(len(ids), dtype=np.bool_)
+    first[last - n] = False
+    flat_inputs, flat_labels = ids[keep], np.where(mask[first], ids[first], IGNORE_INDEX)
+    lengths = [int(n[i:i + len(row)].sum()) for i, row in zip(np.cumsum([0] + [len(r) for r in rows]), rows)]
     T = -(-max(lengths) // pad_to_multiple) * pad_to_multiple
-    inputs = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), T), IGNORE_INDEX, dtype=torch.long)
-    doc_ids = torch.zeros((len(rows), T), dtype=torch.long) if packed else None
-    for r, row in enumerate(parts):
-        at = 0
-        for d, (x, y) in enumerate(row):
-            inputs[r, at:at + len(x)] = torch.tensor(x)
-            labels[r, at:at + len(y)] = torch.tensor(y)
-            if doc_ids is not None:
-                doc_ids[r, at:at + len(x)] = d
-            at += len(x)
+    inputs = np.full((len(rows), T), pad_id, dtype=np.int64)
+    labels = np.full((len(rows), T), IGNORE_INDEX, dtype=np.int64)
+    doc_ids = np.zeros((len(rows), T), dtype=np.int64) if packed else None
+    at, k = 0, 0
+    for r, (row, length) in enumerate(zip(rows, lengths)):
+        inputs[r, :length] = flat_inputs[at:at + length]
+        labels[r, :length] = flat_labels[at:at + length]
         if doc_ids is not None:
-            doc_ids[r, at:] = len(row)
-    return Batch(inputs, labels, doc_ids, sum(lengths))
+            doc_ids[r, :length] = np.repeat(np.arange(len(row)), n[k:k + len(row)])
+            doc_ids[r, length:] = len(row)
+        at, k = at + length, k + len(row)
+    return Batch(torch.from_numpy(inputs), torch.from_numpy(labels),
+                 None if doc_ids is None else torch.from_numpy(doc_ids), sum(lengths))
 
 
 class SFTLoader:
@@ -123,16 +132,19 @@ class SFTLoader:
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="sft-chunk")
 
     def _render_chunk(self) -> list[RenderedExample]:
-        out = []
-        for _ in range(self.cfg.chunk_examples):
-            rec = next(self.mixture)
-            key = id(rec)  # records live as long as the mixture, so their ids are stable keys
-            if key not in self._rendered:
-                self._rendered[key] = render_with_budget(self.tok, rec.conversation, self.cfg, self.counts,
-                                                         source=rec.source, line=rec.line)
-            if self._rendered[key] is not None:
-                out.append(self._rendered[key])
-        return out
+        """The chunk's kept examples, in draw order. The texts of the records not yet rendered are encoded in one
+        :meth:`~codechat.tokenizer.Tokenizer.encode_batch`, which releases the GIL: encoded one by one they held it
+        and slowed the training thread by half while the chunk was built (``benchmarks/RESULTS.md``)."""
+        records = [next(self.mixture) for _ in range(self.cfg.chunk_examples)]
+        # records live as long as the mixture, so their ids are stable keys
+        new = list({id(rec): rec for rec in records if id(rec) not in self._rendered}.values())
+        texts = [turn_texts(rec.conversation) for rec in new]
+        ids = iter(self.tok.encode_batch([t for ts in texts for t in ts]))
+        for rec, ts in zip(new, texts):
+            self._rendered[id(rec)] = render_with_budget(self.tok, rec.conversation, self.cfg, self.counts,
+                                                         source=rec.source, line=rec.line,
+                                                         encoded=[next(ids) for _ in ts])
+        return [ex for ex in (self._rendered[id(rec)] for rec in records) if ex is not None]
 
     def _build(self, chunk: int) -> list[list[list[RenderedExample]]]:
         """The micro-batches (lists of rows, each a list of examples) of chunk number ``chunk``, drawn

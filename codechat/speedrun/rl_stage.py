@@ -102,15 +102,16 @@ class RLStage:
         p, t0, out_dir, tasks = self.p, time.monotonic(), self.run / "rl", self._rl_pool_spec()
         # GRPO stops in time for the evaluations on rl/; its own budget is the most it could get
         evals_s, evals_why = self._evals_after_rl_s(grant)
-        train_s = max(1.0, self.time_left() - evals_s)
+        left = self.time_left()
+        train_s = max(1.0, left - evals_s)
         # the filter's deadline (0 would mean none): its share of the time before that reserve, never all of it
         # (what it keeps needs GRPO's steps), and at least its first task
-        filter_s = max(1.0, p.rl_filter_share * (self.time_left() - evals_s))
+        filter_s = max(1.0, p.rl_filter_share * (left - evals_s))
         print(f"{tag} RL pool {tasks}: pass-rate filter ({p.rl_filter_samples} samples a task, at most "
               f"{filter_s:.0f} s, stopping at {p.rl_filter_enough or 'all'} kept), then GRPO when >= {p.rl_min_tasks} "
               f"tasks remain (tiered reward, groups of {p.rl_group_size}"
               + (f", at most {p.rl_epochs:g} passes over them" if p.rl_epochs else "")
-              + f") until {evals_s:.0f} s before the stage's end ({self.time_left():.0f} s from now), kept for "
+              + f") until {evals_s:.0f} s before the stage's end ({left:.0f} s from now), kept for "
               f"{evals_why}")
         cfg = RLStageConfig(
             init=str(self.run / "sft"),
