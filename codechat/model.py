@@ -354,11 +354,43 @@ def document_mask(doc_ids: torch.Tensor) -> torch.Tensor | BlockMask:
     """
     B, T = doc_ids.shape
     if doc_ids.device.type == "cuda":
-        def same_document_causal(b, h, q, kv):
-            return (doc_ids[b, q] == doc_ids[b, kv]) & (q >= kv)
-        return create_block_mask(same_document_causal, B, None, T, T, device=doc_ids.device)
+        return document_block_mask(doc_ids)
     same = doc_ids.unsqueeze(2) == doc_ids.unsqueeze(1)  # (B, T, T)
     return (same & torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()).unsqueeze(1)
+
+
+def document_block_mask(doc_ids: torch.Tensor, block: int = 128) -> BlockMask:
+    """The flex-attention ``BlockMask`` of :func:`document_mask` for (B, T) int64 ``doc_ids``, built from each
+    ``block`` x ``block`` tile's range of document ids with a few tensor ops.
+
+    A tile (query block i, key block j <= i) is skipped when its two id ranges do not meet, *full* (no mask
+    evaluated) when both blocks lie in one document and j < i, and *partial* (the mask evaluated per element)
+    otherwise: a superset of the tiles with an unmasked pair, so it is exact for any ids, contiguous or not.
+    ``create_block_mask`` gives the same tiles by evaluating the mask on all B x T x T pairs in eager ops, which
+    cost every packed SFT step host time that a d12 step at 8 rows does not have (``benchmarks/RESULTS.md``).
+    It builds the mask itself when T is not a multiple of ``block``.
+    """
+    def same_document_causal(b, h, q, kv):
+        return (doc_ids[b, q] == doc_ids[b, kv]) & (q >= kv)
+
+    B, T = doc_ids.shape
+    if T % block:
+        return create_block_mask(same_document_causal, B, None, T, T, device=doc_ids.device)
+    tiles = doc_ids.view(B, T // block, block)
+    lo, hi = tiles.amin(-1), tiles.amax(-1)  # (B, n)
+    q_lo, q_hi, k_lo, k_hi = lo[:, :, None], hi[:, :, None], lo[:, None, :], hi[:, None, :]  # (B, n, n) with j
+    causal = torch.ones(T // block, T // block, dtype=torch.bool, device=doc_ids.device).tril()
+    meet = (q_lo <= k_hi) & (k_lo <= q_hi) & causal
+    full = meet & (q_lo == q_hi) & (k_lo == k_hi) & (q_lo == k_lo) & causal.tril(-1)
+
+    def ordered(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(count (B, 1, n), indices (B, 1, n, n)) int32 of the True tiles of each query block, those first,
+        ascending."""
+        idx = torch.argsort((~m).to(torch.uint8), dim=-1, stable=True)
+        return m.sum(-1, dtype=torch.int32)[:, None], idx.to(torch.int32)[:, None]
+
+    return BlockMask.from_kv_blocks(*ordered(meet & ~full), *ordered(full), BLOCK_SIZE=block,
+                                    mask_mod=same_document_causal)
 
 
 def positions_in_documents(doc_ids: torch.Tensor) -> torch.Tensor:

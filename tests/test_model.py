@@ -60,3 +60,48 @@ def test_packed_row_computes_what_each_document_computes_alone():
         torch.testing.assert_close(got[:, 5:], m(b), rtol=1e-4, atol=1e-5)
         # without doc_ids the second document would see the first: different logits
         assert not torch.allclose(m(packed)[:, 5:], m(b), atol=1e-3)
+
+
+def _reference_block_mask(doc_ids: torch.Tensor):
+    from torch.nn.attention.flex_attention import create_block_mask
+    B, T = doc_ids.shape
+
+    def same_document_causal(b, h, q, kv):
+        return (doc_ids[b, q] == doc_ids[b, kv]) & (q >= kv)
+    return create_block_mask(same_document_causal, B, None, T, T, device=doc_ids.device)
+
+
+@pytest.mark.parametrize("docs", [1, 3, 12, 40])
+def test_the_document_block_mask_has_the_tiles_create_block_mask_finds(docs):
+    """Packed rows (document ids rising along each row, padding last): the same skipped, partial and full tiles
+    as ``create_block_mask`` evaluating the mask on every pair, on both the key and the query side."""
+    from codechat.model import document_block_mask
+    g = torch.Generator().manual_seed(docs)
+    doc_ids = torch.sort(torch.randint(0, docs, (3, 1024), generator=g), dim=1).values
+    ours, ref = document_block_mask(doc_ids), _reference_block_mask(doc_ids)
+    assert ours.shape == ref.shape and ours.BLOCK_SIZE == ref.BLOCK_SIZE
+    assert torch.equal(ours.to_dense(), ref.to_dense())
+    for side in ("kv", "full_kv", "q", "full_q"):
+        n, idx = getattr(ours, f"{side}_num_blocks"), getattr(ours, f"{side}_indices")
+        assert torch.equal(n, getattr(ref, f"{side}_num_blocks")), side
+        for b, i in ((b, i) for b in range(3) for i in range(n.shape[-1])):
+            k = int(n[b, 0, i])
+            assert idx[b, 0, i, :k].tolist() == sorted(getattr(ref, f"{side}_indices")[b, 0, i, :k].tolist()), side
+    full = int(ours.full_kv_num_blocks.sum())
+    assert (full > 0) == (docs < 12)  # long documents fill whole tiles; short ones leave only partial tiles
+
+
+def test_the_document_block_mask_attends_as_the_dense_mask_for_any_ids():
+    """Ids that are not contiguous runs (a tile's range may meet another's without a shared document): the
+    attention is still exactly the dense mask's; a length off the tile size falls back to create_block_mask."""
+    from torch.nn.attention.flex_attention import flex_attention
+    from codechat.model import document_block_mask
+    g = torch.Generator().manual_seed(0)
+    for T in (512, 320):
+        doc_ids = torch.randint(0, 4, (2, T), generator=g)
+        doc_ids[0, :200] = torch.arange(200) % 3 * 2  # even ids only, beside odd ones later: ranges meet, docs do not
+        q, k, v = (torch.randn(2, 2, T, 16, generator=g) for _ in range(3))
+        dense = (doc_ids[:, :, None] == doc_ids[:, None, :]) & torch.ones(T, T, dtype=torch.bool).tril()
+        expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense[:, None])
+        got = flex_attention(q, k, v, block_mask=document_block_mask(doc_ids))
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
