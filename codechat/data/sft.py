@@ -27,8 +27,8 @@ training loop took turns (~10 s of 54 lost in the twenty-eighth session's runs;
 from __future__ import annotations
 
 import bisect
-from itertools import chain
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import chain
 from typing import Any, Sequence
 
 import numpy as np
