@@ -99,9 +99,13 @@ def test_the_document_block_mask_attends_as_the_dense_mask_for_any_ids():
     g = torch.Generator().manual_seed(0)
     for T in (512, 320):
         doc_ids = torch.randint(0, 4, (2, T), generator=g)
-        doc_ids[0, :200] = torch.arange(200) % 3 * 2  # even ids only, beside odd ones later: ranges meet, docs do not
+        doc_ids[0, :128] = torch.arange(128) % 2 * 2  # tile 0 holds ids 0 and 2, tile 1 only id 1: their ranges
+        doc_ids[0, 128:256] = 1  # meet, no document is shared (a partial tile whose every pair is masked)
         q, k, v = (torch.randn(2, 2, T, 16, generator=g) for _ in range(3))
         dense = (doc_ids[:, :, None] == doc_ids[:, None, :]) & torch.ones(T, T, dtype=torch.bool).tril()
         expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense[:, None])
-        got = flex_attention(q, k, v, block_mask=document_block_mask(doc_ids))
+        mask = document_block_mask(doc_ids)
+        if T == 512:  # query tile 1 keeps key tile 0 as partial, where create_block_mask finds it empty
+            assert mask.kv_num_blocks[0, 0, 1] == _reference_block_mask(doc_ids).kv_num_blocks[0, 0, 1] + 1 == 2
+        got = flex_attention(q, k, v, block_mask=mask)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -119,7 +119,7 @@ def test_case04_end_label_survives_when_pad_equals_end(tok):
     assert b.n_tokens == sum(len(e) - 1 for e in exs)
 
 
-def test_a_packed_micro_batch_is_laid_out_token_by_token(tok):
+def test_a_packed_micro_batch_is_laid_out_token_by_token():
     two = [RenderedExample([1, 2, 3, 4], [0, 0, 1, 1], 2), RenderedExample([5, 6, 7], [0, 1, 1], 1)]
     b = collate([two, [], [RenderedExample([8, 9], [0, 1], 1)]], pad_id=0, pad_to_multiple=8, packed=True)
     X = IGNORE_INDEX
